@@ -1,0 +1,191 @@
+package trainer
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Advantage estimators for a group of samples answering the same prompt.
+const (
+	AdvMeanStd     = "mean_std"      // (r − mean) / std (GRPO)
+	AdvMean        = "mean"          // r − mean (Dr. GRPO: no std division)
+	AdvLeaveOneOut = "leave_one_out" // r − mean of the others (RLOO)
+)
+
+// AdvantageConfig configures how rewards become advantages.
+type AdvantageConfig struct {
+	// Estimator is AdvMeanStd, AdvMean or AdvLeaveOneOut. Default AdvMeanStd.
+	Estimator string `json:"estimator"`
+	// BaselineRate is the step size of the per-task running baseline used
+	// for singleton groups. Default 0.1.
+	BaselineRate float64 `json:"baseline_rate"`
+}
+
+func (c AdvantageConfig) withDefaults() AdvantageConfig {
+	if c.Estimator == "" {
+		c.Estimator = AdvMeanStd
+	}
+	if c.BaselineRate == 0 {
+		c.BaselineRate = 0.1
+	}
+	return c
+}
+
+func (c AdvantageConfig) validate() error {
+	switch c.Estimator {
+	case AdvMeanStd, AdvMean, AdvLeaveOneOut:
+	default:
+		return fmt.Errorf("advantage estimator %q must be %s, %s or %s", c.Estimator, AdvMeanStd, AdvMean, AdvLeaveOneOut)
+	}
+	if c.BaselineRate <= 0 || c.BaselineRate > 1 {
+		return fmt.Errorf("baseline_rate %v must be in (0, 1]", c.BaselineRate)
+	}
+	return nil
+}
+
+// Baseline is a running mean reward per task. Online traffic often arrives
+// one sample per prompt; a group of one has zero advantage under every group
+// estimator and would silently teach nothing, so those samples are compared
+// with what the task usually scores instead.
+type Baseline struct {
+	rate float64
+	task map[string]float64
+	all  float64
+	seen bool
+}
+
+// NewBaseline returns an empty baseline moving at rate per sample.
+func NewBaseline(rate float64) *Baseline {
+	return &Baseline{rate: rate, task: map[string]float64{}}
+}
+
+// Value is the baseline for task: its own running mean, else the mean over
+// all tasks, else 0.
+func (b *Baseline) Value(task string) float64 {
+	if v, ok := b.task[task]; ok {
+		return v
+	}
+	if b.seen {
+		return b.all
+	}
+	return 0
+}
+
+// Observe moves the task's and the global running means toward reward.
+func (b *Baseline) Observe(task string, reward float64) {
+	if v, ok := b.task[task]; ok {
+		b.task[task] = v + b.rate*(reward-v)
+	} else {
+		b.task[task] = reward
+	}
+	if b.seen {
+		b.all += b.rate * (reward - b.all)
+	} else {
+		b.all, b.seen = reward, true
+	}
+}
+
+// AdvantageStats says how advantages were formed.
+type AdvantageStats struct {
+	Groups int `json:"groups"`
+	// BaselineSamples were singleton groups scored against the running
+	// baseline.
+	BaselineSamples int `json:"baseline_samples"`
+	// ZeroSignalGroups had equal rewards throughout, so they teach nothing.
+	ZeroSignalGroups int `json:"zero_signal_groups"`
+}
+
+// ComputeAdvantages fills Advantage for every sample that has none, group by
+// group (samples with the same GroupID), and updates the baseline with the
+// rewards seen.
+func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (AdvantageStats, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return AdvantageStats{}, err
+	}
+	groups := map[string][]int{}
+	for i, s := range samples {
+		if math.IsNaN(s.Reward) || math.IsInf(s.Reward, 0) {
+			return AdvantageStats{}, fmt.Errorf("sample %d: reward %v is not finite", i, s.Reward)
+		}
+		if s.Advantage != nil {
+			continue
+		}
+		key := s.GroupID
+		if key == "" {
+			key = fmt.Sprintf("\x00sample-%d", i) // ungrouped: a group of one
+		}
+		groups[key] = append(groups[key], i)
+	}
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // deterministic baseline updates
+	var st AdvantageStats
+	for _, k := range keys {
+		idx := groups[k]
+		st.Groups++
+		if len(idx) == 1 {
+			s := &samples[idx[0]]
+			a := s.Reward - base.Value(s.TaskID)
+			s.Advantage = &a
+			base.Observe(s.TaskID, s.Reward)
+			st.BaselineSamples++
+			continue
+		}
+		rs := make([]float64, len(idx))
+		for j, i := range idx {
+			rs[j] = samples[i].Reward
+		}
+		adv := groupAdvantages(rs, cfg.Estimator)
+		allZero := true
+		for j, i := range idx {
+			a := adv[j]
+			if a != 0 {
+				allZero = false
+			}
+			samples[i].Advantage = &a
+			base.Observe(samples[i].TaskID, samples[i].Reward)
+		}
+		if allZero {
+			st.ZeroSignalGroups++
+		}
+	}
+	return st, nil
+}
+
+// groupAdvantages applies one estimator to a group's rewards.
+func groupAdvantages(rs []float64, estimator string) []float64 {
+	n := float64(len(rs))
+	var sum float64
+	for _, r := range rs {
+		sum += r
+	}
+	mean := sum / n
+	out := make([]float64, len(rs))
+	switch estimator {
+	case AdvLeaveOneOut:
+		for i, r := range rs {
+			out[i] = r - (sum-r)/(n-1)
+		}
+	case AdvMean:
+		for i, r := range rs {
+			out[i] = r - mean
+		}
+	default:
+		var ss float64
+		for _, r := range rs {
+			ss += (r - mean) * (r - mean)
+		}
+		std := math.Sqrt(ss / n)
+		if std < 1e-8 {
+			return out // all equal: no signal, not a division by zero
+		}
+		for i, r := range rs {
+			out[i] = (r - mean) / std
+		}
+	}
+	return out
+}

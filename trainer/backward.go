@@ -1,0 +1,106 @@
+package trainer
+
+import "math"
+
+// backward adds into grad (laid out like Model.W) the gradient of
+// Σ_i dLogp[i]·TargetLogp[i]; the loss functions reduce everything they need
+// to this per-target derivative.
+func (st *fwdState) backward(dLogp []float32, grad []float32) {
+	m, pk := st.m, st.pk
+	c := m.Config
+	N, D, F, H, V := pk.NumNodes(), c.DModel, c.FFN, c.Heads, c.Vocab
+	gw := m.view(grad)
+	w := st.w
+
+	// Output layer: d logp[tok] / d z = invT·(onehot − softmax).
+	R := len(st.rows)
+	dz := make([]float32, R*V)
+	for i, tn := range st.targets {
+		g := dLogp[i]
+		if g == 0 {
+			continue
+		}
+		r := st.rowOf[pk.Parent[tn]]
+		lp, dr := st.logp[r*V:r*V+V], dz[r*V:r*V+V]
+		for v := range dr {
+			dr[v] -= g * st.invT * float32(math.Exp(float64(lp[v])))
+		}
+		dr[pk.Tokens[tn]] += g * st.invT
+	}
+	hr := make([]float32, R*D)
+	for r, n := range st.rows {
+		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
+	}
+	sgemm(true, false, D, V, R, 1, hr, D, dz, V, 1, gw.head, V)
+	dhr := make([]float32, R*D)
+	sgemm(false, true, R, D, V, 1, dz, V, w.head, V, 0, dhr, D)
+	dhf := make([]float32, N*D)
+	for r, n := range st.rows {
+		copy(dhf[n*D:n*D+D], dhr[r*D:r*D+D])
+	}
+	dx := make([]float32, N*D)
+	rmsNormBack(dx, gw.lnF, dhf, st.xf, st.invF, w.lnF, N, D)
+
+	dh := D / H
+	scale := float32(1 / math.Sqrt(float64(dh)))
+	for l := c.Layers - 1; l >= 0; l-- {
+		lc, lw, lg := &st.layers[l], w.layers[l], gw.layers[l]
+		// MLP: x3 = x2 + gelu(h2·w1)·w2.
+		sgemm(true, false, F, D, N, 1, lc.g, F, dx, D, 1, lg.w2, D)
+		du := make([]float32, N*F)
+		sgemm(false, true, N, F, D, 1, dx, D, lw.w2, D, 0, du, F)
+		for i, u := range lc.u {
+			du[i] *= geluGrad(u)
+		}
+		sgemm(true, false, D, F, N, 1, lc.h2, D, du, F, 1, lg.w1, F)
+		dh2 := make([]float32, N*D)
+		sgemm(false, true, N, D, F, 1, du, F, lw.w1, F, 0, dh2, D)
+		dx2 := dx // the residual carries dx through unchanged
+		rmsNormBack(dx2, lg.ln2, dh2, lc.x2, lc.inv2, lw.ln2, N, D)
+
+		// Attention output projection: x2 = x + att·wo.
+		sgemm(true, false, D, D, N, 1, lc.att, D, dx2, D, 1, lg.wo, D)
+		datt := make([]float32, N*D)
+		sgemm(false, true, N, D, D, 1, dx2, D, lw.wo, D, 0, datt, D)
+		dqkv := make([]float32, N*3*D)
+		for ti, t := range pk.Trees {
+			n := t.N
+			base := t.Start * 3 * D
+			dp := make([]float32, n*n)
+			for h := 0; h < H; h++ {
+				p := lc.probs[ti*H+h]
+				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
+				do := datt[t.Start*D+h*dh:]
+				// dP = dO·Vᵀ; dV = Pᵀ·dO.
+				sgemm(false, true, n, n, dh, 1, do, D, v, 3*D, 0, dp, n)
+				sgemm(true, false, n, dh, n, 1, p, n, do, D, 0, dqkv[base+2*D+h*dh:], 3*D)
+				// dS = P ⊙ (dP − rowsum(dP ⊙ P)), times the score scale.
+				for i := 0; i < n; i++ {
+					pr, dr := p[i*n:i*n+n], dp[i*n:i*n+n]
+					var s float32
+					for j := range pr {
+						s += pr[j] * dr[j]
+					}
+					for j := range pr {
+						dr[j] = pr[j] * (dr[j] - s) * scale
+					}
+				}
+				sgemm(false, false, n, dh, n, 1, dp, n, k, 3*D, 0, dqkv[base+h*dh:], 3*D)
+				sgemm(true, false, n, dh, n, 1, dp, n, q, 3*D, 0, dqkv[base+D+h*dh:], 3*D)
+			}
+		}
+		sgemm(true, false, D, 3*D, N, 1, lc.h1, D, dqkv, 3*D, 1, lg.wqkv, 3*D)
+		dh1 := make([]float32, N*D)
+		sgemm(false, true, N, D, 3*D, 1, dqkv, 3*D, lw.wqkv, 3*D, 0, dh1, D)
+		rmsNormBack(dx2, lg.ln1, dh1, lc.x, lc.inv1, lw.ln1, N, D)
+		dx = dx2
+	}
+	for i, tok := range pk.Tokens {
+		dr := dx[i*D : i*D+D]
+		te, pe := gw.tokEmb[tok*D:tok*D+D], gw.posEmb[pk.Pos[i]*D:pk.Pos[i]*D+D]
+		for j, v := range dr {
+			te[j] += v
+			pe[j] += v
+		}
+	}
+}

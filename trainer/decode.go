@@ -1,0 +1,124 @@
+package trainer
+
+import "math"
+
+// kvCache holds the keys and values of one sequence, per layer, so each new
+// token costs one row of work instead of a pass over the whole prefix.
+type kvCache struct {
+	k, v [][]float32 // [layer] ctx×D
+	n    int
+}
+
+func (m *Model) newCache() *kvCache {
+	c := m.Config
+	kv := &kvCache{k: make([][]float32, c.Layers), v: make([][]float32, c.Layers)}
+	for l := range kv.k {
+		kv.k[l] = make([]float32, c.Context*c.DModel)
+		kv.v[l] = make([]float32, c.Context*c.DModel)
+	}
+	return kv
+}
+
+// prefill runs ids through the batched forward pass and stores their keys
+// and values; the last prompt token then goes through decodeStep, which
+// yields the first logits.
+func (m *Model) prefill(kv *kvCache, ids []int) {
+	if len(ids) == 0 {
+		return
+	}
+	pk, err := BuildPack([][]int{ids}, false)
+	if err != nil {
+		return // unreachable: ids is not empty
+	}
+	D := m.Config.DModel
+	// A chain shifted to start at the cache's current length is not needed:
+	// prefill only ever runs on an empty cache.
+	st := m.forward(pk, nil, 1)
+	for l, lc := range st.layers {
+		for i := range ids {
+			copy(kv.k[l][i*D:i*D+D], lc.qkv[i*3*D+D:i*3*D+2*D])
+			copy(kv.v[l][i*D:i*D+D], lc.qkv[i*3*D+2*D:i*3*D+3*D])
+		}
+	}
+	kv.n = len(ids)
+}
+
+// decodeStep appends one token to each cache and writes each sequence's
+// next-token logits into logits (B×V).
+func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []float32) {
+	c := m.Config
+	B, D, F, H, V := len(toks), c.DModel, c.FFN, c.Heads, c.Vocab
+	dh := D / H
+	scale := float32(1 / math.Sqrt(float64(dh)))
+	x := make([]float32, B*D)
+	for b, tok := range toks {
+		pos := caches[b].n
+		te, pe := w.tokEmb[tok*D:tok*D+D], w.posEmb[pos*D:pos*D+D]
+		for j := 0; j < D; j++ {
+			x[b*D+j] = te[j] + pe[j]
+		}
+	}
+	h := make([]float32, B*D)
+	inv := make([]float32, B)
+	qkv := make([]float32, B*3*D)
+	att := make([]float32, B*D)
+	u := make([]float32, B*F)
+	scores := make([]float32, c.Context)
+	for l := 0; l < c.Layers; l++ {
+		lw := w.layers[l]
+		rmsNorm(h, inv, x, lw.ln1, B, D)
+		sgemm(false, false, B, 3*D, D, 1, h, D, lw.wqkv, 3*D, 0, qkv, 3*D)
+		for b := 0; b < B; b++ {
+			kv := caches[b]
+			pos := kv.n
+			row := qkv[b*3*D : b*3*D+3*D]
+			copy(kv.k[l][pos*D:pos*D+D], row[D:2*D])
+			copy(kv.v[l][pos*D:pos*D+D], row[2*D:3*D])
+			for hd := 0; hd < H; hd++ {
+				q := row[hd*dh : hd*dh+dh]
+				mx := float32(math.Inf(-1))
+				for t := 0; t <= pos; t++ {
+					k := kv.k[l][t*D+hd*dh : t*D+hd*dh+dh]
+					var s float32
+					for j, qv := range q {
+						s += qv * k[j]
+					}
+					s *= scale
+					scores[t] = s
+					if s > mx {
+						mx = s
+					}
+				}
+				var sum float32
+				for t := 0; t <= pos; t++ {
+					e := float32(math.Exp(float64(scores[t] - mx)))
+					scores[t] = e
+					sum += e
+				}
+				o := att[b*D+hd*dh : b*D+hd*dh+dh]
+				for j := range o {
+					o[j] = 0
+				}
+				for t := 0; t <= pos; t++ {
+					p := scores[t] / sum
+					vv := kv.v[l][t*D+hd*dh : t*D+hd*dh+dh]
+					for j := range o {
+						o[j] += p * vv[j]
+					}
+				}
+			}
+		}
+		sgemm(false, false, B, D, D, 1, att, D, lw.wo, D, 1, x, D)
+		rmsNorm(h, inv, x, lw.ln2, B, D)
+		sgemm(false, false, B, F, D, 1, h, D, lw.w1, F, 0, u, F)
+		for i, v := range u {
+			u[i] = gelu(v)
+		}
+		sgemm(false, false, B, D, F, 1, u, F, lw.w2, D, 1, x, D)
+	}
+	rmsNorm(h, inv, x, w.lnF, B, D)
+	sgemm(false, false, B, V, D, 1, h, D, w.head, V, 0, logits, V)
+	for _, kv := range caches {
+		kv.n++
+	}
+}

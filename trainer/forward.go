@@ -1,0 +1,123 @@
+package trainer
+
+import "math"
+
+// layerCache keeps what the backward pass of one block needs.
+type layerCache struct {
+	x, inv1, h1, qkv []float32
+	probs            [][]float32 // [tree*heads+head] n×n
+	att, x2          []float32
+	inv2, h2, u, g   []float32
+}
+
+// fwdState is one forward pass over a Pack: the log-probabilities of the
+// target nodes and, when kept, every activation for backward.
+type fwdState struct {
+	m       *Model
+	w       modelW
+	pk      *Pack
+	invT    float32
+	layers  []layerCache
+	xf      []float32
+	invF    []float32
+	hf      []float32
+	rows    []int // node whose logits are row r
+	rowOf   []int // node → row, -1 if none
+	logp    []float32
+	targets []int
+	// TargetLogp[i] is log π(token of targets[i] | its ancestors).
+	TargetLogp []float32
+	// Finals holds, per layer, the qkv of every node (for the KV cache).
+}
+
+// forward runs the policy over pk and returns log π for each target node
+// (a node's token given its ancestors) at temperature temp.
+func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
+	c := m.Config
+	N, D, F, H := pk.NumNodes(), c.DModel, c.FFN, c.Heads
+	st := &fwdState{m: m, w: m.view(m.W), pk: pk, invT: 1 / temp, targets: targets}
+	w := st.w
+
+	x := make([]float32, N*D)
+	for i, tok := range pk.Tokens {
+		te, pe := w.tokEmb[tok*D:tok*D+D], w.posEmb[pk.Pos[i]*D:pk.Pos[i]*D+D]
+		xr := x[i*D : i*D+D]
+		for j := range xr {
+			xr[j] = te[j] + pe[j]
+		}
+	}
+	dh := D / H
+	scale := float32(1 / math.Sqrt(float64(dh)))
+	for l := 0; l < c.Layers; l++ {
+		lw := w.layers[l]
+		lc := layerCache{x: x}
+		lc.inv1, lc.h1 = make([]float32, N), make([]float32, N*D)
+		rmsNorm(lc.h1, lc.inv1, x, lw.ln1, N, D)
+		lc.qkv = make([]float32, N*3*D)
+		sgemm(false, false, N, 3*D, D, 1, lc.h1, D, lw.wqkv, 3*D, 0, lc.qkv, 3*D)
+		lc.att = make([]float32, N*D)
+		lc.probs = make([][]float32, len(pk.Trees)*H)
+		for ti, t := range pk.Trees {
+			n := t.N
+			base := t.Start * 3 * D
+			for h := 0; h < H; h++ {
+				p := make([]float32, n*n)
+				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
+				sgemm(false, true, n, n, dh, scale, q, 3*D, k, 3*D, 0, p, n)
+				for i := 0; i < n; i++ {
+					softmaxMasked(p[i*n:i*n+n], t.Anc[i*n:i*n+n])
+				}
+				sgemm(false, false, n, dh, n, 1, p, n, v, 3*D, 0, lc.att[t.Start*D+h*dh:], D)
+				lc.probs[ti*H+h] = p
+			}
+		}
+		lc.x2 = make([]float32, N*D)
+		copy(lc.x2, x)
+		sgemm(false, false, N, D, D, 1, lc.att, D, lw.wo, D, 1, lc.x2, D)
+		lc.inv2, lc.h2 = make([]float32, N), make([]float32, N*D)
+		rmsNorm(lc.h2, lc.inv2, lc.x2, lw.ln2, N, D)
+		lc.u, lc.g = make([]float32, N*F), make([]float32, N*F)
+		sgemm(false, false, N, F, D, 1, lc.h2, D, lw.w1, F, 0, lc.u, F)
+		for i, v := range lc.u {
+			lc.g[i] = gelu(v)
+		}
+		x = make([]float32, N*D)
+		copy(x, lc.x2)
+		sgemm(false, false, N, D, F, 1, lc.g, F, lw.w2, D, 1, x, D)
+		st.layers = append(st.layers, lc)
+	}
+	st.xf = x
+	st.invF, st.hf = make([]float32, N), make([]float32, N*D)
+	rmsNorm(st.hf, st.invF, x, w.lnF, N, D)
+
+	// Logits only for nodes that predict a target: prompt-only nodes in a
+	// packed group cost nothing at the output layer.
+	st.rowOf = make([]int, N)
+	for i := range st.rowOf {
+		st.rowOf[i] = -1
+	}
+	for _, tn := range targets {
+		p := pk.Parent[tn]
+		if st.rowOf[p] < 0 {
+			st.rowOf[p] = len(st.rows)
+			st.rows = append(st.rows, p)
+		}
+	}
+	R, V := len(st.rows), c.Vocab
+	hr := make([]float32, R*D)
+	for r, n := range st.rows {
+		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
+	}
+	logits := make([]float32, R*V)
+	sgemm(false, false, R, V, D, 1, hr, D, w.head, V, 0, logits, V)
+	st.logp = make([]float32, R*V)
+	for r := 0; r < R; r++ {
+		logSoftmaxRow(st.logp[r*V:r*V+V], logits[r*V:r*V+V], st.invT)
+	}
+	st.TargetLogp = make([]float32, len(targets))
+	for i, tn := range targets {
+		r := st.rowOf[pk.Parent[tn]]
+		st.TargetLogp[i] = st.logp[r*V+pk.Tokens[tn]]
+	}
+	return st
+}

@@ -1,0 +1,95 @@
+package trainer
+
+import "math"
+
+const rmsEps = 1e-5
+
+// rmsNorm writes y = x / rms(x) · g for each row of x (rows×d) and keeps the
+// inverse rms per row for the backward pass.
+func rmsNorm(y, inv, x, g []float32, rows, d int) {
+	for i := 0; i < rows; i++ {
+		xr := x[i*d : i*d+d]
+		var ss float32
+		for _, v := range xr {
+			ss += v * v
+		}
+		r := float32(1 / math.Sqrt(float64(ss/float32(d))+rmsEps))
+		inv[i] = r
+		yr := y[i*d : i*d+d]
+		for j, v := range xr {
+			yr[j] = v * r * g[j]
+		}
+	}
+}
+
+// rmsNormBack adds the gradient with respect to x into dx and to g into dg.
+func rmsNormBack(dx, dg, dy, x, inv, g []float32, rows, d int) {
+	for i := 0; i < rows; i++ {
+		xr, dyr, r := x[i*d:i*d+d], dy[i*d:i*d+d], inv[i]
+		var dot float32
+		for j := range xr {
+			a := dyr[j] * g[j]
+			dot += a * xr[j]
+			dg[j] += dyr[j] * xr[j] * r
+		}
+		c := r * r * dot / float32(d)
+		dxr := dx[i*d : i*d+d]
+		for j := range xr {
+			dxr[j] += r * (dyr[j]*g[j] - xr[j]*c)
+		}
+	}
+}
+
+const geluC = 0.7978845608028654 // √(2/π)
+
+func gelu(x float32) float32 {
+	t := math.Tanh(geluC * float64(x+0.044715*x*x*x))
+	return 0.5 * x * float32(1+t)
+}
+
+func geluGrad(x float32) float32 {
+	t := float32(math.Tanh(geluC * float64(x+0.044715*x*x*x)))
+	return 0.5*(1+t) + 0.5*x*(1-t*t)*geluC*(1+3*0.044715*x*x)
+}
+
+// logSoftmaxRow writes log softmax(z·invT) into out.
+func logSoftmaxRow(out, z []float32, invT float32) {
+	mx := float32(math.Inf(-1))
+	for _, v := range z {
+		if v*invT > mx {
+			mx = v * invT
+		}
+	}
+	var s float64
+	for _, v := range z {
+		s += math.Exp(float64(v*invT - mx))
+	}
+	lse := mx + float32(math.Log(s))
+	for i, v := range z {
+		out[i] = v*invT - lse
+	}
+}
+
+// softmaxMasked turns row scores into probabilities over the allowed columns.
+func softmaxMasked(row []float32, allow []bool) {
+	mx := float32(math.Inf(-1))
+	for j, v := range row {
+		if allow[j] && v > mx {
+			mx = v
+		}
+	}
+	var s float32
+	for j, v := range row {
+		if allow[j] {
+			e := float32(math.Exp(float64(v - mx)))
+			row[j] = e
+			s += e
+		} else {
+			row[j] = 0
+		}
+	}
+	inv := 1 / s
+	for j := range row {
+		row[j] *= inv
+	}
+}

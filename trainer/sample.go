@@ -1,0 +1,200 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+)
+
+// SampleOptions control generation.
+type SampleOptions struct {
+	// Temperature scales logits; 0 means greedy. Default 1 (when nil).
+	Temperature *float64
+	// TopP keeps the smallest set of tokens whose probability reaches TopP.
+	// Default 1 (no truncation).
+	TopP float64
+	// MaxTokens bounds the completion. Default 64; never past the context.
+	MaxTokens int
+	// Stop ends generation when the text ends with one of these strings.
+	// <|im_end|> always stops.
+	Stop []string
+}
+
+// Generation is one sampled completion.
+type Generation struct {
+	PromptIDs []int
+	IDs       []int
+	// Logprobs[i] is log π(IDs[i]) under the distribution it was drawn from:
+	// softmax(logits/T) (T = 1 for greedy), before top-p truncation. The
+	// trainer recomputes proximal log-probs at the same temperature.
+	Logprobs []float32
+	// Finish is FinishStop (stop token or string) or FinishLength.
+	Finish string
+	// StopText is the stop string that ended generation, if any.
+	StopText string
+}
+
+const (
+	finishStop   = "stop"
+	finishLength = "length"
+)
+
+// Generate samples one completion per prompt, batching the decode steps of
+// all prompts. onToken, when set, sees every token as it is produced; an
+// error from it aborts generation.
+func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOptions, rng *rand.Rand, onToken func(seq, id int, logprob float32) error) ([]Generation, error) {
+	c := m.Config
+	temp := 1.0
+	if opts.Temperature != nil {
+		temp = *opts.Temperature
+	}
+	if temp < 0 || math.IsNaN(temp) || math.IsInf(temp, 0) {
+		return nil, fmt.Errorf("temperature %v must be a finite number ≥ 0", temp)
+	}
+	topP := opts.TopP
+	if topP == 0 {
+		topP = 1
+	}
+	if topP < 0 || topP > 1 || math.IsNaN(topP) {
+		return nil, fmt.Errorf("top_p %v must be in (0, 1]", topP)
+	}
+	maxTok := opts.MaxTokens
+	if maxTok == 0 {
+		maxTok = 64
+	}
+	if maxTok < 0 {
+		return nil, fmt.Errorf("max_tokens %d must be positive", maxTok)
+	}
+	w := m.view(m.W)
+	gens := make([]Generation, len(prompts))
+	caches := make([]*kvCache, len(prompts))
+	next := make([]int, len(prompts))
+	text := make([]strings.Builder, len(prompts))
+	for i, p := range prompts {
+		if len(p) == 0 {
+			return nil, fmt.Errorf("prompt %d is empty", i)
+		}
+		if err := validateIDs(p, c.Vocab); err != nil {
+			return nil, fmt.Errorf("prompt %d: %w", i, err)
+		}
+		if len(p) >= c.Context {
+			return nil, fmt.Errorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
+		}
+		gens[i].PromptIDs = p
+		caches[i] = m.newCache()
+		m.prefill(caches[i], p[:len(p)-1])
+		next[i] = p[len(p)-1]
+	}
+	active := make([]int, len(prompts))
+	for i := range active {
+		active[i] = i
+	}
+	V := c.Vocab
+	logits := make([]float32, len(prompts)*V)
+	lp := make([]float32, V)
+	for len(active) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		cs, toks := make([]*kvCache, len(active)), make([]int, len(active))
+		for j, i := range active {
+			cs[j], toks[j] = caches[i], next[i]
+		}
+		m.decodeStep(w, cs, toks, logits[:len(active)*V])
+		still := active[:0]
+		for j, i := range active {
+			z := logits[j*V : j*V+V]
+			var tok int
+			if temp == 0 {
+				logSoftmaxRow(lp, z, 1)
+				tok = argmax(lp)
+			} else {
+				logSoftmaxRow(lp, z, float32(1/temp))
+				tok = sampleTopP(lp, topP, rng)
+			}
+			g := &gens[i]
+			g.IDs = append(g.IDs, tok)
+			g.Logprobs = append(g.Logprobs, lp[tok])
+			if onToken != nil {
+				if err := onToken(i, tok, lp[tok]); err != nil {
+					return nil, err
+				}
+			}
+			text[i].WriteString(TokenText(tok))
+			switch {
+			case tok == TokImEnd:
+				g.Finish = finishStop
+			case endsWithAny(text[i].String(), opts.Stop, &g.StopText):
+				g.Finish = finishStop
+			case len(g.IDs) >= maxTok || caches[i].n+1 >= c.Context:
+				g.Finish = finishLength
+			default:
+				next[i] = tok
+				still = append(still, i)
+			}
+		}
+		active = still
+	}
+	return gens, nil
+}
+
+func endsWithAny(s string, stops []string, which *string) bool {
+	for _, st := range stops {
+		if st != "" && strings.HasSuffix(s, st) {
+			*which = st
+			return true
+		}
+	}
+	return false
+}
+
+func argmax(x []float32) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// sampleTopP draws from exp(lp) restricted to the top-p nucleus.
+func sampleTopP(lp []float32, topP float64, rng *rand.Rand) int {
+	if topP >= 1 {
+		r := rng.Float64()
+		var acc float64
+		for i, v := range lp {
+			acc += math.Exp(float64(v))
+			if r < acc {
+				return i
+			}
+		}
+		return argmax(lp)
+	}
+	idx := make([]int, len(lp))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return lp[idx[a]] > lp[idx[b]] })
+	var mass float64
+	n := 0
+	for n < len(idx) {
+		mass += math.Exp(float64(lp[idx[n]]))
+		n++
+		if mass >= topP {
+			break
+		}
+	}
+	r := rng.Float64() * mass
+	var acc float64
+	for _, i := range idx[:n] {
+		acc += math.Exp(float64(lp[i]))
+		if r < acc {
+			return i
+		}
+	}
+	return idx[0]
+}
