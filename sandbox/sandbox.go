@@ -298,23 +298,23 @@ func (sb *Sandbox) readFileDocker(ctx context.Context, p string, maxBytes int64)
 	return data, h.Size, nil
 }
 
+// writeFileDocker writes through a shell as the sandbox user: copying a tar
+// into the container would write as root and bypass file permissions.
 func (sb *Sandbox) writeFileDocker(ctx context.Context, p string, data []byte, mode uint32) error {
 	if mode == 0 {
 		mode = 0o644
 	}
-	dir := path.Dir(p)
-	if _, err := sb.ExecDocker(ctx, ExecRequest{Cmd: "mkdir -p " + shellQuote(dir), Timeout: 10 * time.Second}); err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	tw := newTarWriter(&buf)
-	tw.file(path.Base(p), data, int64(mode&0o777), SandboxUID)
-	if err := tw.close(); err != nil {
-		return err
-	}
-	_, err := sb.m.cli.CopyToContainer(ctx, sb.ID, client.CopyToContainerOptions{DestinationPath: dir, Content: &buf})
+	q := shellQuote(p)
+	res, err := sb.ExecDocker(ctx, ExecRequest{
+		Cmd:     fmt.Sprintf("mkdir -p %s && rm -f %s && cat > %s && chmod %o %s", shellQuote(path.Dir(p)), q, q, mode&0o777, q),
+		Stdin:   data,
+		Timeout: 30 * time.Second,
+	})
 	if err != nil {
 		return fmt.Errorf("write file %s: %w", p, err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("write file %s: %s", p, bytes.TrimSpace(res.Stderr))
 	}
 	return nil
 }
