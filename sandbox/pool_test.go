@@ -1,0 +1,140 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/moby/moby/client"
+	"github.com/stretchr/testify/require"
+)
+
+func TestWarmPoolServesAndRefills(t *testing.T) {
+	cli := dockerClient(t)
+	img := baseImage(t, cli)
+	m := newManager(t, cli, sandbox.Config{ProvisionConcurrency: 2})
+	require.NoError(t, m.StartPool(img, 2))
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 2 }, time.Minute, 50*time.Millisecond)
+
+	ctx := context.Background()
+	a, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	b, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	require.NotEqual(t, a.ID, b.ID)
+	require.Equal(t, "ok\n", string(run(t, a, "echo ok").Stdout))
+	// The pool refills in the background after being emptied.
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 2 }, time.Minute, 50*time.Millisecond)
+	require.NoError(t, m.Release(ctx, a))
+	require.NoError(t, m.Release(ctx, b))
+	_, err = cli.ContainerInspect(ctx, a.ID, client.ContainerInspectOptions{})
+	require.Error(t, err, "released sandboxes are removed, never reused")
+}
+
+func TestForkStartsCopiesOfAPreparedSandbox(t *testing.T) {
+	cli := dockerClient(t)
+	m := newManager(t, cli, sandbox.Config{})
+	src := newSandbox(t, m, baseImage(t, cli))
+	ctx := context.Background()
+	require.NoError(t, src.WriteFile(ctx, "state.txt", []byte("prepared"), 0))
+
+	snap, forks, err := m.Fork(ctx, src, 3)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, f := range forks {
+			require.NoError(t, m.Release(context.Background(), f))
+		}
+		require.NoError(t, m.RemoveSnapshot(context.Background(), snap))
+	})
+	require.Len(t, forks, 3)
+	for i, f := range forks {
+		require.Equal(t, "prepared", string(run(t, f, "cat state.txt").Stdout))
+		require.NoError(t, f.WriteFile(ctx, "mine.txt", []byte(fmt.Sprint(i)), 0))
+	}
+	// Forks are independent of each other and of the source.
+	require.Equal(t, "1", string(run(t, forks[1], "cat mine.txt").Stdout))
+	require.NotEqual(t, 0, run(t, src, "test -e mine.txt").ExitCode)
+}
+
+func TestSandboxCanBeReattachedByID(t *testing.T) {
+	cli := dockerClient(t)
+	img := baseImage(t, cli)
+	m1 := newManager(t, cli, sandbox.Config{})
+	sb := newSandbox(t, m1, img)
+	require.NoError(t, sb.WriteFile(context.Background(), "x", []byte("1"), 0))
+
+	// A second manager (another worker after a retry) finds it by id.
+	m2 := newManager(t, cli, sandbox.Config{})
+	again, err := m2.Get(context.Background(), sb.ID)
+	require.NoError(t, err)
+	require.Equal(t, "1", string(run(t, again, "cat x").Stdout))
+}
+
+// TestJanitorAfterCrash starts this test binary as a child that creates
+// sandboxes and a snapshot and then dies by SIGKILL, like a crashed worker.
+func TestJanitorAfterCrash(t *testing.T) {
+	if os.Getenv("FLYWHEEL_JANITOR_CHILD") == "1" {
+		crashingChild(t)
+		return
+	}
+	cli := dockerClient(t)
+	baseImage(t, cli) // built here, so the child only creates containers
+	m := newManager(t, cli, sandbox.Config{})
+	mine := newSandbox(t, m, baseImage(t, cli))
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestJanitorAfterCrash$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "FLYWHEEL_JANITOR_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "child output: %s", out)
+	require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal(), "child output: %s", out)
+	var leftovers []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if id, ok := strings.CutPrefix(line, "LEFTOVER "); ok {
+			leftovers = append(leftovers, strings.TrimSpace(id))
+		}
+	}
+	require.Len(t, leftovers, 3, "child output: %s", out)
+	ctx := context.Background()
+	for _, id := range leftovers[:2] {
+		_, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		require.NoError(t, err, "the crash left container %s behind", id)
+	}
+
+	rep, err := sandbox.Janitor(ctx, cli, sandbox.JanitorOptions{})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, rep.Containers, 2)
+	require.GreaterOrEqual(t, rep.Snapshots, 1)
+	for _, id := range leftovers[:2] {
+		_, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		require.Error(t, err, "janitor must remove %s", id)
+	}
+	_, err = cli.ImageInspect(ctx, leftovers[2])
+	require.Error(t, err, "janitor must remove the snapshot")
+	// A live owner's sandbox is untouched.
+	require.Equal(t, "alive\n", string(run(t, mine, "echo alive").Stdout))
+}
+
+func crashingChild(t *testing.T) {
+	cli := dockerClient(t)
+	m, err := sandbox.NewManager(cli, sandbox.Config{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	img := baseImage(t, cli)
+	a, err := m.Create(ctx, img)
+	require.NoError(t, err)
+	b, err := m.Create(ctx, img)
+	require.NoError(t, err)
+	snap, err := m.Snapshot(ctx, a)
+	require.NoError(t, err)
+	fmt.Printf("LEFTOVER %s\nLEFTOVER %s\nLEFTOVER %s\n", a.ID, b.ID, snap.Ref)
+	_ = os.Stdout.Sync()
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
