@@ -118,7 +118,7 @@ func TestSingletonGroupsUseRunningBaseline(t *testing.T) {
 	samples = []Sample{{TaskID: "t", Reward: 0}, {TaskID: "u", Reward: 0.5}}
 	_, err = ComputeAdvantages(samples, AdvantageConfig{}, base)
 	require.NoError(t, err)
-	require.InDelta(t, -1, *samples[0].Advantage, 1e-12)  // task t's baseline is 1
+	require.InDelta(t, -1, *samples[0].Advantage, 1e-12)   // task t's baseline is 1
 	require.InDelta(t, -0.4, *samples[1].Advantage, 1e-12) // unseen task u: global baseline 0.9
 	require.InDelta(t, 0.9, base.Value("t"), 1e-12)
 

@@ -21,6 +21,8 @@ type SampleOptions struct {
 	// Stop ends generation when the text ends with one of these strings.
 	// <|im_end|> always stops.
 	Stop []string
+	// TopLogprobs asks for that many most likely alternatives per token.
+	TopLogprobs int
 }
 
 // Generation is one sampled completion.
@@ -35,6 +37,14 @@ type Generation struct {
 	Finish string
 	// StopText is the stop string that ended generation, if any.
 	StopText string
+	// Top[i] holds the TopLogprobs most likely tokens at step i.
+	Top [][]TokenLogprob
+}
+
+// TokenLogprob is one candidate token and its log-prob.
+type TokenLogprob struct {
+	ID      int
+	Logprob float32
 }
 
 const (
@@ -52,21 +62,27 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 		temp = *opts.Temperature
 	}
 	if temp < 0 || math.IsNaN(temp) || math.IsInf(temp, 0) {
-		return nil, fmt.Errorf("temperature %v must be a finite number ≥ 0", temp)
+		return nil, inputErrorf("temperature %v must be a finite number ≥ 0", temp)
 	}
 	topP := opts.TopP
 	if topP == 0 {
 		topP = 1
 	}
 	if topP < 0 || topP > 1 || math.IsNaN(topP) {
-		return nil, fmt.Errorf("top_p %v must be in (0, 1]", topP)
+		return nil, inputErrorf("top_p %v must be in (0, 1]", topP)
 	}
 	maxTok := opts.MaxTokens
 	if maxTok == 0 {
 		maxTok = 64
 	}
+	if opts.TopLogprobs < 0 || opts.TopLogprobs > 20 {
+		return nil, inputErrorf("top_logprobs %d must be in [0, 20]", opts.TopLogprobs)
+	}
 	if maxTok < 0 {
-		return nil, fmt.Errorf("max_tokens %d must be positive", maxTok)
+		return nil, inputErrorf("max_tokens %d must be positive", maxTok)
+	}
+	if rng == nil {
+		rng = rand.New(rand.NewPCG(1, 2))
 	}
 	w := m.view(m.W)
 	gens := make([]Generation, len(prompts))
@@ -75,13 +91,13 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 	text := make([]strings.Builder, len(prompts))
 	for i, p := range prompts {
 		if len(p) == 0 {
-			return nil, fmt.Errorf("prompt %d is empty", i)
+			return nil, inputErrorf("prompt %d is empty", i)
 		}
 		if err := validateIDs(p, c.Vocab); err != nil {
-			return nil, fmt.Errorf("prompt %d: %w", i, err)
+			return nil, inputErrorf("prompt %d: %v", i, err)
 		}
 		if len(p) >= c.Context {
-			return nil, fmt.Errorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
+			return nil, inputErrorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
 		}
 		gens[i].PromptIDs = p
 		caches[i] = m.newCache()
@@ -118,6 +134,9 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 			g := &gens[i]
 			g.IDs = append(g.IDs, tok)
 			g.Logprobs = append(g.Logprobs, lp[tok])
+			if opts.TopLogprobs > 0 {
+				g.Top = append(g.Top, topK(lp, opts.TopLogprobs))
+			}
 			if onToken != nil {
 				if err := onToken(i, tok, lp[tok]); err != nil {
 					return nil, err
@@ -197,4 +216,34 @@ func sampleTopP(lp []float32, topP float64, rng *rand.Rand) int {
 		}
 	}
 	return idx[0]
+}
+
+// topK returns the k largest entries of lp, best first.
+func topK(lp []float32, k int) []TokenLogprob {
+	out := make([]TokenLogprob, 0, k+1)
+	for i, v := range lp {
+		if len(out) == k && v <= out[k-1].Logprob {
+			continue
+		}
+		j := len(out)
+		out = append(out, TokenLogprob{})
+		for j > 0 && out[j-1].Logprob < v {
+			out[j] = out[j-1]
+			j--
+		}
+		out[j] = TokenLogprob{ID: i, Logprob: v}
+		if len(out) > k {
+			out = out[:k]
+		}
+	}
+	return out
+}
+
+// inputError is a request the sampler rejects; servers answer it with 400.
+type inputError struct{ msg string }
+
+func (e *inputError) Error() string { return e.msg }
+
+func inputErrorf(format string, args ...any) error {
+	return &inputError{msg: fmt.Sprintf(format, args...)}
 }

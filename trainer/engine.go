@@ -1,0 +1,249 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// EngineConfig configures the serving engine.
+type EngineConfig struct {
+	// Name prefixes version names ("NAME@vN"). Default "flywheel-policy".
+	Name string
+	// DefaultMaxTokens applies when a request sets none. Default 64.
+	DefaultMaxTokens int
+	// KeepVersions is how many recent versions stay loaded for requests
+	// that pin one (canary, shadow, replay). Default 4.
+	KeepVersions int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c EngineConfig) withDefaults() EngineConfig {
+	if c.Name == "" {
+		c.Name = "flywheel-policy"
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = 64
+	}
+	if c.KeepVersions == 0 {
+		c.KeepVersions = 4
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c EngineConfig) validate() error {
+	if strings.Contains(c.Name, "@") {
+		return fmt.Errorf("engine name %q must not contain @", c.Name)
+	}
+	if c.DefaultMaxTokens < 1 || c.KeepVersions < 1 {
+		return fmt.Errorf("default_max_tokens %d and keep_versions %d must be positive", c.DefaultMaxTokens, c.KeepVersions)
+	}
+	return nil
+}
+
+// served is one immutable version.
+type served struct {
+	model   *Model
+	version int64
+	name    string
+}
+
+// Engine serves the in-process policy through inference.Backend. Publishing
+// swaps one pointer: a request reads it once when it starts and finishes on
+// those weights, so nothing waits for a new version and no request mixes two.
+type Engine struct {
+	cfg     EngineConfig
+	current atomic.Pointer[served]
+	mu      sync.Mutex
+	recent  []*served // newest last, for pinned requests
+	seed    atomic.Uint64
+}
+
+var _ inference.Backend = (*Engine)(nil)
+
+// NewEngine serves m as version.
+func NewEngine(m *Model, version int64, cfg EngineConfig) (*Engine, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("engine config: %w", err)
+	}
+	e := &Engine{cfg: cfg}
+	e.seed.Store(uint64(time.Now().UnixNano()))
+	if err := e.Publish(m, version); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// VersionName is how version is reported in responses.
+func (e *Engine) VersionName(version int64) string {
+	return e.cfg.Name + "@v" + strconv.FormatInt(version, 10)
+}
+
+// Publish makes m (which the engine now owns and never writes) the serving
+// version. Versions only move forward.
+func (e *Engine) Publish(m *Model, version int64) error {
+	if m == nil {
+		return errors.New("publish: nil model")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cur := e.current.Load(); cur != nil && version <= cur.version {
+		return fmt.Errorf("publish: version %d is not newer than the serving version %d", version, cur.version)
+	}
+	s := &served{model: m, version: version, name: e.VersionName(version)}
+	e.recent = append(e.recent, s)
+	if len(e.recent) > e.cfg.KeepVersions {
+		e.recent = e.recent[len(e.recent)-e.cfg.KeepVersions:]
+	}
+	e.current.Store(s)
+	e.cfg.Logger.Info("policy version published", "version", s.name)
+	return nil
+}
+
+// Current returns the serving model and its version.
+func (e *Engine) Current() (*Model, int64) {
+	s := e.current.Load()
+	return s.model, s.version
+}
+
+func (e *Engine) pick(name string) (*served, error) {
+	if name == "" {
+		return e.current.Load(), nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.recent {
+		if s.name == name || "v"+strconv.FormatInt(s.version, 10) == name {
+			return s, nil
+		}
+	}
+	return nil, &inference.Error{Status: 404, Message: fmt.Sprintf("model version %q is not loaded", name)}
+}
+
+// Complete implements inference.Backend.
+func (e *Engine) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	return e.generate(ctx, req, nil)
+}
+
+// Stream implements inference.Backend. Text inside a tool call is held back:
+// tool calls arrive only in the final response.
+func (e *Engine) Stream(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
+	if emit == nil {
+		return nil, badRequest("stream: nil emit")
+	}
+	return e.generate(ctx, req, emit)
+}
+
+func badRequest(format string, args ...any) error {
+	return &inference.Error{Status: 400, Message: fmt.Sprintf(format, args...)}
+}
+
+func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
+	start := time.Now()
+	if req == nil {
+		return nil, badRequest("nil request")
+	}
+	if len(req.Messages) == 0 && len(req.PromptTokenIDs) == 0 {
+		return nil, badRequest("messages are empty")
+	}
+	s, err := e.pick(req.Version)
+	if err != nil {
+		return nil, err
+	}
+	prompt, err := RenderPrompt(req.Messages, req.Tools, req.ToolChoice, req.PromptTokenIDs)
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	opts := SampleOptions{Temperature: req.Temperature, MaxTokens: req.MaxTokens, Stop: req.Stop, TopLogprobs: req.TopLogprobs}
+	if req.TopP != nil {
+		opts.TopP = *req.TopP
+	}
+	if opts.MaxTokens == 0 {
+		opts.MaxTokens = e.cfg.DefaultMaxTokens
+	}
+	var rng *rand.Rand
+	if req.Seed != nil {
+		rng = rand.New(rand.NewPCG(uint64(*req.Seed), 0))
+	} else {
+		rng = rand.New(rand.NewPCG(e.seed.Add(0x9e3779b97f4a7c15), 1))
+	}
+	var onToken func(int, int, float32) error
+	if emit != nil {
+		inTool := false
+		onToken = func(_ int, id int, lp float32) error {
+			d := inference.Delta{TokenIDs: []int{id}, Logprobs: []float32{lp}}
+			switch {
+			case id == TokToolStart:
+				inTool = true
+			case id == TokToolEnd:
+				inTool = false
+			case id < 256 && !inTool:
+				d.Text = TokenText(id)
+			}
+			return emit(d)
+		}
+	}
+	gens, err := s.model.Generate(ctx, [][]int{prompt}, opts, rng, onToken)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var ie *inputError
+		if errors.As(err, &ie) {
+			return nil, badRequest("%v", err)
+		}
+		return nil, err // emit's own error
+	}
+	g := gens[0]
+	ids := g.IDs
+	if n := len(ids); n > 0 && ids[n-1] == TokImEnd {
+		ids = ids[:n-1]
+	}
+	text := Tokenizer{}.Decode(ids)
+	if g.StopText != "" {
+		text = strings.TrimSuffix(text, g.StopText)
+	}
+	resp := &inference.Response{
+		Message:            inference.Message{Role: inference.RoleAssistant},
+		FinishReason:       g.Finish,
+		PromptTokenIDs:     prompt,
+		CompletionTokenIDs: g.IDs,
+		Logprobs:           g.Logprobs,
+		ModelVersion:       s.name,
+		Usage:              inference.Usage{PromptTokens: len(prompt), CompletionTokens: len(g.IDs)},
+	}
+	if req.ToolChoice != "none" && len(req.Tools) > 0 {
+		resp.Message.Content, resp.Message.ToolCalls = ParseAssistant(text, fmt.Sprintf("call_%d_%d", s.version, rng.Uint32()))
+		if len(resp.Message.ToolCalls) > 0 {
+			resp.FinishReason = inference.FinishToolCalls
+		}
+	} else {
+		resp.Message.Content = text
+	}
+	for i, id := range g.IDs {
+		resp.CompletionTokens = append(resp.CompletionTokens, TokenText(id))
+		if len(g.Top) > i {
+			alts := make([]inference.TopLogprob, len(g.Top[i]))
+			for j, t := range g.Top[i] {
+				alts[j] = inference.TopLogprob{TokenID: t.ID, Token: TokenText(t.ID), Logprob: t.Logprob}
+			}
+			resp.TopLogprobs = append(resp.TopLogprobs, alts)
+		}
+	}
+	resp.Latency = time.Since(start)
+	return resp, nil
+}
