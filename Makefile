@@ -1,0 +1,39 @@
+# The two quick-start commands are `make up` and `make test`; both start the
+# local services first (scripts/services.sh: Postgres, Temporal, Docker
+# images), installing what is missing.
+
+SHELL := /bin/bash
+export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
+STATE ?= $(CURDIR)/.flywheel
+SERVICES := scripts/services.sh
+ENV := eval "$$($(SERVICES) env)"
+
+.PHONY: up down services test test-short vet lint bench status
+
+## up: start the services and `flywheel up` in the background; prints URLs and an API key
+up: services
+	@$(ENV); scripts/up.sh start
+
+## down: stop flywheel and the services
+down:
+	@scripts/up.sh stop || true
+	@$(SERVICES) down
+
+services:
+	@$(SERVICES) up
+
+status:
+	@$(SERVICES) status; scripts/up.sh status || true
+
+## test: vet, workflowcheck and every test against the real services
+test: services vet
+	@$(ENV); export FLYWHEEL_REQUIRE_SERVICES=1; \
+	go test -count=1 -timeout 45m ./... 2>&1 | tee $(STATE)/test.log | grep -v '^ok\|no test files' ; \
+	status=$${PIPESTATUS[0]}; grep -E '^(ok|FAIL|---)' $(STATE)/test.log | tail -60; \
+	pass=$$(grep -c '^ok' $(STATE)/test.log); fail=$$(grep -c '^FAIL' $(STATE)/test.log); \
+	echo "packages: $$pass passed, $$fail failed"; exit $$status
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	go vet ./...
+	go tool workflowcheck ./workflows/...

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// benchCommands are the whole-system benchmarks under `flywheel bench NAME`.
+// Each prints human-readable progress and, as its last line, one JSON object
+// of figures (ratios against a baseline measured in the same run).
+var benchCommands = map[string]func(ctx context.Context, args []string) error{}
+
+func runBench(ctx context.Context, args []string) error {
+	names := make([]string, 0, len(benchCommands))
+	for n := range benchCommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(args) == 0 {
+		return fmt.Errorf("usage: flywheel bench {%s} [flags]", strings.Join(names, "|"))
+	}
+	run, ok := benchCommands[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown benchmark %q (have: %s)", args[0], strings.Join(names, ", "))
+	}
+	return run(ctx, args[1:])
+}

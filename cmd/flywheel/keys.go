@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+func runKeys(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "create" {
+		return fmt.Errorf("usage: flywheel keys create --tenant NAME [--name LABEL]")
+	}
+	var tenant, name string
+	cfg, _, err := loadConfig("keys create", args[1:], func(fs *flag.FlagSet) {
+		fs.StringVar(&tenant, "tenant", "", "tenant the key belongs to (created if new); required")
+		fs.StringVar(&name, "name", "", "a label for the key")
+	})
+	if err != nil {
+		return err
+	}
+	if tenant == "" {
+		return fmt.Errorf("keys create: --tenant is required")
+	}
+	if err := store.ValidTenantName(tenant); err != nil {
+		return err
+	}
+	pool, err := store.Open(ctx, cfg.Database.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
+		return err
+	}
+	if err := store.EnsureTenant(ctx, pool, tenant); err != nil {
+		return err
+	}
+	key, err := store.CreateKey(ctx, pool, tenant, "", name)
+	if err != nil {
+		return err
+	}
+	// Only the key goes to stdout, so `KEY=$(flywheel keys create …)` works.
+	fmt.Println(key)
+	return nil
+}

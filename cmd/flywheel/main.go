@@ -1,0 +1,134 @@
+// Command flywheel is the Flywheel binary: gateway, worker, migrations, keys,
+// benchmarks and sandbox tools. It only wires packages together.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/flywheel-ai/flywheel/config"
+)
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+// commands is the top-level command table.
+var commands = map[string]command{
+	"up":       {"run gateway + worker on the local services, printing URLs and a ready API key", runUp},
+	"gateway":  {"run the HTTP gateway", runGateway},
+	"worker":   {"run a Temporal worker", runWorker},
+	"migrate":  {"apply (up), roll back (down --to N) or show (status) the schema", runMigrate},
+	"keys":     {"manage API keys: keys create --tenant NAME", runKeys},
+	"temporal": {"temporal setup: register the namespace and search attributes", runTemporal},
+	"bench":    {"whole-system benchmarks: bench NAME", runBench},
+	"sandbox":  {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
+	"version":  {"print the version", runVersion},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "flywheel:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage()
+		return nil
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		usage()
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+	return cmd.run(ctx, args[1:])
+}
+
+func usage() {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString("usage: flywheel COMMAND [flags]\n\ncommands:\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %-9s %s\n", n, commands[n].summary)
+	}
+	b.WriteString("\nEvery command takes the configuration flags (see `flywheel gateway -h`);\n" +
+		"each flag is also an env var FLYWHEEL_* and a key in the --config YAML file.\n")
+	fmt.Fprint(os.Stderr, b.String())
+}
+
+// loadConfig parses args into the configuration, after letting the caller
+// register its own flags on the same set.
+func loadConfig(name string, args []string, own func(fs *flag.FlagSet)) (config.Config, *flag.FlagSet, error) {
+	cfg := config.Default()
+	fs := flag.NewFlagSet("flywheel "+name, flag.ContinueOnError)
+	path := config.Bind(fs, &cfg)
+	if own != nil {
+		own(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, fs, err
+	}
+	if err := config.Load(fs, &cfg, *path); err != nil {
+		return cfg, fs, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, fs, nil
+}
+
+func newLogger(c config.LogConfig) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level)) // validated by config
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// version is the module version and VCS revision baked in by the go tool.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := info.Main.Version
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			if len(s.Value) > 12 {
+				s.Value = s.Value[:12]
+			}
+			v += " " + s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				v += "+dirty"
+			}
+		}
+	}
+	return v + " " + info.GoVersion
+}
+
+func runVersion(ctx context.Context, args []string) error {
+	fmt.Println("flywheel", version())
+	return nil
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
+
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/worker"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+func runGateway(ctx context.Context, args []string) error {
+	cfg, _, err := loadConfig("gateway", args, nil)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg.Log)
+	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
+		return err
+	}
+	pool, err := store.Open(ctx, cfg.Database.URL, cfg.Database.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return gateway.New(cfg.Gateway, gateway.Deps{DB: pool, Logger: logger}).ListenAndServe(ctx)
+}
+
+func runWorker(ctx context.Context, args []string) error {
+	cfg, _, err := loadConfig("worker", args, nil)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg.Log)
+	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
+		return err
+	}
+	pool, err := store.Open(ctx, cfg.Database.URL, cfg.Database.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := worker.Dial(ctx, cfg.Temporal.Address, cfg.Temporal.Namespace, logger)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return serveWorker(ctx, cfg, c, pool, logger)
+}
+
+// serveWorker registers every workflow and activity on the configured task
+// queues and polls until ctx is done.
+func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, logger *slog.Logger) error {
+	inv := worker.DetectCompute()
+	worker.LogCompute(logger, inv)
+	host, _ := os.Hostname()
+	all := registrations(deps{pool: pool, host: host, compute: inv.Compute()})
+	queues := map[string]worker.Registrar{}
+	for _, q := range cfg.Worker.TaskQueues {
+		r, ok := all[q]
+		if !ok {
+			return fmt.Errorf("worker: unknown task queue %q", q)
+		}
+		queues[q] = r
+	}
+	return worker.Run(ctx, c, queues, logger)
+}
+
+type deps struct {
+	pool          *pgxpool.Pool
+	host, compute string
+}
+
+// registrations says which workflows and activities run on which queue.
+func registrations(d deps) map[string]worker.Registrar {
+	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
+	return map[string]worker.Registrar{
+		workflows.TaskQueue: func(r tworker.Registry) {
+			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
+			r.RegisterActivityWithOptions(ping.Ping, activityOpts(workflows.PingActivityName))
+		},
+		workflows.TrainerTaskQueue: func(r tworker.Registry) {},
+		workflows.SandboxTaskQueue: func(r tworker.Registry) {},
+	}
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/worker"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// defaultTenant owns the key `flywheel up` prints.
+const defaultTenant = "default"
+
+// runUp runs the whole system in one process on top of the local services:
+// migrations, Temporal setup, a worker on every queue and the gateway. It
+// prints a summary once a workflow has made the round trip through the
+// worker, then serves until interrupted.
+func runUp(ctx context.Context, args []string) error {
+	cfg, _, err := loadConfig("up", args, nil)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg.Log)
+	if err := migrateUp(ctx, cfg.Database.URL); err != nil {
+		return err
+	}
+	pool, err := store.Open(ctx, cfg.Database.URL, cfg.Database.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := worker.Dial(ctx, cfg.Temporal.Address, cfg.Temporal.Namespace, logger)
+	if err != nil {
+		return fmt.Errorf("%w (is the Temporal dev server running? `scripts/services.sh up` starts it)", err)
+	}
+	defer c.Close()
+	if err := worker.Setup(ctx, c, cfg.Temporal.Namespace); err != nil {
+		return err
+	}
+	key, err := devKey(ctx, pool, filepath.Join(cfg.DataDir, "dev-api-key"))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Gateway.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
+	}
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, logger) })
+	g.Go(func() error { return gateway.New(cfg.Gateway, gateway.Deps{DB: pool, Logger: logger}).Serve(ctx, ln) })
+	g.Go(func() error {
+		out, err := ping(ctx, c)
+		if err != nil {
+			return fmt.Errorf("worker round trip: %w", err)
+		}
+		fmt.Printf("\nFlywheel is up (%s)\n"+
+			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
+			"  temporal ui  %s/namespaces/%s/workflows\n"+
+			"  api key      %s   (tenant %q)\n"+
+			"  worker       %s on %s, postgres %s\n\n",
+			version(), ln.Addr(), ln.Addr(), cfg.Temporal.UIURL, cfg.Temporal.Namespace,
+			key, defaultTenant, out.Worker, out.Compute, out.Postgres)
+		return nil
+	})
+	err = g.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// ping runs PingWorkflow through the worker.
+func ping(ctx context.Context, c client.Client) (workflows.PingOutput, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID:                       fmt.Sprintf("ping-%d", time.Now().UnixNano()),
+		TaskQueue:                workflows.TaskQueue,
+		WorkflowExecutionTimeout: time.Minute,
+	}, workflows.PingWorkflowName, workflows.PingInput{Note: "up"})
+	if err != nil {
+		return workflows.PingOutput{}, err
+	}
+	var out workflows.PingOutput
+	return out, run.Get(ctx, &out)
+}
+
+// devKey returns the development API key kept in path, issuing a new one
+// for the default tenant when the file is missing or the key is unknown
+// (say, after the database was reset).
+func devKey(ctx context.Context, db store.DBTX, path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		key := strings.TrimSpace(string(b))
+		if _, err := store.LookupKey(ctx, db, key); err == nil {
+			return key, nil
+		}
+	}
+	if err := store.EnsureTenant(ctx, db, defaultTenant); err != nil {
+		return "", err
+	}
+	key, err := store.CreateKey(ctx, db, defaultTenant, "", "flywheel up")
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", fmt.Errorf("save dev api key: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("save dev api key: %w", err)
+	}
+	return key, nil
+}
