@@ -1,0 +1,52 @@
+package workflows
+
+import "time"
+
+// The session contract between the gateway (which signals) and
+// SessionWorkflow (which owns the session's lifecycle). The workflow id is
+// the session id, so a signal-with-start from any gateway replica reaches
+// the one workflow of that session.
+const (
+	SessionWorkflowName = "SessionWorkflow"
+	// SessionEventsSignal carries SessionEvents, one or a batch.
+	SessionEventsSignal = "session-events"
+	// SessionStateQuery answers SessionState.
+	SessionStateQuery = "state"
+)
+
+// Kinds of SessionEvent.
+const (
+	EventStep   = "step"   // an interaction was committed
+	EventReward = "reward" // a reward row was committed
+	EventEnd    = "end"    // the client ended the session
+)
+
+// SessionInput starts a SessionWorkflow.
+type SessionInput struct {
+	SessionID  string
+	TenantID   string
+	Deployment string
+	// GroupID and GroupSize tie sessions into a GRPO group ("" / 1: none).
+	GroupID   string
+	GroupSize int
+	TaskID    string
+	// IdleTimeout ends the session after no event for this long (0: the
+	// workflow's default).
+	IdleTimeout time.Duration
+}
+
+// SessionEvent is a notice that something about the session was committed
+// to Postgres. It carries ids only; the data stays in Postgres.
+type SessionEvent struct {
+	Kind          string
+	InteractionID int64 `json:",omitempty"`
+	RewardID      int64 `json:",omitempty"`
+	// Final marks a reward that closes the session's outcome.
+	Final bool `json:",omitempty"`
+	At    time.Time
+}
+
+// SessionEvents is the signal payload: events in commit order.
+type SessionEvents struct {
+	Events []SessionEvent
+}
