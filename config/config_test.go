@@ -4,11 +4,24 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
+
+// clearEnv hides the caller's FLYWHEEL_* variables (make test sets some)
+// for the duration of t.
+func clearEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) {
+			t.Setenv(name, "")
+			require.NoError(t, os.Unsetenv(name))
+		}
+	}
+}
 
 func load(t *testing.T, args []string, yamlText string) (Config, error) {
 	t.Helper()
@@ -24,6 +37,7 @@ func load(t *testing.T, args []string, yamlText string) (Config, error) {
 }
 
 func TestPrecedenceDefaultsYAMLEnvFlags(t *testing.T) {
+	clearEnv(t)
 	t.Setenv("FLYWHEEL_TEMPORAL_NAMESPACE", "from-env")
 	t.Setenv("FLYWHEEL_GATEWAY_READ_TIMEOUT", "7s")
 	cfg, err := load(t, []string{"--gateway-read-timeout=9s", "--worker-task-queues=a, b"}, `
@@ -45,11 +59,13 @@ log:
 }
 
 func TestUnknownYAMLKeyIsAnError(t *testing.T) {
+	clearEnv(t)
 	_, err := load(t, nil, "gatway:\n  listen: x\n")
 	require.ErrorContains(t, err, "gatway")
 }
 
 func TestBadEnvValueNamesTheVariable(t *testing.T) {
+	clearEnv(t)
 	t.Setenv("FLYWHEEL_DATABASE_MAX_CONNS", "lots")
 	_, err := load(t, nil, "")
 	require.ErrorContains(t, err, "FLYWHEEL_DATABASE_MAX_CONNS")
