@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 // EnvPrefix starts every environment variable the binary reads.
 const EnvPrefix = "FLYWHEEL_"
 
+var defaultNote = regexp.MustCompile(` ?\(default [^)]*\)`)
+
 // ConfigFileFlag names the optional YAML file (also FLYWHEEL_CONFIG).
 const ConfigFileFlag = "config"
 
@@ -27,7 +30,9 @@ const ConfigFileFlag = "config"
 func Bind(fs *flag.FlagSet, cfg *Config) *string {
 	path := fs.String(ConfigFileFlag, os.Getenv(EnvPrefix+"CONFIG"), "optional YAML config file (env FLYWHEEL_CONFIG)")
 	for _, f := range fields(cfg) {
-		fs.Var(f, f.flag, fmt.Sprintf("%s (env %s)", f.help, f.env))
+		// The flag package prints the current value as the default itself.
+		help := defaultNote.ReplaceAllString(f.help, "")
+		fs.Var(f, f.flag, fmt.Sprintf("%s (env %s)", help, f.env))
 	}
 	return path
 }
