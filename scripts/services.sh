@@ -147,7 +147,7 @@ temporal_up() {
 		echo $! >"$STATE/temporal.pid"
 		wait_for 90 "Temporal dev server" temporal_healthy
 	fi
-	"$BIN" temporal setup >/dev/null || die "registering the Temporal namespace and search attributes failed"
+	"$BIN" temporal setup --temporal-address "127.0.0.1:$TEMPORAL_PORT" >/dev/null || die "registering the Temporal namespace and search attributes failed"
 }
 
 temporal_down() {

@@ -110,7 +110,7 @@ func (e *Engine) Publish(m *Model, version int64) error {
 		e.recent = e.recent[len(e.recent)-e.cfg.KeepVersions:]
 	}
 	e.current.Store(s)
-	e.cfg.Logger.Info("policy version published", "version", s.name)
+	e.cfg.Logger.Debug("policy version published", "version", s.name)
 	return nil
 }
 
