@@ -8,7 +8,10 @@ package trainer
 */
 import "C"
 
-import "unsafe"
+import (
+	"os"
+	"unsafe"
+)
 
 const blasName = "openblas"
 
@@ -29,3 +32,13 @@ func sgemmImpl(transA, transB bool, m, n, k int, alpha float32, a []float32, lda
 
 // SetBLASThreads bounds the threads OpenBLAS uses for one call.
 func SetBLASThreads(n int) { C.openblas_set_num_threads(C.int(n)) }
+
+// The policy's matrices are small (tens to hundreds of rows): OpenBLAS's
+// thread hand-off costs more than it gains there (measured: a GRPO step ran
+// twice as fast on one thread), and the sampler and trainer already run
+// concurrently. OPENBLAS_NUM_THREADS still wins when set.
+func init() {
+	if os.Getenv("OPENBLAS_NUM_THREADS") == "" {
+		SetBLASThreads(1)
+	}
+}
