@@ -1,0 +1,12 @@
+from collections.abc import Iterable
+
+
+def flatten(items):
+    """Flatten arbitrarily nested iterables into one list."""
+    out = []
+    for item in items:
+        if isinstance(item, Iterable):
+            out.extend(flatten(item))
+        else:
+            out.append(item)
+    return out

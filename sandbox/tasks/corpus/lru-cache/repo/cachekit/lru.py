@@ -1,0 +1,26 @@
+from collections import OrderedDict
+
+
+class LRUCache:
+    """A fixed-capacity cache that evicts the least recently used key."""
+
+    def __init__(self, capacity):
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._data = OrderedDict()
+
+    def get(self, key, default=None):
+        if key not in self._data:
+            return default
+        return self._data[key]
+
+    def put(self, key, value):
+        if key in self._data:
+            self._data.move_to_end(key)
+        self._data[key] = value
+        if len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self):
+        return len(self._data)
