@@ -33,6 +33,13 @@ type SessionInput struct {
 	// IdleTimeout ends the session after no event for this long (0: the
 	// workflow's default).
 	IdleTimeout time.Duration
+	// EventsPerRun is how many events one run handles before it continues
+	// as new (0: DefaultSessionEventsPerRun).
+	EventsPerRun int `json:",omitempty"`
+	// Discount is γ for the discounted returns (0: DefaultDiscount).
+	Discount float64 `json:",omitempty"`
+	// Carry is set by the workflow itself when it continues as new.
+	Carry *SessionCarry `json:",omitempty"`
 }
 
 // SessionEvent is a notice that something about the session was committed

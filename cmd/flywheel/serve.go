@@ -13,6 +13,7 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -63,7 +64,11 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	inv := worker.DetectCompute()
 	worker.LogCompute(logger, inv)
 	host, _ := os.Hostname()
-	all := registrations(deps{pool: pool, host: host, compute: inv.Compute()})
+	red, err := redact.New(redact.Options{})
+	if err != nil {
+		return fmt.Errorf("worker: redactor: %w", err)
+	}
+	all := registrations(deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red})
 	queues := map[string]worker.Registrar{}
 	for _, q := range cfg.Worker.TaskQueues {
 		r, ok := all[q]
@@ -78,15 +83,22 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 type deps struct {
 	pool          *pgxpool.Pool
 	host, compute string
+	logger        *slog.Logger
+	redactor      *redact.Redactor
 }
 
 // registrations says which workflows and activities run on which queue.
 func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
+	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
 	return map[string]worker.Registrar{
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
 			r.RegisterActivityWithOptions(ping.Ping, activityOpts(workflows.PingActivityName))
+			r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflowOpts(workflows.SessionWorkflowName))
+			r.RegisterActivityWithOptions(session.AssembleTrajectory, activityOpts(workflows.AssembleTrajectoryActivity))
+			r.RegisterActivityWithOptions(session.EnqueueSamples, activityOpts(workflows.EnqueueSamplesActivity))
+			r.RegisterActivityWithOptions(session.EndSession, activityOpts(workflows.EndSessionActivity))
 		},
 		workflows.TrainerTaskQueue: func(r tworker.Registry) {},
 		workflows.SandboxTaskQueue: func(r tworker.Registry) {},

@@ -1,0 +1,110 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// Log messages are constants; everything dynamic is an attribute.
+const (
+	msgTrajectoryAssembled = "trajectory assembled"
+	msgSamplesEnqueued     = "training samples enqueued"
+)
+
+// Session implements SessionWorkflow's activities.
+type Session struct {
+	DB       *pgxpool.Pool
+	Redactor Redactor
+	Logger   *slog.Logger
+}
+
+// AssembleTrajectory reads the session's interactions and rewards, builds
+// redacted ATDP steps with returns and eligibility, and writes them as one
+// trajectory. A retry with the same key returns what the first attempt wrote.
+func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleInput) (workflows.AssembleOutput, error) {
+	if in.Key == "" || in.SessionID == "" || in.TenantID == "" {
+		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: session, tenant and key are required", "BadInput", nil)
+	}
+	if in.Discount <= 0 || in.Discount > 1 {
+		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", in.Discount), "BadInput", nil)
+	}
+	sess, err := store.SessionForAssembly(ctx, s.DB, in.TenantID, in.SessionID)
+	if errors.Is(err, store.ErrNotFound) {
+		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+	}
+	if err != nil {
+		return workflows.AssembleOutput{}, err
+	}
+	inter, err := store.SessionInteractions(ctx, s.DB, in.TenantID, in.SessionID)
+	if err != nil {
+		return workflows.AssembleOutput{}, err
+	}
+	rewards, err := store.SessionRewards(ctx, s.DB, in.TenantID, in.SessionID)
+	if err != nil {
+		return workflows.AssembleOutput{}, err
+	}
+	steps, total, err := assembleSteps(sess, in.Key, inter, rewards, in.Discount, s.Redactor)
+	if err != nil {
+		// Stored rows that do not decode will not decode on a retry either.
+		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: "+err.Error(), "BadData", err)
+	}
+	t := store.NewTrajectory{TenantID: in.TenantID, SessionID: in.SessionID, Key: in.Key, Discount: in.Discount, TotalReward: total}
+	for _, st := range steps {
+		t.Steps = append(t.Steps, st.row)
+	}
+	id, written, existed, err := store.InsertTrajectory(ctx, s.DB, t)
+	if err != nil {
+		return workflows.AssembleOutput{}, err
+	}
+	out := workflows.AssembleOutput{TrajectoryID: id, Steps: len(written), Ineligible: map[string]int{}}
+	for _, w := range written {
+		if w.Eligible {
+			out.Eligible++
+		} else {
+			out.Ineligible[w.Reason]++
+		}
+	}
+	if existed {
+		total, err = store.TrajectoryTotal(ctx, s.DB, id)
+		if err != nil {
+			return workflows.AssembleOutput{}, err
+		}
+	}
+	if total != nil {
+		out.TotalReward, out.HasReward = *total, true
+	}
+	s.logger().Info(msgTrajectoryAssembled, "session_id", in.SessionID, "trajectory_id", id, "steps", out.Steps,
+		"eligible", out.Eligible, "existed", existed)
+	return out, nil
+}
+
+// EnqueueSamples queues the trajectory's eligible steps; queueing is keyed
+// by step (and by interaction), so a retry adds nothing.
+func (s *Session) EnqueueSamples(ctx context.Context, in workflows.EnqueueInput) (workflows.EnqueueOutput, error) {
+	n, eligible, err := store.EnqueueSamples(ctx, s.DB, in.TenantID, in.TrajectoryID)
+	if err != nil {
+		return workflows.EnqueueOutput{}, err
+	}
+	s.logger().Info(msgSamplesEnqueued, "trajectory_id", in.TrajectoryID, "enqueued", n, "eligible", eligible)
+	return workflows.EnqueueOutput{Enqueued: n, AlreadyQueued: eligible - n, EligibleSteps: eligible}, nil
+}
+
+// EndSession marks the session row ended.
+func (s *Session) EndSession(ctx context.Context, in workflows.EndSessionInput) error {
+	return store.CloseSession(ctx, s.DB, in.TenantID, in.SessionID)
+}
+
+func (s *Session) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.Default()
+	}
+	return s.Logger
+}

@@ -1,0 +1,304 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+)
+
+// Session defaults.
+const (
+	// DefaultSessionIdleTimeout ends a session nobody has touched for this long.
+	DefaultSessionIdleTimeout = 30 * time.Minute
+	// DefaultSessionEventsPerRun bounds the events one run handles before it
+	// continues as new, far below the server's 51,200-event history limit
+	// (every signal is one history event; each batch of ≤ this many events is
+	// also bounded by the server's own continue-as-new suggestion).
+	DefaultSessionEventsPerRun = 2000
+	// DefaultDiscount is γ for the discounted returns.
+	DefaultDiscount = 1.0
+)
+
+// Activity names SessionWorkflow runs (activities.Session implements them).
+const (
+	AssembleTrajectoryActivity = "AssembleTrajectory"
+	EnqueueSamplesActivity     = "EnqueueSamples"
+	EndSessionActivity         = "EndSession"
+)
+
+// End reasons.
+const (
+	EndByClient = "client"
+	EndByIdle   = "idle"
+)
+
+// SessionCarry is what a run hands to the next when it continues as new.
+type SessionCarry struct {
+	Steps       int
+	Rewards     int
+	FinalReward bool
+	// LastEventAt is when the last event was received (workflow time).
+	LastEventAt time.Time
+	// Runs counts continue-as-new hand-offs so far.
+	Runs int
+}
+
+// SessionState answers the "state" query.
+type SessionState struct {
+	SessionID   string
+	TenantID    string
+	Deployment  string
+	Steps       int
+	Rewards     int
+	FinalReward bool
+	Ended       bool
+	EndReason   string `json:",omitempty"`
+	LastEventAt time.Time
+	// Phase is "open", "finishing" (activities running) or "done".
+	Phase string
+	// Runs counts continue-as-new hand-offs.
+	Runs int
+	// Filled in when the session is done.
+	TrajectoryID int64   `json:",omitempty"`
+	Eligible     int     `json:",omitempty"`
+	Enqueued     int     `json:",omitempty"`
+	TotalReward  float64 `json:",omitempty"`
+}
+
+// AssembleInput asks for one session's trajectory. Key makes the activity
+// idempotent: a retry with the same key returns the trajectory already
+// written instead of writing a second one.
+type AssembleInput struct {
+	SessionID string
+	TenantID  string
+	Key       string
+	Discount  float64
+}
+
+// AssembleOutput summarises an assembled trajectory.
+type AssembleOutput struct {
+	TrajectoryID int64
+	Steps        int
+	Eligible     int
+	// Ineligible counts steps per reason.
+	Ineligible  map[string]int
+	TotalReward float64
+	HasReward   bool
+}
+
+// EnqueueInput queues a trajectory's eligible steps for training.
+type EnqueueInput struct {
+	TrajectoryID int64
+	TenantID     string
+}
+
+// EnqueueOutput says how many samples this call queued and how many were
+// already queued (by an earlier attempt).
+type EnqueueOutput struct {
+	Enqueued       int
+	AlreadyQueued  int
+	EligibleSteps  int
+	DeploymentName string
+}
+
+// EndSessionInput marks the session row ended.
+type EndSessionInput struct {
+	SessionID string
+	TenantID  string
+	Reason    string
+}
+
+// SessionResult is what a finished SessionWorkflow returns.
+type SessionResult struct {
+	State SessionState
+}
+
+// SessionWorkflow owns one session's lifecycle (workflow id = session id).
+// The gateway signals SessionEventsSignal with ids of rows it committed; on
+// end (client, or idle timeout) activities turn the session into a
+// redacted, rewarded ATDP trajectory and queue its eligible steps.
+func SessionWorkflow(ctx workflow.Context, in SessionInput) (SessionResult, error) {
+	if in.SessionID == "" || in.TenantID == "" {
+		return SessionResult{}, temporal.NewNonRetryableApplicationError("session workflow needs SessionID and TenantID", "BadInput", nil)
+	}
+	s := &sessionRun{in: in}
+	return s.run(ctx)
+}
+
+type sessionRun struct {
+	in    SessionInput
+	state SessionState
+	// events handled by this run (the continue-as-new budget).
+	events int
+}
+
+func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
+	in := s.in
+	c := in.Carry
+	if c == nil {
+		c = &SessionCarry{}
+	}
+	s.state = SessionState{
+		SessionID: in.SessionID, TenantID: in.TenantID, Deployment: in.Deployment,
+		Steps: c.Steps, Rewards: c.Rewards, FinalReward: c.FinalReward,
+		LastEventAt: c.LastEventAt, Phase: "open", Runs: c.Runs,
+	}
+	if s.state.LastEventAt.IsZero() {
+		s.state.LastEventAt = workflow.Now(ctx)
+	}
+	// Handlers first, so a query during the first task already answers.
+	if err := workflow.SetQueryHandler(ctx, SessionStateQuery, func() (SessionState, error) {
+		return s.state, nil
+	}); err != nil {
+		return SessionResult{}, fmt.Errorf("register state query: %w", err)
+	}
+	if c.Runs == 0 {
+		_ = workflow.UpsertTypedSearchAttributes(ctx,
+			SessionIDKey.ValueSet(in.SessionID), TenantKey.ValueSet(in.TenantID), DeploymentKey.ValueSet(in.Deployment))
+	}
+	idle := in.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultSessionIdleTimeout
+	}
+	perRun := in.EventsPerRun
+	if perRun <= 0 {
+		perRun = DefaultSessionEventsPerRun
+	}
+	ch := workflow.GetSignalChannel(ctx, SessionEventsSignal)
+
+	for !s.state.Ended {
+		// The idle deadline counts from the last event, so it survives
+		// continue-as-new (LastEventAt is carried).
+		wait := s.state.LastEventAt.Add(idle).Sub(workflow.Now(ctx))
+		if wait <= 0 {
+			s.end(EndByIdle)
+			break
+		}
+		timerCtx, cancelTimer := workflow.WithCancel(ctx)
+		timer := workflow.NewTimer(timerCtx, wait)
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
+			var batch SessionEvents
+			c.Receive(ctx, &batch)
+			s.apply(ctx, batch)
+		})
+		sel.AddFuture(timer, func(workflow.Future) {})
+		sel.Select(ctx)
+		cancelTimer()
+		// Take whatever else arrived in the same task before deciding.
+		s.drain(ctx, ch)
+		if s.state.Ended {
+			break
+		}
+		if s.events >= perRun || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			// Signals that arrive while we hand off would be lost with this
+			// run: drain them, and re-check the done flag they may set.
+			s.drain(ctx, ch)
+			if s.state.Ended {
+				break
+			}
+			next := in
+			next.Carry = &SessionCarry{
+				Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
+				LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1,
+			}
+			workflow.GetLogger(ctx).Info("session continues as new", "session_id", in.SessionID, "events", s.events)
+			return SessionResult{}, workflow.NewContinueAsNewError(ctx, SessionWorkflow, next)
+		}
+	}
+	return s.finish(ctx)
+}
+
+// drain applies every signal already buffered without blocking.
+func (s *sessionRun) drain(ctx workflow.Context, ch workflow.ReceiveChannel) {
+	for {
+		var batch SessionEvents
+		if !ch.ReceiveAsync(&batch) {
+			return
+		}
+		s.apply(ctx, batch)
+	}
+}
+
+func (s *sessionRun) apply(ctx workflow.Context, batch SessionEvents) {
+	for _, e := range batch.Events {
+		s.events++
+		switch e.Kind {
+		case EventStep:
+			s.state.Steps++
+		case EventReward:
+			s.state.Rewards++
+			if e.Final {
+				s.state.FinalReward = true
+			}
+		case EventEnd:
+			s.end(EndByClient)
+		default:
+			workflow.GetLogger(ctx).Warn("session event of unknown kind ignored", "session_id", s.in.SessionID, "kind", e.Kind)
+			continue
+		}
+		s.state.LastEventAt = workflow.Now(ctx)
+	}
+}
+
+func (s *sessionRun) end(reason string) {
+	if !s.state.Ended {
+		s.state.Ended = true
+		s.state.EndReason = reason
+	}
+}
+
+// finish turns the session into training data. Each activity is idempotent
+// (keys and unique constraints), so retries never duplicate a row.
+func (s *sessionRun) finish(ctx workflow.Context) (SessionResult, error) {
+	s.state.Phase = "finishing"
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 2 * time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        time.Second,
+			BackoffCoefficient:     2,
+			MaximumInterval:        time.Minute,
+			MaximumAttempts:        10,
+			NonRetryableErrorTypes: []string{"BadInput"},
+		},
+	})
+	info := workflow.GetInfo(ctx)
+	discount := s.in.Discount
+	if discount <= 0 {
+		discount = DefaultDiscount
+	}
+	// The key is the first run's id, stable across continue-as-new
+	// hand-offs and activity retries.
+	key := info.WorkflowExecution.ID + "/" + info.FirstRunID
+	var asm AssembleOutput
+	err := workflow.ExecuteActivity(ctx, AssembleTrajectoryActivity, AssembleInput{
+		SessionID: s.in.SessionID, TenantID: s.in.TenantID, Key: key, Discount: discount,
+	}).Get(ctx, &asm)
+	if err != nil {
+		return SessionResult{State: s.state}, fmt.Errorf("assemble trajectory: %w", err)
+	}
+	s.state.TrajectoryID, s.state.Eligible, s.state.TotalReward = asm.TrajectoryID, asm.Eligible, asm.TotalReward
+	if asm.HasReward {
+		_ = workflow.UpsertTypedSearchAttributes(ctx, RewardKey.ValueSet(asm.TotalReward))
+	}
+	var enq EnqueueOutput
+	if asm.Eligible > 0 {
+		err = workflow.ExecuteActivity(ctx, EnqueueSamplesActivity, EnqueueInput{
+			TrajectoryID: asm.TrajectoryID, TenantID: s.in.TenantID,
+		}).Get(ctx, &enq)
+		if err != nil {
+			return SessionResult{State: s.state}, fmt.Errorf("enqueue samples: %w", err)
+		}
+	}
+	s.state.Enqueued = enq.Enqueued + enq.AlreadyQueued
+	err = workflow.ExecuteActivity(ctx, EndSessionActivity, EndSessionInput{
+		SessionID: s.in.SessionID, TenantID: s.in.TenantID, Reason: s.state.EndReason,
+	}).Get(ctx, nil)
+	if err != nil {
+		return SessionResult{State: s.state}, fmt.Errorf("end session: %w", err)
+	}
+	s.state.Phase = "done"
+	return SessionResult{State: s.state}, nil
+}

@@ -1,0 +1,204 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+)
+
+// sessionActs records what SessionWorkflow asked of its activities; the
+// real ones are tested against Postgres in package activities.
+type sessionActs struct {
+	assembled []AssembleInput
+	enqueued  []EnqueueInput
+	ended     []EndSessionInput
+	// failAssemble fails this many first attempts.
+	failAssemble int
+}
+
+func (a *sessionActs) register(env *testsuite.TestWorkflowEnvironment) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in AssembleInput) (AssembleOutput, error) {
+		a.assembled = append(a.assembled, in)
+		if len(a.assembled) <= a.failAssemble {
+			return AssembleOutput{}, errors.New("postgres went away")
+		}
+		return AssembleOutput{TrajectoryID: 7, Steps: 3, Eligible: 2, TotalReward: 1.5, HasReward: true}, nil
+	}, activity.RegisterOptions{Name: AssembleTrajectoryActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in EnqueueInput) (EnqueueOutput, error) {
+		a.enqueued = append(a.enqueued, in)
+		return EnqueueOutput{Enqueued: 2, EligibleSteps: 2}, nil
+	}, activity.RegisterOptions{Name: EnqueueSamplesActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in EndSessionInput) error {
+		a.ended = append(a.ended, in)
+		return nil
+	}, activity.RegisterOptions{Name: EndSessionActivity})
+}
+
+func newSessionEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sessionActs) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	env.RegisterWorkflowWithOptions(SessionWorkflow, workflow.RegisterOptions{Name: SessionWorkflowName})
+	acts := &sessionActs{}
+	acts.register(env)
+	return env, acts
+}
+
+func signalAt(env *testsuite.TestWorkflowEnvironment, d time.Duration, events ...SessionEvent) {
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: events})
+	}, d)
+}
+
+func steps(n int) []SessionEvent {
+	out := make([]SessionEvent, n)
+	for i := range out {
+		out[i] = SessionEvent{Kind: EventStep, InteractionID: int64(i + 1)}
+	}
+	return out
+}
+
+func TestSessionEndsOnClientEndAndQueuesSamples(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	signalAt(env, time.Minute, steps(2)...)
+	signalAt(env, 2*time.Minute, SessionEvent{Kind: EventReward, RewardID: 9, Final: true})
+	env.RegisterDelayedCallback(func() {
+		v, err := env.QueryWorkflow(SessionStateQuery)
+		require.NoError(t, err)
+		var st SessionState
+		require.NoError(t, v.Get(&st))
+		require.Equal(t, 2, st.Steps)
+		require.Equal(t, 1, st.Rewards)
+		require.Equal(t, "open", st.Phase)
+	}, 2*time.Minute+time.Second)
+	signalAt(env, 3*time.Minute, SessionEvent{Kind: EventEnd})
+
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", Deployment: "d", Discount: 0.9})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var res SessionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, EndByClient, res.State.EndReason)
+	require.Equal(t, "done", res.State.Phase)
+	require.Equal(t, 2, res.State.Enqueued)
+	require.Equal(t, int64(7), res.State.TrajectoryID)
+	require.Len(t, acts.assembled, 1)
+	require.Equal(t, 0.9, acts.assembled[0].Discount)
+	require.Equal(t, "s1", acts.assembled[0].SessionID)
+	require.Equal(t, []EnqueueInput{{TrajectoryID: 7, TenantID: "t1"}}, acts.enqueued)
+	require.Equal(t, []EndSessionInput{{SessionID: "s1", TenantID: "t1", Reason: EndByClient}}, acts.ended)
+}
+
+func TestSessionIdleTimeoutEndsIt(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	signalAt(env, time.Minute, steps(1)...)
+	// A second event pushes the deadline: idle counts from the last event.
+	signalAt(env, 9*time.Minute, steps(1)...)
+	start := env.Now()
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: 10 * time.Minute})
+	require.NoError(t, env.GetWorkflowError())
+	var res SessionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, EndByIdle, res.State.EndReason)
+	require.Equal(t, 2, res.State.Steps)
+	require.GreaterOrEqual(t, env.Now().Sub(start), 19*time.Minute)
+	require.Len(t, acts.ended, 1)
+	require.Equal(t, EndByIdle, acts.ended[0].Reason)
+}
+
+func continueAsNewInput(t *testing.T, err error) SessionInput {
+	t.Helper()
+	var can *workflow.ContinueAsNewError
+	require.True(t, errors.As(err, &can), "want continue-as-new, got %v", err)
+	var next SessionInput
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(can.Input, &next))
+	return next
+}
+
+func TestSessionContinuesAsNewWithSignalsDrained(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	// The first batch crosses the per-run budget; the second and third
+	// arrive in the same instant, while the run decides to hand off: they
+	// must be carried, not lost.
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
+		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(2)})
+		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 1}}})
+	}, time.Minute)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", EventsPerRun: 3, IdleTimeout: time.Hour})
+	next := continueAsNewInput(t, env.GetWorkflowError())
+	require.NotNil(t, next.Carry)
+	require.Equal(t, 5, next.Carry.Steps)
+	require.Equal(t, 1, next.Carry.Rewards)
+	require.Equal(t, 1, next.Carry.Runs)
+	require.Equal(t, "s1", next.SessionID)
+	require.Equal(t, 3, next.EventsPerRun)
+	require.Empty(t, acts.assembled, "a run that hands off must not finish the session")
+
+	// The next run starts from the carry and keeps the idle deadline of the
+	// last event, not of the hand-off.
+	env2, acts2 := newSessionEnv(t)
+	next.Carry.LastEventAt = env2.Now().Add(-50 * time.Minute)
+	start := env2.Now()
+	env2.ExecuteWorkflow(SessionWorkflow, next)
+	require.NoError(t, env2.GetWorkflowError())
+	var res SessionResult
+	require.NoError(t, env2.GetWorkflowResult(&res))
+	require.Equal(t, 5, res.State.Steps)
+	require.Equal(t, EndByIdle, res.State.EndReason)
+	require.Less(t, env2.Now().Sub(start), 11*time.Minute)
+	require.Len(t, acts2.assembled, 1)
+	require.NotEmpty(t, acts2.assembled[0].Key)
+}
+
+func TestSessionEndDrainedAtHandOffFinishesInstead(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
+		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventEnd}}})
+	}, time.Minute)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", EventsPerRun: 3})
+	require.NoError(t, env.GetWorkflowError(), "the done flag must be re-checked before continuing as new")
+	var res SessionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, EndByClient, res.State.EndReason)
+	require.Equal(t, 3, res.State.Steps)
+	require.Len(t, acts.assembled, 1)
+}
+
+func TestSessionRetriesFailedActivityWithTheSameKey(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	acts.failAssemble = 2
+	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1"})
+	require.NoError(t, env.GetWorkflowError())
+	require.Len(t, acts.assembled, 3)
+	// Every attempt carries the same idempotency key, which is what keeps a
+	// retry from writing a second trajectory.
+	require.Equal(t, acts.assembled[0].Key, acts.assembled[2].Key)
+	require.Len(t, acts.enqueued, 1)
+}
+
+func TestSessionRejectsMissingIDs(t *testing.T) {
+	env, _ := newSessionEnv(t)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1"})
+	err := env.GetWorkflowError()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "TenantID")
+}
+
+func TestSessionIgnoresUnknownEventKinds(t *testing.T) {
+	env, _ := newSessionEnv(t)
+	signalAt(env, time.Minute, SessionEvent{Kind: "bogus"}, SessionEvent{Kind: EventStep}, SessionEvent{Kind: EventEnd})
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1"})
+	require.NoError(t, env.GetWorkflowError())
+	var res SessionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, 1, res.State.Steps)
+}
