@@ -26,7 +26,7 @@ func sampleStep() *Step {
 		Metadata: Metadata{
 			TrajectoryID: "7", SessionID: "s1", StepID: "42", StepIndex: 0, Tenant: "acme",
 			Model: "flywheel-policy", ModelVersion: "v1", Usage: Usage{PromptTokens: 3, CompletionTokens: 2},
-			Redactions: []Redaction{{Kind: "email", Field: "observation.messages[1].content", Count: 1}},
+			Redactions:  []Redaction{{Kind: "email", Field: "observation.messages[1].content", Count: 1}},
 			Eligibility: Eligibility{Trainable: true}, CreatedAt: "2026-01-02T03:04:05Z",
 		},
 	}
