@@ -182,6 +182,7 @@ func RunBench(ctx context.Context, cli *client.Client, cfg BenchConfig) (BenchRe
 		return res, err
 	}
 	var acq []time.Duration
+	var releases sync.WaitGroup
 	for round := range cfg.AcquireRounds {
 		deadline := time.Now().Add(3 * time.Minute)
 		for m.PoolStats(img).Ready < cfg.PoolSize {
@@ -204,10 +205,13 @@ func RunBench(ctx context.Context, cli *client.Client, cfg BenchConfig) (BenchRe
 			acq = append(acq, time.Since(start))
 			got = append(got, sb)
 		}
+		// Removal runs while the pool refills, as it would in service, but
+		// finishes before the bench returns so nothing is left behind.
 		for _, sb := range got {
-			go func() { _ = m.Release(context.WithoutCancel(ctx), sb) }()
+			releases.Go(func() { _ = m.Release(context.WithoutCancel(ctx), sb) })
 		}
 	}
+	releases.Wait()
 	res.AcquireP50MS, res.AcquireP99MS, res.AcquireSamples = pct(acq, 50), pct(acq, 99), len(acq)
 	if res.AcquireP50MS > 0 {
 		res.AcquireVsCreateX = res.ProvisionP50MS / res.AcquireP50MS

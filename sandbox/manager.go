@@ -233,9 +233,17 @@ func (m *Manager) create(ctx context.Context, img Image) (*Sandbox, error) {
 			labelAgent: agentLabel, labelImageHash: img.ContentHash,
 		},
 	}
-	created, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: cfg, HostConfig: m.hostConfig()})
+	// Not cancelled with ctx: a create the daemon completes after we gave up
+	// would leave a container whose id we never learned.
+	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	created, err := m.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: cfg, HostConfig: m.hostConfig()})
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox from %s: %w", img.Ref, err)
+	}
+	if ctx.Err() != nil {
+		m.removeContainer(created.ID)
+		return nil, fmt.Errorf("create sandbox from %s: %w", img.Ref, ctx.Err())
 	}
 	sb := &Sandbox{ID: created.ID, Image: img, m: m, Created: time.Now()}
 	fail := func(err error) (*Sandbox, error) {

@@ -2,32 +2,134 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/flywheel-ai/flywheel/sandbox/tasks"
 )
 
 // runSandbox implements `flywheel sandbox SUBCOMMAND`.
 func runSandbox(ctx context.Context, args []string) error {
+	const usage = "usage: flywheel sandbox {build|tasks|janitor} [flags]"
 	if len(args) == 0 {
-		return fmt.Errorf("usage: flywheel sandbox {build|janitor} [flags]")
+		return errors.New(usage)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	switch args[0] {
 	case "build":
 		return runSandboxBuild(ctx, args[1:], log)
+	case "tasks":
+		return runSandboxTasks()
+	case "janitor":
+		return runSandboxJanitor(ctx, args[1:], log)
 	default:
-		return fmt.Errorf("unknown sandbox subcommand %q (have: build, janitor)", args[0])
+		return fmt.Errorf("unknown sandbox subcommand %q; %s", args[0], usage)
 	}
 }
 
+// runSandboxBuild builds the base image, the Debian image and the image of
+// every shipped task (or those named with -tasks). All are cached by content
+// hash, so a second run only inspects.
 func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error {
 	fs := flag.NewFlagSet("sandbox build", flag.ContinueOnError)
-	registry := fs.String("registry-image", os.Getenv("FLYWHEEL_SANDBOX_REGISTRY_IMAGE"), "use this image when it is present or can be pulled, instead of building the base image")
+	registry := fs.String("registry-image", os.Getenv("FLYWHEEL_SANDBOX_REGISTRY_IMAGE"), "use this Debian/python image when present or pullable instead of building it")
+	only := fs.String("tasks", "", "comma-separated task ids to build (default: all shipped tasks)")
+	baseOnly := fs.Bool("base-only", false, "build only the minimal busybox base image")
+	parallel := fs.Int("parallel", 2, "task images built at once")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *parallel < 1 {
+		return errors.New("sandbox build: -parallel must be at least 1")
+	}
+	cli, err := sandbox.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	start := time.Now()
+	base, err := sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("base    %s built=%v\n", base.Ref, base.Built)
+	if *baseOnly {
+		return nil
+	}
+	py, err := sandbox.EnsureDebianImage(ctx, cli, sandbox.DebianImageOptions{RegistryImage: *registry, Logger: log})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("python  %s built=%v\n", py.Ref, py.Built)
+	all, err := tasks.Corpus()
+	if err != nil {
+		return err
+	}
+	if *only != "" {
+		want := map[string]bool{}
+		for _, id := range strings.Split(*only, ",") {
+			want[strings.TrimSpace(id)] = true
+		}
+		var picked []*tasks.Task
+		for _, t := range all {
+			if want[t.ID] {
+				picked = append(picked, t)
+				delete(want, t.ID)
+			}
+		}
+		for id := range want {
+			return fmt.Errorf("sandbox build: %w: %s", tasks.ErrUnknownTask, id)
+		}
+		all = picked
+	}
+	sem := make(chan struct{}, *parallel)
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for _, t := range all {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			img, err := tasks.EnsureImage(ctx, cli, py, t, log)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			fmt.Printf("task    %s built=%v\n", img.Ref, img.Built)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fmt.Printf("%d task images ready in %s\n", len(all), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func runSandboxTasks() error {
+	all, err := tasks.Corpus()
+	if err != nil {
+		return err
+	}
+	for _, t := range all {
+		fmt.Printf("%-16s %-11s f2p=%d p2p=%d  %s\n", t.ID, t.BugKind, len(t.FailToPass), len(t.PassToPass), strings.SplitN(strings.TrimSpace(t.ProblemStatement), "\n", 2)[0])
+	}
+	return nil
+}
+
+func runSandboxJanitor(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("sandbox janitor", flag.ContinueOnError)
+	all := fs.Bool("all", false, "remove every flywheel sandbox and snapshot, live owners included")
+	maxAge := fs.Duration("max-age", 24*time.Hour, "remove leftovers older than this whatever their owner")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -36,11 +138,7 @@ func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error
 		return err
 	}
 	defer cli.Close()
-	start := time.Now()
-	img, err := sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{RegistryImage: *registry, Logger: log})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("base image %s (built=%v, %s)\n", img.Ref, img.Built, time.Since(start).Round(time.Millisecond))
-	return nil
+	rep, err := sandbox.Janitor(ctx, cli, sandbox.JanitorOptions{All: *all, MaxAge: *maxAge, Logger: log})
+	fmt.Printf("removed %d containers, %d snapshots\n", rep.Containers, rep.Snapshots)
+	return err
 }
