@@ -31,9 +31,9 @@ func (st *fwdState) backward(dLogp []float32, grad []float32) {
 	for r, n := range st.rows {
 		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
 	}
-	sgemm(true, false, D, V, R, 1, hr, D, dz, V, 1, gw.head, V)
+	psgemm(true, false, D, V, R, 1, hr, D, dz, V, 1, gw.head, V)
 	dhr := make([]float32, R*D)
-	sgemm(false, true, R, D, V, 1, dz, V, w.head, V, 0, dhr, D)
+	psgemm(false, true, R, D, V, 1, dz, V, w.head, V, 0, dhr, D)
 	dhf := make([]float32, N*D)
 	for r, n := range st.rows {
 		copy(dhf[n*D:n*D+D], dhr[r*D:r*D+D])
@@ -46,29 +46,31 @@ func (st *fwdState) backward(dLogp []float32, grad []float32) {
 	for l := c.Layers - 1; l >= 0; l-- {
 		lc, lw, lg := &st.layers[l], w.layers[l], gw.layers[l]
 		// MLP: x3 = x2 + gelu(h2·w1)·w2.
-		sgemm(true, false, F, D, N, 1, lc.g, F, dx, D, 1, lg.w2, D)
+		psgemm(true, false, F, D, N, 1, lc.g, F, dx, D, 1, lg.w2, D)
 		du := make([]float32, N*F)
-		sgemm(false, true, N, F, D, 1, dx, D, lw.w2, D, 0, du, F)
-		for i, u := range lc.u {
-			du[i] *= geluGrad(u)
-		}
-		sgemm(true, false, D, F, N, 1, lc.h2, D, du, F, 1, lg.w1, F)
+		psgemm(false, true, N, F, D, 1, dx, D, lw.w2, D, 0, du, F)
+		parallelFor(N, float64(F)*20, func(lo, hi int) {
+			for i := lo * F; i < hi*F; i++ {
+				du[i] *= geluGrad(lc.u[i], lc.tg[i])
+			}
+		})
+		psgemm(true, false, D, F, N, 1, lc.h2, D, du, F, 1, lg.w1, F)
 		dh2 := make([]float32, N*D)
-		sgemm(false, true, N, D, F, 1, du, F, lw.w1, F, 0, dh2, D)
+		psgemm(false, true, N, D, F, 1, du, F, lw.w1, F, 0, dh2, D)
 		dx2 := dx // the residual carries dx through unchanged
 		rmsNormBack(dx2, lg.ln2, dh2, lc.x2, lc.inv2, lw.ln2, N, D)
 
 		// Attention output projection: x2 = x + att·wo.
-		sgemm(true, false, D, D, N, 1, lc.att, D, dx2, D, 1, lg.wo, D)
+		psgemm(true, false, D, D, N, 1, lc.att, D, dx2, D, 1, lg.wo, D)
 		datt := make([]float32, N*D)
-		sgemm(false, true, N, D, D, 1, dx2, D, lw.wo, D, 0, datt, D)
+		psgemm(false, true, N, D, D, 1, dx2, D, lw.wo, D, 0, datt, D)
 		dqkv := make([]float32, N*3*D)
-		for ti, t := range pk.Trees {
-			n := t.N
-			base := t.Start * 3 * D
-			dp := make([]float32, n*n)
-			for h := 0; h < H; h++ {
-				p := lc.probs[ti*H+h]
+		parallelFor(len(pk.Trees)*H, 2*attnCost(pk, D, H), func(lo, hi int) {
+			for task := lo; task < hi; task++ {
+				t, h := pk.Trees[task/H], task%H
+				n, base := t.N, t.Start*3*D
+				dp := make([]float32, n*n)
+				p := lc.probs[task]
 				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
 				do := datt[t.Start*D+h*dh:]
 				// dP = dO·Vᵀ; dV = Pᵀ·dO.
@@ -88,10 +90,10 @@ func (st *fwdState) backward(dLogp []float32, grad []float32) {
 				sgemm(false, false, n, dh, n, 1, dp, n, k, 3*D, 0, dqkv[base+h*dh:], 3*D)
 				sgemm(true, false, n, dh, n, 1, dp, n, q, 3*D, 0, dqkv[base+D+h*dh:], 3*D)
 			}
-		}
-		sgemm(true, false, D, 3*D, N, 1, lc.h1, D, dqkv, 3*D, 1, lg.wqkv, 3*D)
+		})
+		psgemm(true, false, D, 3*D, N, 1, lc.h1, D, dqkv, 3*D, 1, lg.wqkv, 3*D)
 		dh1 := make([]float32, N*D)
-		sgemm(false, true, N, D, 3*D, 1, dqkv, 3*D, lw.wqkv, 3*D, 0, dh1, D)
+		psgemm(false, true, N, D, 3*D, 1, dqkv, 3*D, lw.wqkv, 3*D, 0, dh1, D)
 		rmsNormBack(dx2, lg.ln1, dh1, lc.x, lc.inv1, lw.ln1, N, D)
 		dx = dx2
 	}

@@ -67,7 +67,7 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 	for l := 0; l < c.Layers; l++ {
 		lw := w.layers[l]
 		rmsNorm(h, inv, x, lw.ln1, B, D)
-		sgemm(false, false, B, 3*D, D, 1, h, D, lw.wqkv, 3*D, 0, qkv, 3*D)
+		psgemm(false, false, B, 3*D, D, 1, h, D, lw.wqkv, 3*D, 0, qkv, 3*D)
 		for b := 0; b < B; b++ {
 			kv := caches[b]
 			pos := kv.n
@@ -91,7 +91,7 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 				}
 				var sum float32
 				for t := 0; t <= pos; t++ {
-					e := float32(math.Exp(float64(scores[t] - mx)))
+					e := expf(scores[t] - mx)
 					scores[t] = e
 					sum += e
 				}
@@ -108,16 +108,16 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 				}
 			}
 		}
-		sgemm(false, false, B, D, D, 1, att, D, lw.wo, D, 1, x, D)
+		psgemm(false, false, B, D, D, 1, att, D, lw.wo, D, 1, x, D)
 		rmsNorm(h, inv, x, lw.ln2, B, D)
-		sgemm(false, false, B, F, D, 1, h, D, lw.w1, F, 0, u, F)
+		psgemm(false, false, B, F, D, 1, h, D, lw.w1, F, 0, u, F)
 		for i, v := range u {
-			u[i] = gelu(v)
+			u[i] = gelu(v, geluT(v))
 		}
-		sgemm(false, false, B, D, F, 1, u, F, lw.w2, D, 1, x, D)
+		psgemm(false, false, B, D, F, 1, u, F, lw.w2, D, 1, x, D)
 	}
 	rmsNorm(h, inv, x, w.lnF, B, D)
-	sgemm(false, false, B, V, D, 1, h, D, w.head, V, 0, logits, V)
+	psgemm(false, false, B, V, D, 1, h, D, w.head, V, 0, logits, V)
 	for _, kv := range caches {
 		kv.n++
 	}

@@ -8,6 +8,7 @@ type layerCache struct {
 	probs            [][]float32 // [tree*heads+head] n×n
 	att, x2          []float32
 	inv2, h2, u, g   []float32
+	tg               []float32 // tanh inside GELU
 }
 
 // fwdState is one forward pass over a Pack: the log-probabilities of the
@@ -54,13 +55,13 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		lc.inv1, lc.h1 = make([]float32, N), make([]float32, N*D)
 		rmsNorm(lc.h1, lc.inv1, x, lw.ln1, N, D)
 		lc.qkv = make([]float32, N*3*D)
-		sgemm(false, false, N, 3*D, D, 1, lc.h1, D, lw.wqkv, 3*D, 0, lc.qkv, 3*D)
+		psgemm(false, false, N, 3*D, D, 1, lc.h1, D, lw.wqkv, 3*D, 0, lc.qkv, 3*D)
 		lc.att = make([]float32, N*D)
 		lc.probs = make([][]float32, len(pk.Trees)*H)
-		for ti, t := range pk.Trees {
-			n := t.N
-			base := t.Start * 3 * D
-			for h := 0; h < H; h++ {
+		parallelFor(len(pk.Trees)*H, attnCost(pk, D, H), func(lo, hi int) {
+			for task := lo; task < hi; task++ {
+				t, h := pk.Trees[task/H], task%H
+				n, base := t.N, t.Start*3*D
 				p := make([]float32, n*n)
 				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
 				sgemm(false, true, n, n, dh, scale, q, 3*D, k, 3*D, 0, p, n)
@@ -68,22 +69,26 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 					softmaxMasked(p[i*n:i*n+n], t.Anc[i*n:i*n+n])
 				}
 				sgemm(false, false, n, dh, n, 1, p, n, v, 3*D, 0, lc.att[t.Start*D+h*dh:], D)
-				lc.probs[ti*H+h] = p
+				lc.probs[task] = p
 			}
-		}
+		})
 		lc.x2 = make([]float32, N*D)
 		copy(lc.x2, x)
-		sgemm(false, false, N, D, D, 1, lc.att, D, lw.wo, D, 1, lc.x2, D)
+		psgemm(false, false, N, D, D, 1, lc.att, D, lw.wo, D, 1, lc.x2, D)
 		lc.inv2, lc.h2 = make([]float32, N), make([]float32, N*D)
 		rmsNorm(lc.h2, lc.inv2, lc.x2, lw.ln2, N, D)
-		lc.u, lc.g = make([]float32, N*F), make([]float32, N*F)
-		sgemm(false, false, N, F, D, 1, lc.h2, D, lw.w1, F, 0, lc.u, F)
-		for i, v := range lc.u {
-			lc.g[i] = gelu(v)
-		}
+		lc.u, lc.g, lc.tg = make([]float32, N*F), make([]float32, N*F), make([]float32, N*F)
+		psgemm(false, false, N, F, D, 1, lc.h2, D, lw.w1, F, 0, lc.u, F)
+		parallelFor(N, float64(F)*30, func(lo, hi int) {
+			for i := lo * F; i < hi*F; i++ {
+				v := lc.u[i]
+				t := geluT(v)
+				lc.tg[i], lc.g[i] = t, gelu(v, t)
+			}
+		})
 		x = make([]float32, N*D)
 		copy(x, lc.x2)
-		sgemm(false, false, N, D, F, 1, lc.g, F, lw.w2, D, 1, x, D)
+		psgemm(false, false, N, D, F, 1, lc.g, F, lw.w2, D, 1, x, D)
 		st.layers = append(st.layers, lc)
 	}
 	st.xf = x
@@ -109,7 +114,7 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
 	}
 	logits := make([]float32, R*V)
-	sgemm(false, false, R, V, D, 1, hr, D, w.head, V, 0, logits, V)
+	psgemm(false, false, R, V, D, 1, hr, D, w.head, V, 0, logits, V)
 	st.logp = make([]float32, R*V)
 	for r := 0; r < R; r++ {
 		logSoftmaxRow(st.logp[r*V:r*V+V], logits[r*V:r*V+V], st.invT)
@@ -120,4 +125,13 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		st.TargetLogp[i] = st.logp[r*V+pk.Tokens[tn]]
 	}
 	return st
+}
+
+// attnCost is the rough flops of one (tree, head) attention task.
+func attnCost(pk *Pack, D, H int) float64 {
+	var sq float64
+	for _, t := range pk.Trees {
+		sq += float64(t.N) * float64(t.N)
+	}
+	return 4 * sq * float64(D/H) / float64(len(pk.Trees))
 }

@@ -187,10 +187,17 @@ func (m *Model) Clone() *Model {
 // NumParams is the number of weights.
 func (m *Model) NumParams() int { return len(m.W) }
 
-// flopsPerToken is the multiply-add count ×2 of the dense layers for one
-// token (attention scores excluded; they are added per sequence).
-func (c ModelConfig) flopsPerToken() float64 {
+// forwardFLOPs counts the multiply-adds ×2 of one forward pass: the dense
+// layers per node, the output layer per logits row and attention over each
+// tree's full square. Backward costs twice as much.
+func (st *fwdState) forwardFLOPs() float64 {
+	c := st.m.Config
 	d, f := float64(c.DModel), float64(c.FFN)
-	perLayer := 3*d*d + d*d + 2*d*f
-	return 2 * (float64(c.Layers)*perLayer + d*float64(c.Vocab))
+	dense := 2 * float64(c.Layers) * (3*d*d + d*d + 2*d*f) * float64(st.pk.NumNodes())
+	head := 2 * d * float64(c.Vocab) * float64(len(st.rows))
+	var att float64
+	for _, t := range st.pk.Trees {
+		att += 4 * float64(t.N) * float64(t.N) * d * float64(c.Layers)
+	}
+	return dense + head + att
 }

@@ -42,13 +42,12 @@ func rmsNormBack(dx, dg, dy, x, inv, g []float32, rows, d int) {
 
 const geluC = 0.7978845608028654 // √(2/π)
 
-func gelu(x float32) float32 {
-	t := math.Tanh(geluC * float64(x+0.044715*x*x*x))
-	return 0.5 * x * float32(1+t)
-}
+// geluT is the tanh inside GELU, kept so backward need not recompute it.
+func geluT(x float32) float32 { return tanhf(geluC * (x + 0.044715*x*x*x)) }
 
-func geluGrad(x float32) float32 {
-	t := float32(math.Tanh(geluC * float64(x+0.044715*x*x*x)))
+func gelu(x, t float32) float32 { return 0.5 * x * (1 + t) }
+
+func geluGrad(x, t float32) float32 {
 	return 0.5*(1+t) + 0.5*x*(1-t*t)*geluC*(1+3*0.044715*x*x)
 }
 
@@ -81,7 +80,7 @@ func softmaxMasked(row []float32, allow []bool) {
 	var s float32
 	for j, v := range row {
 		if allow[j] {
-			e := float32(math.Exp(float64(v - mx)))
+			e := expf(v - mx)
 			row[j] = e
 			s += e
 		} else {

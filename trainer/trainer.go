@@ -44,7 +44,10 @@ type StepResult struct {
 	Advantages AdvantageStats `json:"advantages"`
 	// TotalTokens over all samples and UniqueTokens actually computed after
 	// prefix sharing.
-	TotalTokens  int           `json:"total_tokens"`
+	TotalTokens int `json:"total_tokens"`
+	// FLOPs executed by the forward and backward passes (matrix products,
+	// attention over the full per-tree square included).
+	FLOPs        float64       `json:"flops"`
 	UniqueTokens int           `json:"unique_tokens"`
 	Duration     time.Duration `json:"duration"`
 }
@@ -268,5 +271,6 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, temperature f
 	res.MeanKL = klSum * inv
 	grad := make([]float32, len(l.model.W))
 	st.backward(dLogp, grad)
+	res.FLOPs = 3 * st.forwardFLOPs()
 	return grad, nil
 }
