@@ -1,0 +1,127 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+)
+
+// sweStubs are stand-ins for the Docker- and gateway-backed activities
+// (activities/swe_test.go runs the real ones); they record the call order.
+type sweStubs struct {
+	mu       sync.Mutex
+	calls    []string
+	released []string
+	rewards  map[string]float64
+	failStep map[string]bool // by session id
+}
+
+func (s *sweStubs) record(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, name)
+}
+
+func (s *sweStubs) register(env *testsuite.TestWorkflowEnvironment) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWECreateSessionsInput) (SWECreateSessionsOutput, error) {
+		s.record("create")
+		out := SWECreateSessionsOutput{GroupID: "grp_1"}
+		for i := range in.GroupSize {
+			out.SessionIDs = append(out.SessionIDs, "sess_"+string(rune('a'+i)))
+		}
+		return out, nil
+	}, activity.RegisterOptions{Name: SWECreateSessionsActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEAcquireInput) (SWEAcquireOutput, error) {
+		s.record("acquire")
+		return SWEAcquireOutput{SandboxID: "sb-" + in.TaskID}, nil
+	}, activity.RegisterOptions{Name: SWEAcquireActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEStepInput) (SWEStepOutput, error) {
+		s.record("step")
+		if s.failStep[in.SessionID] {
+			return SWEStepOutput{}, temporal.NewNonRetryableApplicationError("model down", "Test", errors.New("model down"))
+		}
+		return SWEStepOutput{StopReason: "submitted", ToolCalls: 4}, nil
+	}, activity.RegisterOptions{Name: SWEStepActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEGradeInput) (SWEGradeOutput, error) {
+		s.record("grade")
+		return SWEGradeOutput{Reward: 0.5, Passed: 1, Total: 2}, nil
+	}, activity.RegisterOptions{Name: SWEGradeActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWERecordRewardInput) error {
+		s.record("reward")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.rewards[in.SessionID] = in.Reward
+		return nil
+	}, activity.RegisterOptions{Name: SWERecordRewardActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEReleaseInput) error {
+		s.record("release")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.released = append(s.released, in.SandboxID)
+		return nil
+	}, activity.RegisterOptions{Name: SWEReleaseActivity})
+}
+
+func newSWEEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sweStubs) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	RegisterSWEWorkflows(env)
+	stubs := &sweStubs{rewards: map[string]float64{}, failStep: map[string]bool{}}
+	stubs.register(env)
+	return env, stubs
+}
+
+func TestSWERolloutRunsActivitiesInOrder(t *testing.T) {
+	env, stubs := newSWEEnv(t)
+	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{TaskID: "median"})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var out SWERolloutResult
+	require.NoError(t, env.GetWorkflowResult(&out))
+	require.Equal(t, []string{"create", "acquire", "step", "grade", "reward", "release"}, stubs.calls)
+	require.Equal(t, SWERolloutResult{TaskID: "median", SessionID: "sess_a", SandboxID: "sb-median", StopReason: "submitted", ToolCalls: 4, Reward: 0.5, Passed: 1, Total: 2}, out)
+	require.Equal(t, 0.5, stubs.rewards["sess_a"])
+}
+
+func TestSWERolloutReleasesWhenTheStepFails(t *testing.T) {
+	env, stubs := newSWEEnv(t)
+	stubs.failStep["sess_x"] = true
+	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{TaskID: "median", SessionID: "sess_x"})
+	require.Error(t, env.GetWorkflowError())
+	require.Equal(t, []string{"acquire", "step", "release"}, stubs.calls)
+	require.Equal(t, []string{"sb-median"}, stubs.released)
+	require.Empty(t, stubs.rewards, "no reward without a grade")
+}
+
+func TestSWERolloutRejectsBadInput(t *testing.T) {
+	env, stubs := newSWEEnv(t)
+	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{})
+	require.Error(t, env.GetWorkflowError())
+	require.Empty(t, stubs.calls)
+
+	env, _ = newSWEEnv(t)
+	env.ExecuteWorkflow(SWEGroupWorkflow, SWEGroupInput{TaskID: "median", GroupSize: SWEMaxGroupSize + 1})
+	require.Error(t, env.GetWorkflowError())
+}
+
+func TestSWEGroupRunsGRolloutsAndSurvivesAFailure(t *testing.T) {
+	env, stubs := newSWEEnv(t)
+	stubs.failStep["sess_b"] = true
+	env.ExecuteWorkflow(SWEGroupWorkflow, SWEGroupInput{TaskID: "median", GroupSize: 3})
+	require.NoError(t, env.GetWorkflowError())
+	var out SWEGroupResult
+	require.NoError(t, env.GetWorkflowResult(&out))
+	require.Equal(t, "grp_1", out.GroupID)
+	require.Len(t, out.Rollouts, 3)
+	require.Equal(t, 1, out.Failed)
+	require.InDelta(t, 0.5, out.MeanReward, 1e-9)
+	require.Equal(t, "error", out.Rollouts[1].StopReason)
+	require.Len(t, stubs.rewards, 2)
+	require.Len(t, stubs.released, 3, "every rollout released its sandbox, the failed one too")
+}
