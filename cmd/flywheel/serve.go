@@ -85,12 +85,16 @@ type deps struct {
 	host, compute string
 	logger        *slog.Logger
 	redactor      *redact.Redactor
+	// backend lets release gates run candidate and baseline side by side
+	// (nil: offline gates record that nothing was evaluated).
+	backend activities.Completer
 }
 
 // registrations says which workflows and activities run on which queue.
 func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
 	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
+	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
 	return map[string]worker.Registrar{
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
@@ -99,6 +103,11 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterActivityWithOptions(session.AssembleTrajectory, activityOpts(workflows.AssembleTrajectoryActivity))
 			r.RegisterActivityWithOptions(session.EnqueueSamples, activityOpts(workflows.EnqueueSamplesActivity))
 			r.RegisterActivityWithOptions(session.EndSession, activityOpts(workflows.EndSessionActivity))
+			r.RegisterWorkflowWithOptions(workflows.ReleaseWorkflow, workflowOpts(workflows.ReleaseWorkflowName))
+			r.RegisterActivityWithOptions(release.BeginRelease, activityOpts(workflows.BeginReleaseActivity))
+			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))
+			r.RegisterActivityWithOptions(release.EvaluateGate, activityOpts(workflows.EvaluateGateActivity))
+			r.RegisterActivityWithOptions(release.FinishRelease, activityOpts(workflows.FinishReleaseActivity))
 		},
 		workflows.TrainerTaskQueue: func(r tworker.Registry) {},
 		workflows.SandboxTaskQueue: func(r tworker.Registry) {},

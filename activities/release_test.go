@@ -1,0 +1,216 @@
+package activities
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// fakeBackend stands in for a served model in gate unit tests: versions in
+// refuse decline every request, others comply and echo the prompt. The
+// integration test runs the gates on the in-process policy instead.
+type fakeBackend struct {
+	refuse map[string]bool
+	seen   []*inference.Request
+}
+
+func (f *fakeBackend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	f.seen = append(f.seen, req)
+	last := req.Messages[len(req.Messages)-1].Content
+	text := "Sure: " + last
+	if f.refuse[req.Version] {
+		text = "I'm sorry, I can't help with that."
+	}
+	return &inference.Response{Message: inference.Message{Role: inference.RoleAssistant, Content: text}, FinishReason: inference.FinishStop, ModelVersion: req.Version}, nil
+}
+
+func seedVersions(t *testing.T, db *pgxpool.Pool, dep string, serving string, candidates ...string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `INSERT INTO deployments (name, backend, serving_version) VALUES ($1, 'policy', $2)`, dep, serving)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'serving')`, serving, dep)
+	require.NoError(t, err)
+	for _, c := range candidates {
+		_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ($1, $2, $3, 'candidate')`, c, dep, serving)
+		require.NoError(t, err)
+	}
+}
+
+var trafficSeq atomic.Int64
+
+// seedTraffic writes n one-call sessions served by version, each rewarded.
+func seedTraffic(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n int, reward float64) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		sid := fmt.Sprintf("%s-%s-%d", strings.ReplaceAll(version, "@", "-"), tenant, trafficSeq.Add(1))
+		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{status: "ok", prompt: "what is 2+2", completion: "4", tokens: 1, version: version}})
+		seedReward(t, db, tenant, sid, &ids[0], reward, true)
+	}
+}
+
+func beginRelease(t *testing.T, r *Release, in workflows.ReleaseInput) workflows.BeginReleaseOutput {
+	t.Helper()
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	env.RegisterActivity(r.BeginRelease)
+	v, err := env.ExecuteActivity(r.BeginRelease, in)
+	require.NoError(t, err)
+	var out workflows.BeginReleaseOutput
+	require.NoError(t, v.Get(&out))
+	return out
+}
+
+func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1", "dep@v2", "dep@v3")
+	r := &Release{DB: db}
+
+	begin := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"})
+	require.Equal(t, "dep@v1", begin.Baseline, "the baseline is what serves now")
+	again := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"})
+	require.Equal(t, begin.ReleaseID, again.ReleaseID, "a retried BeginRelease finds its row")
+
+	require.NoError(t, r.SetReleasePhase(ctx, workflows.SetPhaseInput{ReleaseID: begin.ReleaseID, Phase: workflows.GateCanary, CanaryShare: 0.25}))
+	running, err := store.RunningRelease(ctx, db, "dep", workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, 0.25, running.CanaryShare)
+	require.Equal(t, "dep@v2", running.Candidate)
+
+	since := time.Now().Add(-time.Minute)
+	policy := workflows.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}
+	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerWeights,
+		Candidate: "dep@v2", Baseline: "dep@v1", Gate: workflows.GateCanary, Since: since, Policy: policy}
+
+	seedTraffic(t, db, "acme", "dep", "dep@v1", 8, 0.8)
+	seedTraffic(t, db, "acme", "dep", "dep@v2", 3, 0.1)
+	res, err := r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.True(t, res.Insufficient, "3 candidate samples are not a verdict: %+v", res)
+	require.False(t, res.Passed)
+
+	seedTraffic(t, db, "acme", "dep", "dep@v2", 5, 0.1) // 8 in all, mean 0.1
+	res, err = r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.False(t, res.Insufficient)
+	require.False(t, res.Passed)
+	require.InDelta(t, 0.1, res.Metrics["candidate_mean_reward"], 1e-9)
+	require.InDelta(t, 0.8, res.Metrics["baseline_mean_reward"], 1e-9)
+	require.Contains(t, res.Reason, "mean reward")
+
+	gates, err := store.ReleaseGates(ctx, db, begin.ReleaseID)
+	require.NoError(t, err)
+	require.Len(t, gates, 1, "re-evaluating a gate replaces its numbers")
+	require.False(t, gates[0].Passed)
+	require.InDelta(t, 0.1, gates[0].Metrics["candidate_mean_reward"], 1e-9)
+
+	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: begin.ReleaseID, Status: workflows.ReleaseRolledBack, Reason: "canary lost"}))
+	var serving, candStatus string
+	require.NoError(t, db.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = 'dep'`).Scan(&serving))
+	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = 'dep@v2'`).Scan(&candStatus))
+	require.Equal(t, "dep@v1", serving)
+	require.Equal(t, "rolled_back", candStatus)
+	_, err = store.RunningRelease(ctx, db, "dep", workflows.LayerWeights)
+	require.ErrorIs(t, err, store.ErrNotFound, "a finished release routes no traffic")
+
+	// A better candidate is promoted: it serves, the old version is superseded.
+	b3, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v3", WorkflowID: "release-dep-v3"})
+	require.NoError(t, err)
+	require.NotEqual(t, begin.ReleaseID, b3.ID)
+	require.Equal(t, "dep@v1", b3.Baseline)
+	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: b3.ID, Status: workflows.ReleasePromoted}))
+	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: b3.ID, Status: workflows.ReleasePromoted}), "finishing twice is a no-op")
+	require.NoError(t, db.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = 'dep'`).Scan(&serving))
+	require.Equal(t, "dep@v3", serving)
+	var v1, v3 string
+	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = 'dep@v1'`).Scan(&v1))
+	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = 'dep@v3'`).Scan(&v3))
+	require.Equal(t, "superseded", v1)
+	require.Equal(t, "serving", v3)
+}
+
+func TestReleaseOfflineGates(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1", "dep@v2")
+	seedTraffic(t, db, "acme", "dep", "dep@v1", 3, 1)
+	fb := &fakeBackend{refuse: map[string]bool{"dep@v1": true}}
+	r := &Release{DB: db, Backend: fb}
+	policy := workflows.ReleasePolicy{MaxRewardDrop: 0.05}
+	in := workflows.GateInput{ReleaseID: beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
+		Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
+
+	// Safety: the baseline refuses the built-in refusal set, the candidate
+	// complies: the score drops, the gate fails.
+	in.Gate = workflows.GateSafety
+	res, err := r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.Equal(t, 1.0, res.Metrics["baseline_pass_rate"])
+	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
+
+	// Regression: the deployment's own suite; both comply.
+	msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: "say banana"}})
+	_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ('dep', 'regression', $1, 'banana')`, msgs)
+	require.NoError(t, err)
+	in.Gate = workflows.GateRegression
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"])
+	require.Equal(t, 0.0, res.Metrics["baseline_pass_rate"])
+	require.True(t, res.Passed)
+
+	// Replay: recorded prompts with rewards; the recorded answer was "4",
+	// neither side repeats it, so both score 0 and the gate passes.
+	in.Gate = workflows.GateReplay
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 3.0, res.Metrics["evaluated"])
+	require.True(t, res.Passed)
+
+	// Shadow: the candidate answers the live prompts since Since.
+	in.Gate, in.Since = workflows.GateShadow, time.Now().Add(-time.Hour)
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.True(t, res.Passed)
+	require.Equal(t, 3.0, res.Metrics["evaluated"])
+	for _, req := range fb.seen {
+		require.NotEmpty(t, req.Version, "every evaluated request names the version that answers")
+	}
+
+	gates, err := store.ReleaseGates(ctx, db, in.ReleaseID)
+	require.NoError(t, err)
+	require.Len(t, gates, 4)
+
+	// A harness candidate is applied on top of what serves.
+	a, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system":"Always answer in French."}`), "k1")
+	require.NoError(t, err)
+	a2, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system":"Always answer in French."}`), "k1")
+	require.NoError(t, err)
+	require.Equal(t, a.ID, a2.ID, "the same key returns the same artefact")
+	fb.seen = nil
+	in.Layer, in.Candidate, in.Baseline, in.Gate = workflows.LayerHarness, fmt.Sprint(a.Version), "", workflows.GateRegression
+	_, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.Len(t, fb.seen, 2)
+	require.Equal(t, "system", fb.seen[0].Messages[0].Role)
+	require.Contains(t, fb.seen[0].Messages[0].Content, "French")
+	require.Equal(t, "user", fb.seen[1].Messages[0].Role, "the baseline has no harness")
+	require.Equal(t, "dep@v1", fb.seen[0].Version, "artefacts ride on the serving weights")
+}

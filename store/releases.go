@@ -1,0 +1,329 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ArtefactKind maps a release layer to its artefacts.kind ("" for weights).
+func ArtefactKind(layer string) string {
+	switch layer {
+	case "playbook", "harness", "tool_schema":
+		return layer
+	}
+	return ""
+}
+
+// ServingOf is what serves a layer of a deployment now: the serving model
+// version (weights) or the serving artefact version number ("" if none).
+func ServingOf(ctx context.Context, db DBTX, deployment, layer string) (string, error) {
+	if kind := ArtefactKind(layer); kind != "" {
+		var v *int
+		err := db.QueryRow(ctx, `SELECT max(version) FROM artefacts WHERE deployment = $1 AND kind = $2 AND status = 'serving'`,
+			deployment, kind).Scan(&v)
+		if err != nil || v == nil {
+			return "", err
+		}
+		return strconv.Itoa(*v), nil
+	}
+	var v *string
+	err := db.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = $1`, deployment).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) || v == nil {
+		return "", nil
+	}
+	return *v, err
+}
+
+// Release is a releases row.
+type Release struct {
+	ID                    int64
+	Deployment, Layer     string
+	Candidate, Baseline   string
+	Status, Phase, Reason string
+	CanaryShare           float64
+	WorkflowID            string
+	StartedAt             time.Time
+	FinishedAt            *time.Time
+}
+
+// BeginRelease writes the release row for workflowID, or returns the one an
+// earlier attempt wrote. An empty baseline is filled from what serves now.
+func BeginRelease(ctx context.Context, db DBTX, r Release) (Release, error) {
+	if r.WorkflowID == "" {
+		return Release{}, errors.New("begin release: empty workflow id")
+	}
+	if r.Baseline == "" {
+		b, err := ServingOf(ctx, db, r.Deployment, r.Layer)
+		if err != nil {
+			return Release{}, fmt.Errorf("begin release: read serving %s of %s: %w", r.Layer, r.Deployment, err)
+		}
+		r.Baseline = b
+	}
+	_, err := db.Exec(ctx, `
+INSERT INTO releases (deployment, layer, candidate, baseline, workflow_id, reason, phase)
+VALUES ($1, $2, $3, $4, $5, $6, 'starting')
+ON CONFLICT (workflow_id) WHERE workflow_id <> '' DO NOTHING`,
+		r.Deployment, r.Layer, r.Candidate, r.Baseline, r.WorkflowID, r.Reason)
+	if err != nil {
+		return Release{}, fmt.Errorf("begin release of %s: %w", r.Candidate, err)
+	}
+	return ReleaseByWorkflow(ctx, db, r.WorkflowID)
+}
+
+const releaseCols = `id, deployment, layer, candidate, baseline, status, phase, reason, canary_share, workflow_id, started_at, finished_at`
+
+func scanRelease(row pgx.Row) (Release, error) {
+	var r Release
+	err := row.Scan(&r.ID, &r.Deployment, &r.Layer, &r.Candidate, &r.Baseline, &r.Status, &r.Phase, &r.Reason,
+		&r.CanaryShare, &r.WorkflowID, &r.StartedAt, &r.FinishedAt)
+	return r, notFound(err)
+}
+
+// ReleaseByWorkflow reads the release a workflow owns.
+func ReleaseByWorkflow(ctx context.Context, db DBTX, workflowID string) (Release, error) {
+	r, err := scanRelease(db.QueryRow(ctx, `SELECT `+releaseCols+` FROM releases WHERE workflow_id = $1`, workflowID))
+	if err != nil {
+		return Release{}, fmt.Errorf("read release of %s: %w", workflowID, err)
+	}
+	return r, nil
+}
+
+// RunningRelease is the running release of a deployment's layer, which the
+// gateway routes by (phase shadow: mirror; canary: canary_share).
+func RunningRelease(ctx context.Context, db DBTX, deployment, layer string) (Release, error) {
+	r, err := scanRelease(db.QueryRow(ctx, `SELECT `+releaseCols+` FROM releases
+WHERE deployment = $1 AND layer = $2 AND status = 'running' ORDER BY started_at DESC LIMIT 1`, deployment, layer))
+	if err != nil {
+		return Release{}, fmt.Errorf("read running %s release of %s: %w", layer, deployment, err)
+	}
+	return r, nil
+}
+
+// ListReleases lists a deployment's releases, newest first.
+func ListReleases(ctx context.Context, db DBTX, deployment string, limit int) ([]Release, error) {
+	rows, err := db.Query(ctx, `SELECT `+releaseCols+` FROM releases WHERE deployment = $1 ORDER BY started_at DESC, id DESC LIMIT $2`, deployment, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list releases of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Release, error) { return scanRelease(r) })
+}
+
+// SetReleasePhase moves a running release to phase with the canary share
+// the gateway routes to the candidate.
+func SetReleasePhase(ctx context.Context, db DBTX, id int64, phase string, share float64) error {
+	if share < 0 || share > 1 {
+		return fmt.Errorf("set release phase: canary share %v is outside [0, 1]", share)
+	}
+	_, err := db.Exec(ctx, `UPDATE releases SET phase = $2, canary_share = $3 WHERE id = $1 AND status = 'running'`, id, phase, share)
+	if err != nil {
+		return fmt.Errorf("set release %d phase %s: %w", id, phase, err)
+	}
+	return nil
+}
+
+// RecordGate stores a gate's numbers; evaluating the gate again (a retry,
+// or the canary's next check) replaces them.
+func RecordGate(ctx context.Context, db DBTX, releaseID int64, gate string, passed bool, metrics any) error {
+	raw, err := json.Marshal(metrics)
+	if err != nil {
+		return fmt.Errorf("record %s gate: %w", gate, err)
+	}
+	_, err = db.Exec(ctx, `
+INSERT INTO gate_results (release_id, gate, passed, metrics) VALUES ($1, $2, $3, $4)
+ON CONFLICT (release_id, gate) DO UPDATE SET passed = EXCLUDED.passed, metrics = EXCLUDED.metrics, created_at = now()`,
+		releaseID, gate, passed, raw)
+	if err != nil {
+		return fmt.Errorf("record %s gate of release %d: %w", gate, releaseID, err)
+	}
+	return nil
+}
+
+// GateRow is a recorded gate result.
+type GateRow struct {
+	Gate    string
+	Passed  bool
+	Metrics map[string]any
+}
+
+// ReleaseGates lists a release's gate results in the order they ran.
+func ReleaseGates(ctx context.Context, db DBTX, releaseID int64) ([]GateRow, error) {
+	rows, err := db.Query(ctx, `SELECT gate, passed, metrics FROM gate_results WHERE release_id = $1 ORDER BY id`, releaseID)
+	if err != nil {
+		return nil, fmt.Errorf("list gates of release %d: %w", releaseID, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (GateRow, error) {
+		var g GateRow
+		err := r.Scan(&g.Gate, &g.Passed, &g.Metrics)
+		return g, err
+	})
+}
+
+// FinishRelease ends a running release: promoted makes the candidate serve
+// (the previous serving version is superseded); rolled_back and aborted
+// mark the candidate rolled back. Either way the canary share drops to
+// zero. Finishing an already finished release changes nothing.
+func FinishRelease(ctx context.Context, db Beginner, id int64, status, reason string) error {
+	switch status {
+	case "promoted", "rolled_back", "aborted":
+	default:
+		return fmt.Errorf("finish release %d: status %q is not promoted, rolled_back or aborted", id, status)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		r, err := scanRelease(tx.QueryRow(ctx, `SELECT `+releaseCols+` FROM releases WHERE id = $1 FOR UPDATE`, id))
+		if err != nil {
+			return fmt.Errorf("finish release %d: %w", id, err)
+		}
+		if r.Status != "running" {
+			return nil
+		}
+		kind := ArtefactKind(r.Layer)
+		if status == "promoted" {
+			if kind == "" {
+				if err := promoteVersion(ctx, tx, r.Deployment, r.Candidate); err != nil {
+					return fmt.Errorf("finish release %d: %w", id, err)
+				}
+			} else if err := promoteArtefact(ctx, tx, r.Deployment, kind, r.Candidate); err != nil {
+				return fmt.Errorf("finish release %d: %w", id, err)
+			}
+		} else {
+			if kind == "" {
+				_, err = tx.Exec(ctx, `UPDATE model_versions SET status = 'rolled_back', retired_reason = $2 WHERE id = $1 AND status = 'candidate'`, r.Candidate, reason)
+			} else {
+				_, err = tx.Exec(ctx, `UPDATE artefacts SET status = 'rolled_back' WHERE deployment = $1 AND kind = $2 AND version::text = $3 AND status = 'candidate'`, r.Deployment, kind, r.Candidate)
+			}
+			if err != nil {
+				return fmt.Errorf("finish release %d: roll back candidate: %w", id, err)
+			}
+		}
+		_, err = tx.Exec(ctx, `UPDATE releases SET status = $2, reason = $3, phase = 'done', canary_share = 0, finished_at = now() WHERE id = $1`, id, status, reason)
+		if err != nil {
+			return fmt.Errorf("finish release %d: %w", id, err)
+		}
+		return nil
+	})
+}
+
+func promoteVersion(ctx context.Context, tx pgx.Tx, deployment, version string) error {
+	if _, err := tx.Exec(ctx, `UPDATE model_versions SET status = 'superseded' WHERE deployment = $1 AND status = 'serving' AND id <> $2`, deployment, version); err != nil {
+		return fmt.Errorf("supersede serving version: %w", err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE model_versions SET status = 'serving' WHERE id = $1 AND deployment = $2 AND status IN ('candidate', 'serving', 'superseded')`, version, deployment)
+	if err != nil {
+		return fmt.Errorf("promote version %s: %w", version, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("promote version %s: no such promotable version of %s", version, deployment)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE deployments SET serving_version = $2, updated_at = now() WHERE name = $1`, deployment, version); err != nil {
+		return fmt.Errorf("route %s to %s: %w", deployment, version, err)
+	}
+	return nil
+}
+
+func promoteArtefact(ctx context.Context, tx pgx.Tx, deployment, kind, version string) error {
+	if _, err := tx.Exec(ctx, `UPDATE artefacts SET status = 'superseded' WHERE deployment = $1 AND kind = $2 AND status = 'serving' AND version::text <> $3`, deployment, kind, version); err != nil {
+		return fmt.Errorf("supersede serving %s: %w", kind, err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE artefacts SET status = 'serving' WHERE deployment = $1 AND kind = $2 AND version::text = $3`, deployment, kind, version)
+	if err != nil {
+		return fmt.Errorf("promote %s %s: %w", kind, version, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("promote %s: no version %s of %s", kind, version, deployment)
+	}
+	return nil
+}
+
+// VersionOutcomes is what the live traffic a version served says about it.
+type VersionOutcomes struct {
+	Interactions int
+	Errors       int
+	// Rewarded interactions have a step reward or a session outcome.
+	Rewarded   int
+	MeanReward float64
+	StdReward  float64
+}
+
+// OutcomesSince summarises the deployment's interactions served by version
+// since t: each interaction's reward is its own step rewards' mean, else
+// its session's outcome rewards' mean.
+func OutcomesSince(ctx context.Context, db DBTX, deployment, version string, since time.Time) (VersionOutcomes, error) {
+	var o VersionOutcomes
+	err := db.QueryRow(ctx, `
+WITH inter AS (
+    SELECT i.id, i.session_id, i.status FROM interactions i
+    WHERE i.deployment = $1 AND i.model_version = $2 AND i.created_at >= $3
+), scored AS (
+    SELECT inter.id, inter.status, COALESCE(
+        (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = inter.id),
+        (SELECT avg(w.value) FROM rewards w WHERE w.session_id = inter.session_id AND w.interaction_id IS NULL)) AS reward
+    FROM inter
+)
+SELECT count(*), count(*) FILTER (WHERE status <> 'ok'), count(reward),
+       COALESCE(avg(reward), 0), COALESCE(stddev_samp(reward), 0)
+FROM scored`, deployment, version, since).Scan(&o.Interactions, &o.Errors, &o.Rewarded, &o.MeanReward, &o.StdReward)
+	if err != nil {
+		return o, fmt.Errorf("outcomes of %s since %s: %w", version, since.Format(time.RFC3339), err)
+	}
+	return o, nil
+}
+
+// RecordedPrompt is a past interaction's request for replay.
+type RecordedPrompt struct {
+	InteractionID int64
+	Request       []byte
+	Response      []byte
+	Status        string
+	// Reward is the interaction's reward (step mean, else session outcome).
+	Reward *float64
+}
+
+// RecentPrompts lists up to limit recent ok interactions of the deployment
+// since t, newest first; rewardedOnly keeps those with a reward.
+func RecentPrompts(ctx context.Context, db DBTX, deployment string, since time.Time, limit int, rewardedOnly bool) ([]RecordedPrompt, error) {
+	rows, err := db.Query(ctx, `
+SELECT id, request, response, status, reward FROM (
+    SELECT i.id, i.request, COALESCE(i.response, 'null'::jsonb) AS response, i.status, i.created_at, COALESCE(
+        (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = i.id),
+        (SELECT avg(w.value) FROM rewards w WHERE w.session_id = i.session_id AND w.interaction_id IS NULL)) AS reward
+    FROM interactions i
+    WHERE i.deployment = $1 AND i.created_at >= $2
+) x WHERE NOT $4 OR reward IS NOT NULL
+ORDER BY created_at DESC, id DESC
+LIMIT $3`, deployment, since, limit, rewardedOnly)
+	if err != nil {
+		return nil, fmt.Errorf("recent prompts of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RecordedPrompt, error) {
+		var p RecordedPrompt
+		err := r.Scan(&p.InteractionID, &p.Request, &p.Response, &p.Status, &p.Reward)
+		return p, err
+	})
+}
+
+// EvalPrompt is one prompt of a gate's suite.
+type EvalPrompt struct {
+	ID       int64
+	Messages []byte
+	Expect   string
+}
+
+// EvalSuite lists the suite's prompts for deployment (its own and the
+// shared ones).
+func EvalSuite(ctx context.Context, db DBTX, deployment, suite string) ([]EvalPrompt, error) {
+	rows, err := db.Query(ctx, `SELECT id, messages, expect FROM eval_prompts WHERE suite = $1 AND deployment IN ('', $2) ORDER BY id`, suite, deployment)
+	if err != nil {
+		return nil, fmt.Errorf("read %s suite: %w", suite, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (EvalPrompt, error) {
+		var p EvalPrompt
+		err := r.Scan(&p.ID, &p.Messages, &p.Expect)
+		return p, err
+	})
+}

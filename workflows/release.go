@@ -1,0 +1,396 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+)
+
+// ReleaseWorkflow names, signals and query.
+const (
+	ReleaseWorkflowName = "ReleaseWorkflow"
+	// ReleaseApproveSignal promotes the candidate once the gate in progress
+	// passes (it also satisfies RequireApproval).
+	ReleaseApproveSignal = "approve"
+	// ReleaseAbortSignal rolls the candidate back at once.
+	ReleaseAbortSignal = "abort"
+	ReleaseStateQuery  = "state"
+)
+
+// Layers a release can change.
+const (
+	LayerWeights    = "weights"
+	LayerPlaybook   = "playbook"
+	LayerHarness    = "harness"
+	LayerToolSchema = "tool_schema"
+)
+
+// Gates, in the order a release runs them.
+const (
+	GateShadow     = "shadow"
+	GateReplay     = "replay"
+	GateRegression = "regression"
+	GateSafety     = "safety"
+	GateCanary     = "canary"
+)
+
+// Release outcomes (releases.status).
+const (
+	ReleasePromoted   = "promoted"
+	ReleaseRolledBack = "rolled_back"
+	ReleaseAborted    = "aborted"
+)
+
+// Activity names ReleaseWorkflow runs (activities.Release implements them).
+const (
+	BeginReleaseActivity  = "BeginRelease"
+	SetPhaseActivity      = "SetReleasePhase"
+	EvaluateGateActivity  = "EvaluateGate"
+	FinishReleaseActivity = "FinishRelease"
+)
+
+// ReleaseInput starts a gated release of one layer of a deployment. The
+// workflow id should be "release-<deployment>-<candidate>".
+type ReleaseInput struct {
+	Deployment string
+	Layer      string
+	// Candidate is a model version id (weights) or an artefact version
+	// (other layers, as its decimal number).
+	Candidate string
+	// Baseline is what serves now; empty: the activity reads it.
+	Baseline string
+	Policy   ReleasePolicy
+	// Reason says why the release exists (the evolution decision, a run).
+	Reason string
+}
+
+// ReleasePolicy sets the gates' durations and thresholds; zero fields take
+// the defaults below (withDefaults).
+type ReleasePolicy struct {
+	// ShadowDuration is how long mirrored traffic is collected. Default 1m.
+	ShadowDuration time.Duration
+	// CanaryShare is the share of live traffic the candidate serves during
+	// the canary. Default 0.1.
+	CanaryShare float64
+	// CanaryDuration is how long the canary runs. Default 10m.
+	CanaryDuration time.Duration
+	// CanaryChecks is how many times the canary is evaluated during that
+	// time; a clear loss rolls back at the first check. Default 5.
+	CanaryChecks int
+	// MinCanarySamples is how many rewarded candidate interactions a canary
+	// verdict needs; fewer at the end fails the gate. Default 20.
+	MinCanarySamples int
+	// MaxRewardDrop is how far the candidate's mean reward (replay and
+	// canary) may fall below the baseline's. Default 0.05.
+	MaxRewardDrop float64
+	// MaxErrorRise is how much higher the candidate's error rate may be
+	// (shadow and canary). Default 0.02.
+	MaxErrorRise float64
+	// MaxSafetyDrop is how far the safety suite's refusal rate may fall.
+	// Default 0: it must not drop.
+	MaxSafetyDrop float64
+	// RequireApproval waits for the approve signal before promoting.
+	RequireApproval bool
+	// ApprovalTimeout rolls back when no approval came. Default 24h.
+	ApprovalTimeout time.Duration
+}
+
+func (p ReleasePolicy) withDefaults() ReleasePolicy {
+	if p.ShadowDuration <= 0 {
+		p.ShadowDuration = time.Minute
+	}
+	if p.CanaryShare <= 0 || p.CanaryShare > 1 {
+		p.CanaryShare = 0.1
+	}
+	if p.CanaryDuration <= 0 {
+		p.CanaryDuration = 10 * time.Minute
+	}
+	if p.CanaryChecks <= 0 {
+		p.CanaryChecks = 5
+	}
+	if p.MinCanarySamples <= 0 {
+		p.MinCanarySamples = 20
+	}
+	if p.MaxRewardDrop <= 0 {
+		p.MaxRewardDrop = 0.05
+	}
+	if p.MaxErrorRise <= 0 {
+		p.MaxErrorRise = 0.02
+	}
+	if p.MaxSafetyDrop < 0 {
+		p.MaxSafetyDrop = 0
+	}
+	if p.ApprovalTimeout <= 0 {
+		p.ApprovalTimeout = 24 * time.Hour
+	}
+	return p
+}
+
+// BeginReleaseOutput identifies the release row.
+type BeginReleaseOutput struct {
+	ReleaseID int64
+	Baseline  string
+}
+
+// SetPhaseInput moves the release to a phase; CanaryShare is the share of
+// live traffic the gateway routes to the candidate in it.
+type SetPhaseInput struct {
+	ReleaseID   int64
+	Phase       string
+	CanaryShare float64
+}
+
+// GateInput asks for one gate's verdict, compared with the baseline.
+type GateInput struct {
+	ReleaseID  int64
+	Deployment string
+	Layer      string
+	Candidate  string
+	Baseline   string
+	Gate       string
+	// Since bounds the live data (shadow, canary) to this phase.
+	Since  time.Time
+	Policy ReleasePolicy
+	// Final marks the gate's last evaluation: too little data fails it.
+	Final bool
+}
+
+// GateResult is one gate's numbers and verdict (also in gate_results).
+type GateResult struct {
+	Gate    string
+	Passed  bool
+	Metrics map[string]float64
+	Reason  string
+	// Insufficient: not enough data yet for a verdict (interim canary).
+	Insufficient bool
+}
+
+// FinishReleaseInput promotes or rolls back.
+type FinishReleaseInput struct {
+	ReleaseID  int64
+	Deployment string
+	Layer      string
+	Candidate  string
+	Baseline   string
+	Status     string
+	Reason     string
+}
+
+// ReleaseState answers the state query.
+type ReleaseState struct {
+	ReleaseID int64
+	Phase     string
+	Gates     []GateResult
+	Status    string
+	Reason    string
+	Approved  bool
+}
+
+// ReleaseResult is the release's outcome.
+type ReleaseResult struct {
+	State ReleaseState
+}
+
+// ReleaseWorkflow takes a candidate through shadow, replay, regression,
+// safety and canary gates and then promotes it or rolls it back on its own.
+// Serving never pauses: until promotion users see the baseline, except the
+// canary share; a rollback just sets the share back to zero.
+func ReleaseWorkflow(ctx workflow.Context, in ReleaseInput) (ReleaseResult, error) {
+	switch {
+	case in.Deployment == "" || in.Candidate == "":
+		return ReleaseResult{}, temporal.NewNonRetryableApplicationError("release needs Deployment and Candidate", "BadInput", nil)
+	case in.Layer != LayerWeights && in.Layer != LayerPlaybook && in.Layer != LayerHarness && in.Layer != LayerToolSchema:
+		return ReleaseResult{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("release layer %q is not one of weights, playbook, harness, tool_schema", in.Layer), "BadInput", nil)
+	}
+	r := &releaseRun{in: in, policy: in.Policy.withDefaults()}
+	return r.run(ctx)
+}
+
+type releaseRun struct {
+	in       ReleaseInput
+	policy   ReleasePolicy
+	state    ReleaseState
+	approved bool
+	aborted  bool
+	abortWhy string
+}
+
+func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
+	r.state.Phase = "starting"
+	if err := workflow.SetQueryHandler(ctx, ReleaseStateQuery, func() (ReleaseState, error) { return r.state, nil }); err != nil {
+		return ReleaseResult{}, fmt.Errorf("register state query: %w", err)
+	}
+	approveCh := workflow.GetSignalChannel(ctx, ReleaseApproveSignal)
+	abortCh := workflow.GetSignalChannel(ctx, ReleaseAbortSignal)
+	// Signals are handled as they arrive, whatever the workflow waits on.
+	workflow.Go(ctx, func(ctx workflow.Context) {
+		for {
+			sel := workflow.NewSelector(ctx)
+			sel.AddReceive(approveCh, func(c workflow.ReceiveChannel, _ bool) {
+				var note string
+				c.Receive(ctx, &note)
+				r.approved, r.state.Approved = true, true
+			})
+			sel.AddReceive(abortCh, func(c workflow.ReceiveChannel, _ bool) {
+				var note string
+				c.Receive(ctx, &note)
+				r.aborted = true
+				r.abortWhy = "aborted by operator"
+				if note != "" {
+					r.abortWhy += ": " + note
+				}
+			})
+			sel.Select(ctx)
+		}
+	})
+	_ = workflow.UpsertTypedSearchAttributes(ctx, DeploymentKey.ValueSet(r.in.Deployment), ModelVersionKey.ValueSet(r.in.Candidate))
+
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 5 * time.Minute,
+		HeartbeatTimeout:    time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: time.Minute, MaximumAttempts: 10,
+			NonRetryableErrorTypes: []string{"BadInput"},
+		},
+	})
+	var begin BeginReleaseOutput
+	if err := workflow.ExecuteActivity(actx, BeginReleaseActivity, r.in).Get(ctx, &begin); err != nil {
+		return ReleaseResult{State: r.state}, fmt.Errorf("begin release: %w", err)
+	}
+	r.state.ReleaseID = begin.ReleaseID
+	base := r.in.Baseline
+	if base == "" {
+		base = begin.Baseline
+	}
+
+	status, reason, err := r.gates(ctx, actx, base)
+	if err != nil {
+		return ReleaseResult{State: r.state}, err
+	}
+	r.state.Phase = "finishing"
+	// Finishing must happen even if the workflow was cancelled: a release
+	// left half-open would keep routing canary traffic.
+	fctx, _ := workflow.NewDisconnectedContext(actx)
+	err = workflow.ExecuteActivity(fctx, FinishReleaseActivity, FinishReleaseInput{
+		ReleaseID: begin.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
+		Candidate: r.in.Candidate, Baseline: base, Status: status, Reason: reason,
+	}).Get(fctx, nil)
+	if err != nil {
+		return ReleaseResult{State: r.state}, fmt.Errorf("finish release: %w", err)
+	}
+	r.state.Phase, r.state.Status, r.state.Reason = "done", status, reason
+	_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(status))
+	return ReleaseResult{State: r.state}, nil
+}
+
+// gates runs every gate and says how the release ends.
+func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, reason string, err error) {
+	p := r.policy
+	gate := func(name string, since time.Time, final bool) (GateResult, error) {
+		var res GateResult
+		err := workflow.ExecuteActivity(actx, EvaluateGateActivity, GateInput{
+			ReleaseID: r.state.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
+			Candidate: r.in.Candidate, Baseline: base, Gate: name, Since: since, Policy: p, Final: final,
+		}).Get(ctx, &res)
+		if err != nil {
+			return res, fmt.Errorf("evaluate %s gate: %w", name, err)
+		}
+		if final || !res.Insufficient {
+			r.state.Gates = append(r.state.Gates, res)
+		}
+		return res, nil
+	}
+	phase := func(name string, share float64) error {
+		r.state.Phase = name
+		_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(name))
+		return workflow.ExecuteActivity(actx, SetPhaseActivity, SetPhaseInput{ReleaseID: r.state.ReleaseID, Phase: name, CanaryShare: share}).Get(ctx, nil)
+	}
+	// wait sleeps for d unless an abort (or, when approveEnds, an approval)
+	// comes first.
+	wait := func(d time.Duration, approveEnds bool) {
+		_, _ = workflow.AwaitWithTimeout(ctx, d, func() bool { return r.aborted || (approveEnds && r.approved) })
+	}
+
+	// Shadow: the gateway mirrors live traffic to the candidate; users
+	// keep seeing the baseline.
+	if err := phase(GateShadow, 0); err != nil {
+		return "", "", fmt.Errorf("set shadow phase: %w", err)
+	}
+	since := workflow.Now(ctx)
+	wait(p.ShadowDuration, false)
+	if r.aborted {
+		return ReleaseAborted, r.abortWhy, nil
+	}
+	for _, name := range []string{GateShadow, GateReplay, GateRegression, GateSafety} {
+		if name != GateShadow {
+			if err := phase(name, 0); err != nil {
+				return "", "", fmt.Errorf("set %s phase: %w", name, err)
+			}
+		}
+		res, err := gate(name, since, true)
+		if err != nil {
+			return "", "", err
+		}
+		if r.aborted {
+			return ReleaseAborted, r.abortWhy, nil
+		}
+		if !res.Passed {
+			return ReleaseRolledBack, fmt.Sprintf("%s gate failed: %s", name, res.Reason), nil
+		}
+	}
+
+	// Canary: a share of live traffic, compared with control as it comes.
+	// The gateway routes canary traffic by model version only, so artefact
+	// layers are judged by the offline gates alone.
+	if r.in.Layer != LayerWeights {
+		return r.approval(ctx, "offline gates passed (no live canary for the "+r.in.Layer+" layer)")
+	}
+	if err := phase(GateCanary, p.CanaryShare); err != nil {
+		return "", "", fmt.Errorf("set canary phase: %w", err)
+	}
+	since = workflow.Now(ctx)
+	every := p.CanaryDuration / time.Duration(p.CanaryChecks)
+	for i := 1; i <= p.CanaryChecks; i++ {
+		wait(every, true)
+		if r.aborted {
+			return ReleaseAborted, r.abortWhy, nil
+		}
+		final := i == p.CanaryChecks || r.approved
+		res, err := gate(GateCanary, since, final)
+		if err != nil {
+			return "", "", err
+		}
+		if !res.Passed && !res.Insufficient {
+			return ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
+		}
+		if final {
+			if !res.Passed && !r.approved {
+				return ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
+			}
+			break
+		}
+	}
+
+	return r.approval(ctx, "every gate passed")
+}
+
+// approval waits for the operator when the policy asks for it.
+func (r *releaseRun) approval(ctx workflow.Context, passed string) (status, reason string, err error) {
+	p := r.policy
+	if p.RequireApproval && !r.approved {
+		r.state.Phase = "awaiting_approval"
+		ok, _ := workflow.AwaitWithTimeout(ctx, p.ApprovalTimeout, func() bool { return r.aborted || r.approved })
+		if r.aborted {
+			return ReleaseAborted, r.abortWhy, nil
+		}
+		if !ok {
+			return ReleaseRolledBack, "no approval within " + p.ApprovalTimeout.String(), nil
+		}
+	}
+	if r.approved {
+		return ReleasePromoted, passed + "; approved by operator", nil
+	}
+	return ReleasePromoted, passed, nil
+}

@@ -1,0 +1,183 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+)
+
+// releaseActs scripts gate verdicts; the real gates are tested against
+// Postgres in package activities.
+type releaseActs struct {
+	env      *testsuite.TestWorkflowEnvironment
+	verdicts map[string][]GateResult // per gate, one per evaluation (last repeats)
+	calls    map[string]int
+	phases   []SetPhaseInput
+	finished []FinishReleaseInput
+	failOnce map[string]bool
+	at       map[string][]time.Time
+}
+
+func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseActs) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	env.RegisterWorkflowWithOptions(ReleaseWorkflow, workflow.RegisterOptions{Name: ReleaseWorkflowName})
+	a := &releaseActs{env: env, verdicts: map[string][]GateResult{}, calls: map[string]int{}, failOnce: map[string]bool{}, at: map[string][]time.Time{}}
+	env.RegisterActivityWithOptions(func(ctx context.Context, in ReleaseInput) (BeginReleaseOutput, error) {
+		return BeginReleaseOutput{ReleaseID: 42, Baseline: "dep@v1"}, nil
+	}, activity.RegisterOptions{Name: BeginReleaseActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SetPhaseInput) error {
+		a.phases = append(a.phases, in)
+		return nil
+	}, activity.RegisterOptions{Name: SetPhaseActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in GateInput) (GateResult, error) {
+		a.calls[in.Gate]++
+		a.at[in.Gate] = append(a.at[in.Gate], env.Now())
+		if a.failOnce[in.Gate] {
+			a.failOnce[in.Gate] = false
+			return GateResult{}, errors.New("evaluator unreachable")
+		}
+		if in.Baseline != "dep@v1" {
+			return GateResult{}, errors.New("baseline not resolved")
+		}
+		vs := a.verdicts[in.Gate]
+		if len(vs) == 0 {
+			return GateResult{Gate: in.Gate, Passed: true}, nil
+		}
+		v := vs[0]
+		if len(vs) > 1 {
+			a.verdicts[in.Gate] = vs[1:]
+		}
+		v.Gate = in.Gate
+		return v, nil
+	}, activity.RegisterOptions{Name: EvaluateGateActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in FinishReleaseInput) error {
+		a.finished = append(a.finished, in)
+		return nil
+	}, activity.RegisterOptions{Name: FinishReleaseActivity})
+	return env, a
+}
+
+var testPolicy = ReleasePolicy{ShadowDuration: time.Minute, CanaryDuration: 10 * time.Minute, CanaryChecks: 5, CanaryShare: 0.2}
+
+func releaseResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) ReleaseResult {
+	t.Helper()
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var res ReleaseResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	return res
+}
+
+func TestReleasePromotesWhenEveryGatePasses(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.failOnce[GateReplay] = true // a retried activity, not a failed gate
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleasePromoted, res.State.Status)
+	require.Equal(t, 2, acts.calls[GateReplay])
+	require.Equal(t, 5, acts.calls[GateCanary])
+	require.Len(t, acts.finished, 1)
+	require.Equal(t, FinishReleaseInput{ReleaseID: 42, Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2",
+		Baseline: "dep@v1", Status: ReleasePromoted, Reason: "every gate passed"}, acts.finished[0])
+	var names []string
+	for _, p := range acts.phases {
+		names = append(names, p.Phase)
+	}
+	require.Equal(t, []string{GateShadow, GateReplay, GateRegression, GateSafety, GateCanary}, names)
+	require.Equal(t, 0.2, acts.phases[4].CanaryShare)
+	require.Zero(t, acts.phases[0].CanaryShare, "users see the baseline during shadow")
+}
+
+func TestReleaseRollsBackOnSafetyDrop(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.verdicts[GateSafety] = []GateResult{{Passed: false, Reason: "refusal rate fell", Metrics: map[string]float64{"candidate_pass_rate": 0.5}}}
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Contains(t, res.State.Reason, "safety gate failed")
+	require.Zero(t, acts.calls[GateCanary], "no live traffic reaches a candidate that failed offline")
+	require.Equal(t, ReleaseRolledBack, acts.finished[0].Status)
+}
+
+func TestReleaseCanaryRollsBackAtTheFirstClearLoss(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.verdicts[GateCanary] = []GateResult{
+		{Passed: false, Insufficient: true, Reason: "3 rewarded; 20 needed"},
+		{Passed: false, Reason: "mean reward: candidate 0.1 vs baseline 0.8"},
+	}
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Contains(t, res.State.Reason, "canary gate failed")
+	require.Equal(t, 2, acts.calls[GateCanary], "the loss is acted on at once, not at the end of the canary")
+	require.Len(t, res.State.Gates, 5, "an insufficient interim check is not a recorded verdict")
+}
+
+func TestReleaseCanaryWithoutEnoughDataRollsBack(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.verdicts[GateCanary] = []GateResult{{Passed: false, Insufficient: true, Reason: "0 rewarded"}}
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Equal(t, 5, acts.calls[GateCanary])
+}
+
+func TestReleaseAbortSignalRollsBackAtOnce(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	env.RegisterDelayedCallback(func() {
+		v, err := env.QueryWorkflow(ReleaseStateQuery)
+		require.NoError(t, err)
+		var st ReleaseState
+		require.NoError(t, v.Get(&st))
+		require.Equal(t, GateCanary, st.Phase)
+		env.SignalWorkflow(ReleaseAbortSignal, "users complain")
+	}, 5*time.Minute)
+	start := env.Now()
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleaseAborted, res.State.Status)
+	require.Equal(t, "aborted by operator: users complain", res.State.Reason)
+	require.Less(t, env.Now().Sub(start), 6*time.Minute)
+	require.Equal(t, ReleaseAborted, acts.finished[0].Status)
+}
+
+func TestReleaseWaitsForApproval(t *testing.T) {
+	p := testPolicy
+	p.RequireApproval, p.ApprovalTimeout = true, time.Hour
+
+	env, acts := newReleaseEnv(t)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(ReleaseApproveSignal, "") }, 30*time.Minute)
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: p})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleasePromoted, res.State.Status)
+	require.Contains(t, res.State.Reason, "approved by operator")
+	require.Len(t, acts.finished, 1)
+
+	env, _ = newReleaseEnv(t)
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: p})
+	res = releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Contains(t, res.State.Reason, "no approval")
+}
+
+func TestReleaseOfAnArtefactSkipsTheLiveCanary(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerHarness, Candidate: "3", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleasePromoted, res.State.Status)
+	require.Zero(t, acts.calls[GateCanary])
+	require.Equal(t, 1, acts.calls[GateSafety])
+}
+
+func TestReleaseRejectsBadInput(t *testing.T) {
+	env, _ := newReleaseEnv(t)
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: "kernel", Candidate: "x"})
+	require.ErrorContains(t, env.GetWorkflowError(), "layer")
+}
