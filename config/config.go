@@ -9,6 +9,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"strings"
@@ -57,6 +58,28 @@ type GatewayConfig struct {
 	AdminKey     string        `yaml:"admin_key" help:"admin API key; the default is refused on a non-loopback address (default flywheel-dev-admin-key)"`
 	MaxBodyBytes int64         `yaml:"max_body_bytes" help:"largest accepted request body in bytes, larger answers 413 (default 8388608)"`
 	ReadTimeout  time.Duration `yaml:"read_timeout" help:"HTTP read timeout (default 30s)"`
+
+	RateLimitRPS   float64 `yaml:"rate_limit_rps" help:"requests per second allowed per API key, over it answers 429 with Retry-After; 0 disables (default 100)"`
+	RateLimitBurst int     `yaml:"rate_limit_burst" help:"requests an API key may burst above its rate (default 200)"`
+
+	CaptureBatchMax  int           `yaml:"capture_batch_max" help:"most interactions committed in one capture transaction (default 512)"`
+	CaptureBatchWait time.Duration `yaml:"capture_batch_wait" help:"how long the capture committer waits to fill a batch; 0 commits as soon as the previous commit is done (default 0s)"`
+
+	RewardMin     float64            `yaml:"reward_min" help:"smallest accepted reward value (default -1)"`
+	RewardMax     float64            `yaml:"reward_max" help:"largest accepted reward value (default 1)"`
+	RewardWeights map[string]float64 `yaml:"reward_weights" help:"weights merging reward sources, name=weight pairs; unlisted sources weigh 1 (default user=1)"`
+	Discount      float64            `yaml:"discount" help:"discount factor gamma for returns, in (0, 1] (default 1)"`
+
+	PolicyModel       string        `yaml:"policy_model" help:"model name served by the in-process policy (default flywheel-policy)"`
+	UpstreamURL       string        `yaml:"upstream_url" help:"base URL of an OpenAI-compatible upstream (vLLM, SGLang), e.g. http://127.0.0.1:8000/v1; empty: none (default empty)"`
+	UpstreamModels    []string      `yaml:"upstream_models" help:"model names routed to the upstream, comma separated; name=upstream_name renames (default empty)"`
+	UpstreamAPIKeyEnv string        `yaml:"upstream_api_key_env" help:"environment variable holding the upstream API key (default empty)"`
+	UpstreamTimeout   time.Duration `yaml:"upstream_timeout" help:"timeout of one upstream attempt (default 2m)"`
+	UpstreamRetries   int           `yaml:"upstream_retries" help:"retries with backoff after a 429/5xx or connection error (default 2)"`
+	UpstreamFallbacks []string      `yaml:"upstream_fallbacks" help:"per-model fallbacks tried in order when a model fails, model=alt1|alt2 (default empty)"`
+	RedactPatterns    []string      `yaml:"redact_patterns" help:"extra PII patterns kind=regexp applied on export and before training; YAML is safer for regexps with commas (default empty)"`
+	NotifyInterval    time.Duration `yaml:"notify_interval" help:"how often session notices are flushed to Temporal, batched per session (default 200ms)"`
+	KeyCacheTTL       time.Duration `yaml:"key_cache_ttl" help:"how long a verified API key is cached; a revoked key stops working within this time (default 10s)"`
 }
 
 // WorkerConfig is the Temporal worker process.
@@ -92,6 +115,19 @@ func Default() Config {
 			AdminKey:     DefaultAdminKey,
 			MaxBodyBytes: 8 << 20,
 			ReadTimeout:  30 * time.Second,
+
+			RateLimitRPS:    100,
+			RateLimitBurst:  200,
+			CaptureBatchMax: 512,
+			RewardMin:       -1,
+			RewardMax:       1,
+			RewardWeights:   map[string]float64{"user": 1},
+			Discount:        1,
+			PolicyModel:     "flywheel-policy",
+			UpstreamTimeout: 2 * time.Minute,
+			UpstreamRetries: 2,
+			NotifyInterval:  200 * time.Millisecond,
+			KeyCacheTTL:     10 * time.Second,
 		},
 		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-trainer", "flywheel-sandbox"}},
 		Log:     LogConfig{Level: "info", Format: "text"},
@@ -132,6 +168,7 @@ func (c *Config) Validate() error {
 	if c.Gateway.ReadTimeout <= 0 {
 		bad("gateway-read-timeout", "must be positive")
 	}
+	c.Gateway.validate(bad)
 	if len(c.Worker.TaskQueues) == 0 {
 		bad("worker-task-queues", "name at least one task queue")
 	}
@@ -159,4 +196,64 @@ func IsLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// validate checks the gateway's capture, reward and upstream settings.
+func (g *GatewayConfig) validate(bad func(flag, format string, args ...any)) {
+	if g.RateLimitRPS < 0 || math.IsNaN(g.RateLimitRPS) {
+		bad("gateway-rate-limit-rps", "want 0 (off) or a positive rate, got %v", g.RateLimitRPS)
+	}
+	if g.RateLimitRPS > 0 && g.RateLimitBurst < 1 {
+		bad("gateway-rate-limit-burst", "want at least 1, got %d", g.RateLimitBurst)
+	}
+	if g.CaptureBatchMax < 1 || g.CaptureBatchMax > 10000 {
+		bad("gateway-capture-batch-max", "want 1..10000, got %d", g.CaptureBatchMax)
+	}
+	if g.CaptureBatchWait < 0 || g.CaptureBatchWait > time.Second {
+		bad("gateway-capture-batch-wait", "want 0..1s, got %s", g.CaptureBatchWait)
+	}
+	if math.IsNaN(g.RewardMin) || math.IsNaN(g.RewardMax) || math.IsInf(g.RewardMin, 0) || math.IsInf(g.RewardMax, 0) || g.RewardMin >= g.RewardMax {
+		bad("gateway-reward-min", "want finite reward_min < reward_max, got [%v, %v]", g.RewardMin, g.RewardMax)
+	}
+	for src, w := range g.RewardWeights {
+		if src == "" || w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			bad("gateway-reward-weights", "want name=weight with a finite weight >= 0, got %q=%v", src, w)
+		}
+	}
+	if !(g.Discount > 0 && g.Discount <= 1) {
+		bad("gateway-discount", "want 0 < gamma <= 1, got %v", g.Discount)
+	}
+	if g.PolicyModel == "" {
+		bad("gateway-policy-model", "must not be empty")
+	}
+	if g.UpstreamURL != "" {
+		if u, err := url.Parse(g.UpstreamURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("gateway-upstream-url", "want an http(s):// URL, got %q", g.UpstreamURL)
+		}
+		if len(g.UpstreamModels) == 0 {
+			bad("gateway-upstream-models", "name the models the upstream serves")
+		}
+	}
+	if g.UpstreamTimeout <= 0 {
+		bad("gateway-upstream-timeout", "must be positive")
+	}
+	if g.UpstreamRetries < 0 || g.UpstreamRetries > 10 {
+		bad("gateway-upstream-retries", "want 0..10, got %d", g.UpstreamRetries)
+	}
+	for _, fb := range g.UpstreamFallbacks {
+		if m, alts, ok := strings.Cut(fb, "="); !ok || m == "" || alts == "" {
+			bad("gateway-upstream-fallbacks", "want model=alt1|alt2, got %q", fb)
+		}
+	}
+	for _, p := range g.RedactPatterns {
+		if k, e, ok := strings.Cut(p, "="); !ok || k == "" || e == "" {
+			bad("gateway-redact-patterns", "want kind=regexp, got %q", p)
+		}
+	}
+	if g.NotifyInterval <= 0 {
+		bad("gateway-notify-interval", "must be positive")
+	}
+	if g.KeyCacheTTL < 0 {
+		bad("gateway-key-cache-ttl", "must not be negative")
+	}
 }

@@ -12,12 +12,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/redact"
 )
 
 // Log messages are constants; everything dynamic is an attribute.
@@ -30,23 +35,116 @@ const (
 type Deps struct {
 	DB     *pgxpool.Pool
 	Logger *slog.Logger
+	// Policy is the in-process policy backend served under
+	// cfg.PolicyModel; nil when this gateway does not run one.
+	Policy inference.Backend
+	// Notifier delivers session notices; nil: none (the session workflow
+	// reconciles from Postgres).
+	Notifier Notifier
+	// Registry receives the gateway's metrics and is served on /metrics;
+	// nil: a registry of its own.
+	Registry *prometheus.Registry
 }
 
 // Server is the HTTP gateway.
 type Server struct {
-	cfg    config.GatewayConfig
-	deps   Deps
-	engine *gin.Engine
+	cfg       config.GatewayConfig
+	deps      Deps
+	engine    *gin.Engine
+	router    *router
+	capture   *committer
+	metrics   *metrics
+	keys      *keyCache
+	limiter   *rateLimiter
+	redactor  *redact.Redactor
+	notifier  Notifier
+	closeOnce sync.Once
 }
 
-// New builds the gateway's routes.
-func New(cfg config.GatewayConfig, deps Deps) *Server {
+// New builds the gateway. It fails on settings that cannot serve (a
+// default admin key on a non-loopback address, a bad redaction pattern).
+func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
+	if err := checkAdminKey(cfg); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	red, err := redact.New(redact.Options{Patterns: cfg.RedactPatterns})
+	if err != nil {
+		return nil, err
+	}
+	rt, err := newRouter(cfg, deps.Policy, deps.DB, deps.Logger)
+	if err != nil {
+		return nil, err
+	}
+	m := newMetrics(deps.Registry)
+	s := &Server{
+		cfg: cfg, deps: deps, router: rt, metrics: m, redactor: red,
+		keys:     &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
+		limiter:  &rateLimiter{rps: cfg.RateLimitRPS, burst: cfg.RateLimitBurst, m: map[string]*rateLimiterEntry{}},
+		notifier: deps.Notifier,
+	}
+	if s.notifier == nil {
+		s.notifier = nopNotifier{}
+	}
+	if tn, ok := s.notifier.(*TemporalNotifier); ok {
+		tn.metrics = m
+	}
+	s.capture = newCommitter(deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m)
+	s.routes()
+	return s, nil
+}
+
+// checkAdminKey refuses the development admin key anywhere but loopback.
+func checkAdminKey(cfg config.GatewayConfig) error {
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway listen %q: %w", cfg.Listen, err)
+	}
+	if cfg.AdminKey == config.DefaultAdminKey && !config.IsLoopback(host) {
+		return fmt.Errorf("gateway: refusing to listen on %s with the default admin key; set FLYWHEEL_GATEWAY_ADMIN_KEY", cfg.Listen)
+	}
+	return nil
+}
+
+func (s *Server) routes() {
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: cfg, deps: deps, engine: gin.New()}
-	s.engine.Use(gin.Recovery())
-	s.engine.GET("/healthz", s.healthz)
-	s.engine.GET("/readyz", s.readyz)
-	return s
+	e := gin.New()
+	e.Use(gin.Recovery(), s.requestID, s.metrics.observe)
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.deps.Registry, promhttp.HandlerOpts{})))
+
+	for _, prefix := range []string{"/v1", "/s/:session_id/v1"} {
+		oa := e.Group(prefix, withProtocol(protoOpenAI), s.limitBody, s.auth)
+		oa.POST("/chat/completions", s.chatCompletions)
+		oa.GET("/models", s.listModels)
+		an := e.Group(prefix, withProtocol(protoAnthropic), s.limitBody, s.auth)
+		an.POST("/messages", s.messages)
+	}
+	api := e.Group("/v1", withProtocol(protoOpenAI), s.limitBody, s.auth)
+	api.POST("/sessions", s.createSession)
+	api.GET("/sessions/:id", s.getSession)
+	api.POST("/sessions/:id/reward", s.postReward)
+	api.POST("/sessions/:id/end", s.endSession)
+	api.POST("/sessions/:id/consent", s.sessionConsent)
+	api.POST("/feedback", s.postFeedback)
+	api.PUT("/end_users/:end_user/consent", s.endUserConsent)
+	api.POST("/forget", s.forget)
+	api.GET("/trajectories", s.exportTrajectories)
+
+	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
+	adm.POST("/keys", s.adminCreateKey)
+	adm.GET("/models", s.listModels)
+
+	e.NoRoute(func(c *gin.Context) {
+		abort(c, errf(http.StatusNotFound, "no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
+	s.engine = e
 }
 
 // Handler is the gateway as an http.Handler (for tests and embedding).
@@ -91,14 +189,28 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		s.Close()
 		return fmt.Errorf("gateway serve: %w", err)
 	case <-ctx.Done():
 	}
 	s.deps.Logger.Info(msgStopping)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := srv.Shutdown(shutdownCtx)
+	s.Close()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("gateway shutdown: %w", err)
 	}
 	return nil
+}
+
+// Close commits queued captures and flushes notices. Serve calls it; call
+// it yourself when using Handler directly.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		s.capture.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.notifier.Close(ctx)
+	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
 	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/flywheel-ai/flywheel/activities"
@@ -15,6 +16,7 @@ import (
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -33,7 +35,46 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	return gateway.New(cfg.Gateway, gateway.Deps{DB: pool, Logger: logger}).ListenAndServe(ctx)
+	// Lazy: the gateway serves (and captures) while Temporal is down; the
+	// notifier retries and session workflows reconcile from Postgres.
+	c, err := client.NewLazyClient(client.Options{HostPort: cfg.Temporal.Address, Namespace: cfg.Temporal.Namespace,
+		Logger: tlog.NewStructuredLogger(logger.With("component", "temporal"))})
+	if err != nil {
+		return fmt.Errorf("temporal client: %w", err)
+	}
+	defer c.Close()
+	gw, err := newGateway(cfg, pool, c, logger)
+	if err != nil {
+		return err
+	}
+	return gw.ListenAndServe(ctx)
+}
+
+// newGateway wires the gateway: the in-process policy under its model
+// name, session notices to Temporal, metrics.
+func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, logger *slog.Logger) (*gateway.Server, error) {
+	policy, err := newPolicy(cfg.Gateway.PolicyModel, logger)
+	if err != nil {
+		return nil, err
+	}
+	return gateway.New(cfg.Gateway, gateway.Deps{
+		DB: pool, Logger: logger, Policy: policy,
+		Notifier: gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
+	})
+}
+
+// newPolicy is the in-process policy engine, serving a freshly initialised
+// model as version 0 until training publishes a new one.
+func newPolicy(name string, logger *slog.Logger) (*trainer.Engine, error) {
+	m, err := trainer.NewModel(trainer.ModelConfig{}, 1)
+	if err != nil {
+		return nil, fmt.Errorf("policy model: %w", err)
+	}
+	e, err := trainer.NewEngine(m, 0, trainer.EngineConfig{Name: name, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("policy engine: %w", err)
+	}
+	return e, nil
 }
 
 func runWorker(ctx context.Context, args []string) error {

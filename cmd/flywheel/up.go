@@ -13,7 +13,6 @@ import (
 	"go.temporal.io/sdk/client"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -59,7 +58,11 @@ func runUp(ctx context.Context, args []string) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, logger) })
-	g.Go(func() error { return gateway.New(cfg.Gateway, gateway.Deps{DB: pool, Logger: logger}).Serve(ctx, ln) })
+	gw, err := newGateway(cfg, pool, c, logger)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { return gw.Serve(ctx, ln) })
 	g.Go(func() error {
 		out, err := ping(ctx, c)
 		if err != nil {

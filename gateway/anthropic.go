@@ -1,0 +1,293 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// Anthropic Messages wire types: only the fields the gateway reads or
+// writes.
+
+type anRequest struct {
+	Model         string          `json:"model"`
+	MaxTokens     *int            `json:"max_tokens"`
+	System        json.RawMessage `json:"system,omitempty"`
+	Messages      []anMessage     `json:"messages"`
+	Tools         []anTool        `json:"tools,omitempty"`
+	ToolChoice    *anToolChoice   `json:"tool_choice,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	StopSequences []string        `json:"stop_sequences,omitempty"`
+	Metadata      *struct {
+		UserID string `json:"user_id"`
+	} `json:"metadata,omitempty"`
+}
+
+type anMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type anBlock struct {
+	Type      string          `json:"type"`
+	Text      string          `json:"text,omitempty"`
+	ID        string          `json:"id,omitempty"`
+	Name      string          `json:"name,omitempty"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	ToolUseID string          `json:"tool_use_id,omitempty"`
+	Content   json.RawMessage `json:"content,omitempty"`
+	IsError   bool            `json:"is_error,omitempty"`
+	Thinking  string          `json:"thinking,omitempty"`
+	Signature string          `json:"signature,omitempty"`
+}
+
+type anTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+type anToolChoice struct {
+	Type string `json:"type"`
+	Name string `json:"name,omitempty"`
+}
+
+// decodeAnthropic parses and validates a Messages body into the neutral
+// request. The system prompt becomes the first message.
+func decodeAnthropic(body []byte) (*anRequest, *inference.Request, error) {
+	var r anRequest
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, nil, errf(400, "invalid JSON body: %v", err)
+	}
+	if r.Model == "" {
+		return nil, nil, errf(400, "model: Field required")
+	}
+	if r.MaxTokens == nil {
+		return nil, nil, errf(400, "max_tokens: Field required")
+	}
+	if *r.MaxTokens < 1 {
+		return nil, nil, errf(400, "max_tokens: must be at least 1")
+	}
+	if len(r.Messages) == 0 {
+		return nil, nil, errf(400, "messages: at least one message is required")
+	}
+	if len(r.Messages) > maxMessages {
+		return nil, nil, errf(400, "messages: at most %d", maxMessages)
+	}
+	if err := checkSampling(r.Temperature, r.TopP); err != nil {
+		return nil, nil, err
+	}
+	if len(r.StopSequences) > maxStops {
+		return nil, nil, errf(400, "stop_sequences: at most %d", maxStops)
+	}
+	req := &inference.Request{Model: r.Model, MaxTokens: *r.MaxTokens, Temperature: r.Temperature, TopP: r.TopP, Stop: r.StopSequences}
+	sys, err := anText(r.System)
+	if err != nil {
+		return nil, nil, errf(400, "system: %v", err)
+	}
+	if sys != "" {
+		req.Messages = append(req.Messages, inference.Message{Role: inference.RoleSystem, Content: sys})
+	}
+	for i, m := range r.Messages {
+		msgs, err := m.neutral()
+		if err != nil {
+			return nil, nil, errf(400, "messages.%d: %v", i, err)
+		}
+		req.Messages = append(req.Messages, msgs...)
+	}
+	if len(r.Tools) > maxTools {
+		return nil, nil, errf(400, "tools: at most %d", maxTools)
+	}
+	for i, t := range r.Tools {
+		if t.Name == "" {
+			return nil, nil, errf(400, "tools.%d.name: Field required", i)
+		}
+		if len(t.InputSchema) > 0 && !json.Valid(t.InputSchema) {
+			return nil, nil, errf(400, "tools.%d.input_schema: invalid JSON", i)
+		}
+		req.Tools = append(req.Tools, inference.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
+	}
+	if tc := r.ToolChoice; tc != nil {
+		switch tc.Type {
+		case "auto", "none":
+			req.ToolChoice = tc.Type
+		case "any":
+			req.ToolChoice = "required"
+		case "tool":
+			if !hasTool(req.Tools, tc.Name) {
+				return nil, nil, errf(400, "tool_choice.name: no tool named %q", tc.Name)
+			}
+			req.ToolChoice = tc.Name
+		default:
+			return nil, nil, errf(400, "tool_choice.type: want auto, any, tool or none")
+		}
+	}
+	return &r, req, nil
+}
+
+// anText reads a string or an array of text blocks.
+func anText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var blocks []anBlock
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return "", fmt.Errorf("want a string or an array of content blocks")
+	}
+	var b strings.Builder
+	for i, bl := range blocks {
+		if bl.Type != "text" {
+			return "", fmt.Errorf("content.%d: want a text block here, got %q", i, bl.Type)
+		}
+		b.WriteString(bl.Text)
+	}
+	return b.String(), nil
+}
+
+// neutral converts one Anthropic message; a user message's tool_result
+// blocks become tool messages (OpenAI's shape), in order.
+func (m anMessage) neutral() ([]inference.Message, error) {
+	if m.Role != inference.RoleUser && m.Role != inference.RoleAssistant {
+		return nil, fmt.Errorf("role: want user or assistant, got %q", m.Role)
+	}
+	raw := bytes.TrimSpace(m.Content)
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []inference.Message{{Role: m.Role, Content: s}}, nil
+	}
+	var blocks []anBlock
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return nil, fmt.Errorf("content: want a string or an array of content blocks")
+	}
+	var out []inference.Message
+	cur := inference.Message{Role: m.Role}
+	var text strings.Builder
+	flush := func() {
+		cur.Content = text.String()
+		if cur.Content != "" || len(cur.ToolCalls) > 0 || cur.Reasoning != "" {
+			out = append(out, cur)
+		}
+		cur = inference.Message{Role: m.Role}
+		text.Reset()
+	}
+	for i, b := range blocks {
+		switch b.Type {
+		case "text":
+			text.WriteString(b.Text)
+		case "thinking":
+			if m.Role != inference.RoleAssistant {
+				return nil, fmt.Errorf("content.%d: thinking only in assistant messages", i)
+			}
+			cur.Reasoning += b.Thinking
+		case "redacted_thinking":
+		case "tool_use":
+			if m.Role != inference.RoleAssistant {
+				return nil, fmt.Errorf("content.%d: tool_use only in assistant messages", i)
+			}
+			if b.ID == "" || b.Name == "" {
+				return nil, fmt.Errorf("content.%d: tool_use needs id and name", i)
+			}
+			input := bytes.TrimSpace(b.Input)
+			if len(input) == 0 {
+				input = []byte("{}")
+			}
+			if !json.Valid(input) {
+				return nil, fmt.Errorf("content.%d.input: invalid JSON", i)
+			}
+			cur.ToolCalls = append(cur.ToolCalls, inference.ToolCall{ID: b.ID, Name: b.Name, Arguments: string(input)})
+		case "tool_result":
+			if m.Role != inference.RoleUser {
+				return nil, fmt.Errorf("content.%d: tool_result only in user messages", i)
+			}
+			if b.ToolUseID == "" {
+				return nil, fmt.Errorf("content.%d.tool_use_id: Field required", i)
+			}
+			flush()
+			res, err := anText(b.Content)
+			if err != nil {
+				return nil, fmt.Errorf("content.%d.content: %v", i, err)
+			}
+			if b.IsError {
+				res = "error: " + res
+			}
+			out = append(out, inference.Message{Role: inference.RoleTool, ToolCallID: b.ToolUseID, Content: res})
+		default:
+			return nil, fmt.Errorf("content.%d: unsupported block type %q", i, b.Type)
+		}
+	}
+	flush()
+	if len(out) == 0 {
+		// An empty turn still counts as a turn (the API allows "" content).
+		out = append(out, inference.Message{Role: m.Role})
+	}
+	return out, nil
+}
+
+// Anthropic responses.
+
+type anResponse struct {
+	ID           string    `json:"id"`
+	Type         string    `json:"type"`
+	Role         string    `json:"role"`
+	Model        string    `json:"model"`
+	Content      []anBlock `json:"content"`
+	StopReason   *string   `json:"stop_reason"`
+	StopSequence *string   `json:"stop_sequence"`
+	Usage        anUsage   `json:"usage"`
+}
+
+type anUsage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+func anStopReason(finish string) string {
+	switch finish {
+	case inference.FinishLength:
+		return "max_tokens"
+	case inference.FinishToolCalls:
+		return "tool_use"
+	default:
+		return "end_turn"
+	}
+}
+
+// anContent renders the assistant message as content blocks.
+func anContent(m inference.Message) []anBlock {
+	blocks := []anBlock{}
+	if m.Reasoning != "" {
+		blocks = append(blocks, anBlock{Type: "thinking", Thinking: m.Reasoning, Signature: ""})
+	}
+	if m.Content != "" || len(m.ToolCalls) == 0 {
+		blocks = append(blocks, anBlock{Type: "text", Text: m.Content})
+	}
+	for _, tc := range m.ToolCalls {
+		blocks = append(blocks, anBlock{Type: "tool_use", ID: tc.ID, Name: tc.Name, Input: toolInput(tc.Arguments)})
+	}
+	return blocks
+}
+
+// toolInput is the call's arguments as a JSON object; a model that
+// produced invalid JSON has its text wrapped so the client still parses.
+func toolInput(args string) json.RawMessage {
+	raw := bytes.TrimSpace([]byte(args))
+	if len(raw) == 0 {
+		return json.RawMessage("{}")
+	}
+	var obj map[string]any
+	if json.Unmarshal(raw, &obj) == nil {
+		return raw
+	}
+	wrapped, _ := json.Marshal(map[string]string{"_raw_arguments": args})
+	return wrapped
+}

@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+const (
+	msgCaptureBatchFailed = "capture batch failed; retrying rows one by one"
+	msgCaptureRowFailed   = "capture row failed"
+)
+
+// errCaptureClosed is returned for rows submitted after shutdown began.
+var errCaptureClosed = errors.New("capture is shut down")
+
+// committer is the group commit: request handlers submit rows and wait;
+// a few background goroutines take everything queued, insert it in one
+// pipelined transaction and release every waiter when it commits. So a 2xx
+// still means "in Postgres", while one WAL flush serves a whole batch.
+type committer struct {
+	pool     *pgxpool.Pool
+	in       chan *pendingRow
+	maxBatch int
+	wait     time.Duration
+	logger   *slog.Logger
+	metrics  *metrics
+
+	mu     sync.RWMutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type pendingRow struct {
+	row  *store.NewInteraction
+	done chan captureResult
+}
+
+type captureResult struct {
+	store.Captured
+	err error
+}
+
+// committerWorkers is how many transactions may be in flight at once: a
+// second one fills while the first flushes, which halves the queueing
+// delay at no cost in batch size.
+const committerWorkers = 2
+
+func newCommitter(pool *pgxpool.Pool, maxBatch int, wait time.Duration, logger *slog.Logger, m *metrics) *committer {
+	c := &committer{pool: pool, in: make(chan *pendingRow, maxBatch*4), maxBatch: maxBatch, wait: wait, logger: logger, metrics: m}
+	for range committerWorkers {
+		c.wg.Add(1)
+		go c.run()
+	}
+	return c
+}
+
+// Submit queues row and waits until its batch commits. A cancelled ctx
+// stops the wait, not the commit: the row may still land.
+func (c *committer) Submit(ctx context.Context, row *store.NewInteraction) (store.Captured, error) {
+	p := &pendingRow{row: row, done: make(chan captureResult, 1)}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		return store.Captured{}, errCaptureClosed
+	}
+	select {
+	case c.in <- p:
+		c.mu.RUnlock()
+	case <-ctx.Done():
+		c.mu.RUnlock()
+		return store.Captured{}, ctx.Err()
+	}
+	select {
+	case r := <-p.done:
+		return r.Captured, r.err
+	case <-ctx.Done():
+		return store.Captured{}, ctx.Err()
+	}
+}
+
+// Close stops accepting rows, commits what is queued and returns.
+func (c *committer) Close() {
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.in)
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+func (c *committer) run() {
+	defer c.wg.Done()
+	batch := make([]*pendingRow, 0, c.maxBatch)
+	for first := range c.in {
+		batch = append(batch[:0], first)
+		var timeout <-chan time.Time
+		if c.wait > 0 {
+			timeout = time.After(c.wait)
+		}
+	fill:
+		for len(batch) < c.maxBatch {
+			if timeout == nil {
+				select {
+				case p, ok := <-c.in:
+					if !ok {
+						break fill
+					}
+					batch = append(batch, p)
+				default:
+					break fill
+				}
+				continue
+			}
+			select {
+			case p, ok := <-c.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, p)
+			case <-timeout:
+				break fill
+			}
+		}
+		c.commit(batch)
+	}
+}
+
+// commit writes batch in one transaction; if the transaction fails as a
+// whole (one poisonous row), each row is retried alone so the others land.
+func (c *committer) commit(batch []*pendingRow) {
+	start := time.Now()
+	rows := make([]*store.NewInteraction, len(batch))
+	for i, p := range batch {
+		rows[i] = p.row
+	}
+	// Commits outlive the requests that asked for them: a client going
+	// away must not roll back what other waiters were promised.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []store.Captured
+	var rowErrs []error
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		out, rowErrs, err = store.InsertInteractions(ctx, tx, rows)
+		return err
+	})
+	c.metrics.captureBatch.Observe(float64(len(batch)))
+	c.metrics.captureCommit.Observe(time.Since(start).Seconds())
+	if err == nil {
+		for i, p := range batch {
+			p.done <- captureResult{Captured: out[i], err: rowErrs[i]}
+		}
+		return
+	}
+	if len(batch) > 1 {
+		c.logger.Warn(msgCaptureBatchFailed, "rows", len(batch), "err", err)
+	}
+	for _, p := range batch {
+		r, err := store.InsertInteraction(ctx, c.pool, p.row)
+		if err != nil && !errors.Is(err, store.ErrSessionClosed) {
+			c.logger.Error(msgCaptureRowFailed, "session", p.row.SessionID, "err", err)
+			err = fmt.Errorf("capture: %w", err)
+		}
+		p.done <- captureResult{Captured: r, err: err}
+	}
+}

@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+const (
+	msgContinuationLookupFailed = "continuation lookup failed; serving without stitching"
+	msgEndAfterDoneFailed       = "ending session after X-Session-Done failed"
+)
+
+// Identity modes, as stored in sessions.identity_mode.
+const (
+	modeKey      = "key"
+	modeHeader   = "header"
+	modePath     = "path"
+	modeStitched = "stitched"
+	modeExplicit = "explicit"
+)
+
+// Interaction statuses.
+const (
+	statusOK        = "ok"
+	statusUpstream  = "upstream_error"
+	statusCancelled = "client_cancelled"
+)
+
+var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:\-]{1,128}$`)
+
+// call is one model call on its way through the gateway.
+type call struct {
+	protocol string
+	stream   bool
+	raw      []byte
+	req      *inference.Request
+	// client are the messages as the client sent them (before injection):
+	// what conversation hashes cover.
+	client       []inference.Message
+	p            *principal
+	endUser      string
+	sessionID    string
+	mode         string
+	done         bool
+	completionID string
+	target       *target
+	started      time.Time
+	// reuse is set when PromptTokenIDs came from a stored turn produced
+	// under reuseSystem.
+	reuse       bool
+	reuseSystem string
+}
+
+// prepare resolves the session, the route and the reusable prompt ids.
+func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *inference.Request, stream bool, endUser string) (*call, error) {
+	p := principalOf(c)
+	cl := &call{protocol: protocol, stream: stream, raw: raw, req: req, p: p, endUser: endUser, started: time.Now()}
+	cl.client = append([]inference.Message(nil), req.Messages...)
+	if err := s.resolveSession(c, cl); err != nil {
+		return nil, err
+	}
+	t, err := s.router.resolve(c.Request.Context(), req.Model, cl.sessionID)
+	if err != nil {
+		return nil, err
+	}
+	cl.target = t
+	req.Version = t.version
+	inject(req, t.system)
+	if protocol == protoAnthropic {
+		cl.completionID = newID("msg_")
+	} else {
+		cl.completionID = newID("chatcmpl-")
+	}
+	return cl, nil
+}
+
+// resolveSession applies the identity modes in the design's order:
+// per-session key, X-Session-Id, /s/{id}/ path, then stitching onto the
+// session whose last conversation this request extends.
+func (s *Server) resolveSession(c *gin.Context, cl *call) error {
+	switch {
+	case cl.p.SessionID != "":
+		cl.sessionID, cl.mode = cl.p.SessionID, modeKey
+	case c.GetHeader("X-Session-Id") != "":
+		cl.sessionID, cl.mode = c.GetHeader("X-Session-Id"), modeHeader
+	case c.Param("session_id") != "":
+		cl.sessionID, cl.mode = c.Param("session_id"), modePath
+	}
+	if cl.sessionID != "" && !sessionIDPattern.MatchString(cl.sessionID) {
+		return errf(http.StatusBadRequest, "session id: use 1-128 letters, digits, '.', '_', ':' or '-'")
+	}
+	cl.done = c.GetHeader("X-Session-Done") == "true"
+	hashes := prefixHashes(cl.client)
+	if len(hashes) > 0 {
+		cont, err := store.FindContinuation(c.Request.Context(), s.deps.DB, cl.p.TenantID, hashes)
+		switch {
+		case err == nil:
+			if cl.sessionID == "" {
+				cl.sessionID, cl.mode = cont.SessionID, modeStitched
+			}
+			s.reusePromptIDs(cl, cont)
+		case !errors.Is(err, store.ErrNotFound):
+			s.deps.Logger.Warn(msgContinuationLookupFailed, append(logAttrs(c), "err", err)...)
+		}
+	}
+	if cl.sessionID == "" {
+		cl.sessionID, cl.mode = newID("sess_"), modeStitched
+	}
+	return nil
+}
+
+// reusePromptIDs hands the backend the stored token ids of the
+// conversation this request extends, so the next turn's prompt is not
+// re-tokenised (no drift), when the same deployment and injected system
+// text served it. The router has not run yet, so the system text is
+// compared after routing, in generate.
+func (s *Server) reusePromptIDs(cl *call, cont *store.Continuation) {
+	if cont.Deployment != cl.req.Model || len(cont.TokenIDs) == 0 {
+		return
+	}
+	ids := make([]int, len(cont.TokenIDs))
+	for i, id := range cont.TokenIDs {
+		ids[i] = int(id)
+	}
+	cl.req.PromptTokenIDs = ids
+	cl.reuseSystem = cont.InjectedSystem
+	cl.reuse = true
+}
+
+// fillToolCallIDs gives every tool call an id the client can answer to.
+func fillToolCallIDs(protocol string, m *inference.Message) {
+	for i := range m.ToolCalls {
+		if m.ToolCalls[i].ID == "" {
+			if protocol == protoAnthropic {
+				m.ToolCalls[i].ID = newID("toolu_")
+			} else {
+				m.ToolCalls[i].ID = newID("call_")
+			}
+		}
+	}
+}
+
+// storedRequest is the request JSON of an interaction: the neutral request
+// the backend saw (the contract with trajectory assembly) plus the
+// client's own body, byte for byte, for lossless replay.
+type storedRequest struct {
+	*inference.Request
+	InjectedSystem string          `json:"injected_system,omitempty"`
+	Protocol       string          `json:"protocol"`
+	ClientRequest  json.RawMessage `json:"client_request"`
+	EndUser        string          `json:"end_user,omitempty"`
+}
+
+// jsonb cannot hold U+0000; replace it rather than lose the row.
+func pgJSON(b []byte) []byte {
+	if bytes.Contains(b, []byte(`\u0000`)) {
+		return bytes.ReplaceAll(b, []byte(`\u0000`), []byte(`\ufffd`))
+	}
+	return b
+}
+
+func toInt32(xs []int) []int32 {
+	if xs == nil {
+		return nil
+	}
+	out := make([]int32, len(xs))
+	for i, x := range xs {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// row builds the interaction to capture from a finished (or failed) call.
+func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr error, status string) *store.NewInteraction {
+	reqJSON, _ := json.Marshal(storedRequest{Request: cl.req, InjectedSystem: cl.target.system, Protocol: cl.protocol,
+		ClientRequest: cl.raw, EndUser: cl.endUser})
+	n := &store.NewInteraction{
+		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,
+		CompletionID: cl.completionID, Protocol: cl.protocol, Stream: cl.stream, Deployment: cl.target.deployment,
+		Request: pgJSON(reqJSON), Status: status, LatencyMS: float64(time.Since(cl.started).Microseconds()) / 1000,
+		RequestID: c.GetString(ctxRequestID),
+	}
+	if genErr != nil {
+		n.Error = asAPIError(genErr).Message
+		if n.Error == "internal error" {
+			n.Error = genErr.Error()
+		}
+	}
+	if resp != nil {
+		stored := *resp
+		stored.PromptTokenIDs, stored.CompletionTokenIDs, stored.Logprobs = nil, nil, nil
+		stored.CompletionTokens, stored.TopLogprobs = nil, nil
+		respJSON, _ := json.Marshal(stored)
+		n.Response = pgJSON(respJSON)
+		n.ModelVersion = resp.ModelVersion
+		n.PromptTokenIDs = toInt32(resp.PromptTokenIDs)
+		n.CompletionTokenIDs = toInt32(resp.CompletionTokenIDs)
+		n.Logprobs = resp.Logprobs
+		n.PromptTokens, n.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
+		if n.PromptTokens == 0 {
+			n.PromptTokens = len(resp.PromptTokenIDs)
+		}
+		if n.CompletionTokens == 0 {
+			n.CompletionTokens = len(resp.CompletionTokenIDs)
+		}
+		n.FinishReason = resp.FinishReason
+		if status == statusOK {
+			n.ContinuationHash = continuationHash(cl.client, resp.Message)
+		}
+	}
+	if n.ModelVersion == "" {
+		n.ModelVersion = cl.req.Version
+	}
+	return n
+}
+
+// commit captures the interaction and, once it is in Postgres, queues the
+// session notices. Its error is what the client must see instead of 2xx.
+func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) error {
+	captured, err := s.capture.Submit(c.Request.Context(), row)
+	if errors.Is(err, store.ErrSessionClosed) {
+		return s.closedSessionError(c.Request.Context(), cl)
+	}
+	if err != nil {
+		return &apiError{Status: http.StatusServiceUnavailable, Message: "the interaction could not be recorded; retry", RetryAfter: time.Second}
+	}
+	s.metrics.tokens.WithLabelValues(cl.target.deployment, "prompt").Add(float64(row.PromptTokens))
+	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
+	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment, GroupSize: 1}
+	s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()})
+	if cl.done {
+		if _, err := store.EndSession(c.Request.Context(), s.deps.DB, cl.p.TenantID, cl.sessionID); err != nil {
+			s.deps.Logger.Warn(msgEndAfterDoneFailed, append(logAttrs(c), "session", cl.sessionID, "err", err)...)
+		} else {
+			s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+		}
+	}
+	c.Header("X-Session-Id", cl.sessionID)
+	return nil
+}
+
+// closedSessionError says why a session refused a step: another tenant's
+// id is indistinguishable from a missing one.
+func (s *Server) closedSessionError(ctx context.Context, cl *call) error {
+	tenant, status, err := store.SessionStatus(ctx, s.deps.DB, cl.sessionID)
+	if err != nil || tenant != cl.p.TenantID {
+		return errf(http.StatusNotFound, "session %q not found", cl.sessionID)
+	}
+	return errf(http.StatusConflict, "session %q is %s; start a new session", cl.sessionID, status)
+}
+
+// generate runs a non-streaming call and captures it. On success the
+// response is committed; on a backend failure the failure is committed
+// (it explains a gap in the trajectory) and returned.
+func (s *Server) generate(c *gin.Context, cl *call) (*inference.Response, error) {
+	s.checkReuse(cl)
+	resp, err := cl.target.backend.Complete(c.Request.Context(), cl.req)
+	status := statusOK
+	if err != nil {
+		status = statusUpstream
+		if c.Request.Context().Err() != nil {
+			status = statusCancelled
+		}
+		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(err).Status)).Inc()
+		resp = nil
+	} else {
+		fillToolCallIDs(cl.protocol, &resp.Message)
+	}
+	if cerr := s.commit(c, cl, s.row(c, cl, resp, err, status)); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// checkReuse drops reused prompt ids when the injected system text
+// changed since they were produced (they would encode the old prompt).
+func (s *Server) checkReuse(cl *call) {
+	if cl.reuse && cl.reuseSystem != cl.target.system {
+		cl.req.PromptTokenIDs = nil
+	}
+}

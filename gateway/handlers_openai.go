@@ -1,0 +1,175 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// chatCompletions is POST /v1/chat/completions.
+func (s *Server) chatCompletions(c *gin.Context) {
+	body, err := readBody(c)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	wire, req, err := decodeOpenAI(body)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	cl, err := s.prepare(c, protoOpenAI, body, req, wire.Stream, wire.User)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	if wire.Stream {
+		s.streamOpenAI(c, cl, wire)
+		return
+	}
+	resp, err := s.generate(c, cl)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, s.oaCompletion(cl, wire, resp))
+}
+
+func (s *Server) oaCompletion(cl *call, wire *oaRequest, resp *inference.Response) oaCompletion {
+	content := resp.Message.Content
+	msg := &oaRespMsg{Role: inference.RoleAssistant, Content: &content, ReasoningContent: resp.Message.Reasoning}
+	if len(resp.Message.ToolCalls) > 0 {
+		msg.ToolCalls = oaToolCalls(resp.Message.ToolCalls, false)
+		if content == "" {
+			msg.Content = nil
+		}
+	}
+	finish := oaFinish(resp.FinishReason)
+	ch := oaChoice{Message: msg, FinishReason: &finish}
+	if wire.Logprobs {
+		ch.Logprobs = oaLogprobsFor(resp, 0, len(resp.Logprobs))
+	}
+	return oaCompletion{
+		ID: cl.completionID, Object: "chat.completion", Created: cl.started.Unix(), Model: wire.Model,
+		SystemFingerprint: resp.ModelVersion, Choices: []oaChoice{ch},
+		Usage: &oaUsage{PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens,
+			TotalTokens: resp.Usage.PromptTokens + resp.Usage.CompletionTokens},
+	}
+}
+
+// streamOpenAI serves a Chat Completions stream. Nothing is sent until the
+// backend produces its first increment, so a failure before that is a
+// plain HTTP error; after it, failures are an error chunk and [DONE].
+func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
+	s.checkReuse(cl)
+	w := &sseWriter{c: c}
+	chunk := func(delta *oaRespMsg, finish *string, lp *oaLogprobs) oaCompletion {
+		return oaCompletion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
+			Choices: []oaChoice{{Delta: delta, FinishReason: finish, Logprobs: lp}}}
+	}
+	empty := ""
+	begin := func() error {
+		if w.started {
+			return nil
+		}
+		return w.event("", chunk(&oaRespMsg{Role: inference.RoleAssistant, Content: &empty}, nil, nil))
+	}
+	clientGone := false
+	emit := func(d inference.Delta) error {
+		if err := begin(); err != nil {
+			clientGone = true
+			return err
+		}
+		if d.Text == "" && d.Reasoning == "" {
+			return nil
+		}
+		text := d.Text
+		delta := &oaRespMsg{Content: &text, ReasoningContent: d.Reasoning}
+		var lp *oaLogprobs
+		if wire.Logprobs {
+			lp = &oaLogprobs{Content: make([]oaTokenLogprob, 0, len(d.Logprobs))}
+			for i, l := range d.Logprobs {
+				tok := ""
+				if i < len(d.TokenIDs) {
+					tok = tokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
+				}
+				lp.Content = append(lp.Content, oaTokenLogprob{Token: tok, Logprob: float64(l), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}})
+			}
+		}
+		if err := w.event("", chunk(delta, nil, lp)); err != nil {
+			clientGone = true
+			return err
+		}
+		return nil
+	}
+	resp, genErr := cl.target.backend.Stream(c.Request.Context(), cl.req, emit)
+	status := statusOK
+	switch {
+	case genErr != nil && (clientGone || c.Request.Context().Err() != nil):
+		status = statusCancelled
+	case genErr != nil:
+		status = statusUpstream
+		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(genErr).Status)).Inc()
+	}
+	if genErr == nil {
+		fillToolCallIDs(protoOpenAI, &resp.Message)
+	}
+	var captured *inference.Response
+	if genErr == nil || resp != nil {
+		captured = resp
+	}
+	if cerr := s.commit(c, cl, s.row(c, cl, captured, genErr, status)); cerr != nil && genErr == nil {
+		genErr = cerr
+	}
+	if genErr != nil {
+		if !w.started {
+			abort(c, genErr)
+			return
+		}
+		e := asAPIError(genErr)
+		_ = w.event("", errorBody(protoOpenAI, e))
+		_ = w.raw("data: [DONE]\n\n")
+		return
+	}
+	if err := begin(); err != nil {
+		return
+	}
+	if len(resp.Message.ToolCalls) > 0 {
+		if err := w.event("", chunk(&oaRespMsg{ToolCalls: oaToolCalls(resp.Message.ToolCalls, true)}, nil, nil)); err != nil {
+			return
+		}
+	}
+	finish := oaFinish(resp.FinishReason)
+	if err := w.event("", chunk(&oaRespMsg{}, &finish, nil)); err != nil {
+		return
+	}
+	if wire.StreamOptions != nil && wire.StreamOptions.IncludeUsage {
+		u := oaCompletion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
+			Choices: []oaChoice{}, Usage: &oaUsage{PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens,
+				TotalTokens: resp.Usage.PromptTokens + resp.Usage.CompletionTokens}}
+		if err := w.event("", u); err != nil {
+			return
+		}
+	}
+	_ = w.raw("data: [DONE]\n\n")
+}
+
+// listModels is GET /v1/models.
+func (s *Server) listModels(c *gin.Context) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	names := s.router.models(c.Request.Context())
+	data := make([]model, len(names))
+	now := time.Now().Unix()
+	for i, n := range names {
+		data[i] = model{ID: n, Object: "model", Created: now, OwnedBy: "flywheel"}
+	}
+	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+}

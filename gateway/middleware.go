@@ -1,0 +1,228 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"golang.org/x/time/rate"
+
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+const (
+	msgRequest      = "request"
+	msgRequestError = "request failed"
+)
+
+// Gin context keys.
+const (
+	ctxRequestID = "flywheel.request_id"
+	ctxPrincipal = "flywheel.principal"
+)
+
+var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:\-]{1,128}$`)
+
+func newID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// requestID gives every request an id (the client's X-Request-Id when it
+// is sane), returns it in the headers both SDKs read, and logs the request.
+func (s *Server) requestID(c *gin.Context) {
+	id := c.GetHeader("X-Request-Id")
+	if !requestIDPattern.MatchString(id) {
+		id = newID("req_")
+	}
+	c.Set(ctxRequestID, id)
+	c.Header("X-Request-Id", id)
+	c.Header("Request-Id", id)
+	start := time.Now()
+	c.Next()
+	attrs := []any{"request_id", id, "method", c.Request.Method, "path", c.Request.URL.Path,
+		"status", c.Writer.Status(), "duration", time.Since(start)}
+	if len(c.Errors) > 0 {
+		s.deps.Logger.Error(msgRequestError, append(attrs, "err", c.Errors.String())...)
+		return
+	}
+	s.deps.Logger.Debug(msgRequest, attrs...)
+}
+
+// limitBody rejects bodies over the limit with 413, before reading them
+// when Content-Length says so.
+func (s *Server) limitBody(c *gin.Context) {
+	if c.Request.ContentLength > s.cfg.MaxBodyBytes {
+		abort(c, errf(http.StatusRequestEntityTooLarge, "request body exceeds %d bytes", s.cfg.MaxBodyBytes))
+		return
+	}
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
+	c.Next()
+}
+
+// readBody reads the (limited) body, mapping an oversize body to 413.
+func readBody(c *gin.Context) ([]byte, error) {
+	b, err := c.GetRawData()
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errf(http.StatusRequestEntityTooLarge, "request body exceeds %d bytes", mbe.Limit)
+		}
+		return nil, errf(http.StatusBadRequest, "read body: %v", err)
+	}
+	return b, nil
+}
+
+// principal is who is calling.
+type principal struct {
+	TenantID string
+	// SessionID is set for a per-session key.
+	SessionID string
+	keyHash   string
+}
+
+func presentedKey(c *gin.Context) string {
+	if k := c.GetHeader("X-Api-Key"); k != "" {
+		return strings.TrimSpace(k)
+	}
+	h := c.GetHeader("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// keyCache remembers verified keys for a short time so the request path
+// does not read Postgres on every call.
+type keyCache struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]keyEntry
+}
+
+type keyEntry struct {
+	owner store.KeyOwner
+	until time.Time
+}
+
+func (k *keyCache) get(hash string, now time.Time) (store.KeyOwner, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.m[hash]
+	if !ok || now.After(e.until) {
+		return store.KeyOwner{}, false
+	}
+	return e.owner, true
+}
+
+func (k *keyCache) put(hash string, o store.KeyOwner, now time.Time) {
+	if k.ttl <= 0 {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.m) > 100000 {
+		clear(k.m) // crude bound; keys are cheap to re-verify
+	}
+	k.m[hash] = keyEntry{owner: o, until: now.Add(k.ttl)}
+}
+
+// auth resolves the API key (tenant or per-session) into a principal.
+func (s *Server) auth(c *gin.Context) {
+	key := presentedKey(c)
+	if key == "" {
+		abort(c, errf(http.StatusUnauthorized, "missing API key: send Authorization: Bearer KEY or x-api-key"))
+		return
+	}
+	hash := string(store.HashKey(key))
+	now := time.Now()
+	owner, ok := s.keys.get(hash, now)
+	if !ok {
+		var err error
+		owner, err = store.LookupKey(c.Request.Context(), s.deps.DB, key)
+		if errors.Is(err, store.ErrNotFound) {
+			abort(c, errf(http.StatusUnauthorized, "invalid API key"))
+			return
+		}
+		if err != nil {
+			abort(c, &apiError{Status: http.StatusServiceUnavailable, Message: "cannot verify the API key now", RetryAfter: time.Second})
+			return
+		}
+		s.keys.put(hash, owner, now)
+	}
+	p := &principal{TenantID: owner.TenantID, SessionID: owner.SessionID, keyHash: hash}
+	c.Set(ctxPrincipal, p)
+	if !s.limiter.allow(hash, now) {
+		abort(c, &apiError{Status: http.StatusTooManyRequests, Message: "rate limit exceeded for this API key", RetryAfter: s.limiter.retryAfter()})
+		return
+	}
+	c.Next()
+}
+
+func principalOf(c *gin.Context) *principal {
+	p, _ := c.Get(ctxPrincipal)
+	return p.(*principal)
+}
+
+// admin lets only the admin key through.
+func (s *Server) admin(c *gin.Context) {
+	key := presentedKey(c)
+	if key == "" || subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.AdminKey)) != 1 {
+		abort(c, errf(http.StatusUnauthorized, "admin endpoints need the admin key"))
+		return
+	}
+	c.Next()
+}
+
+// rateLimiter is a token bucket per API key.
+type rateLimiter struct {
+	rps   float64
+	burst int
+	mu    sync.Mutex
+	m     map[string]*rateLimiterEntry
+}
+
+func (r *rateLimiter) allow(key string, now time.Time) bool {
+	if r.rps <= 0 {
+		return true
+	}
+	r.mu.Lock()
+	e, ok := r.m[key]
+	if !ok {
+		if len(r.m) > 100000 {
+			clear(r.m)
+		}
+		e = &rateLimiterEntry{rate.NewLimiter(rate.Limit(r.rps), r.burst)}
+		r.m[key] = e
+	}
+	r.mu.Unlock()
+	return e.l.AllowN(now, 1)
+}
+
+type rateLimiterEntry struct{ l *rate.Limiter }
+
+func (r *rateLimiter) retryAfter() time.Duration {
+	d := time.Duration(float64(time.Second) / r.rps)
+	if d < time.Second {
+		d = time.Second
+	}
+	return d
+}
+
+// withProtocol tags the route's protocol so errors take its shape.
+func withProtocol(p string) gin.HandlerFunc {
+	return func(c *gin.Context) { c.Set(ctxProtocol, p); c.Next() }
+}
+
+func logAttrs(c *gin.Context) []any {
+	return []any{slog.String("request_id", c.GetString(ctxRequestID))}
+}

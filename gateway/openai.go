@@ -1,0 +1,382 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// OpenAI Chat Completions wire types: only the fields the gateway reads or
+// writes. Unknown request fields are ignored, as OpenAI's SDKs send many.
+
+type oaRequest struct {
+	Model               string          `json:"model"`
+	Messages            []oaMessage     `json:"messages"`
+	Tools               []oaTool        `json:"tools,omitempty"`
+	ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
+	MaxTokens           *int            `json:"max_tokens,omitempty"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
+	Temperature         *float64        `json:"temperature,omitempty"`
+	TopP                *float64        `json:"top_p,omitempty"`
+	Stop                json.RawMessage `json:"stop,omitempty"`
+	Seed                *int64          `json:"seed,omitempty"`
+	N                   *int            `json:"n,omitempty"`
+	Stream              bool            `json:"stream,omitempty"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options,omitempty"`
+	Logprobs    bool   `json:"logprobs,omitempty"`
+	TopLogprobs *int   `json:"top_logprobs,omitempty"`
+	User        string `json:"user,omitempty"`
+}
+
+type oaMessage struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content,omitempty"`
+	Name       string          `json:"name,omitempty"`
+	ToolCalls  []oaToolCall    `json:"tool_calls,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	// ReasoningContent is the vLLM / DeepSeek name for exposed thinking.
+	ReasoningContent string `json:"reasoning_content,omitempty"`
+}
+
+type oaToolCall struct {
+	Index    *int   `json:"index,omitempty"`
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"`
+	Function struct {
+		Name      string `json:"name,omitempty"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type oaTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	} `json:"function"`
+}
+
+// Limits on what one request may ask for.
+const (
+	maxMessages    = 10000
+	maxTools       = 512
+	maxTopLogprobs = 20
+	maxStops       = 16
+)
+
+// decodeOpenAI parses and validates a Chat Completions body into the
+// neutral request. Every error is a 400 with a message naming the field.
+func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
+	var r oaRequest
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, nil, errf(400, "invalid JSON body: %v", err)
+	}
+	if r.Model == "" {
+		return nil, nil, errf(400, "model: required")
+	}
+	if len(r.Messages) == 0 {
+		return nil, nil, errf(400, "messages: at least one message is required")
+	}
+	if len(r.Messages) > maxMessages {
+		return nil, nil, errf(400, "messages: at most %d", maxMessages)
+	}
+	if r.N != nil && *r.N != 1 {
+		return nil, nil, errf(400, "n: only 1 is supported")
+	}
+	req := &inference.Request{Model: r.Model, Temperature: r.Temperature, TopP: r.TopP, Seed: r.Seed}
+	if err := checkSampling(r.Temperature, r.TopP); err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case r.MaxCompletionTokens != nil:
+		req.MaxTokens = *r.MaxCompletionTokens
+	case r.MaxTokens != nil:
+		req.MaxTokens = *r.MaxTokens
+	}
+	if req.MaxTokens < 0 {
+		return nil, nil, errf(400, "max_tokens: must not be negative")
+	}
+	if r.TopLogprobs != nil {
+		if *r.TopLogprobs < 0 || *r.TopLogprobs > maxTopLogprobs {
+			return nil, nil, errf(400, "top_logprobs: want 0..%d", maxTopLogprobs)
+		}
+		if !r.Logprobs && *r.TopLogprobs > 0 {
+			return nil, nil, errf(400, "top_logprobs: requires logprobs: true")
+		}
+		req.TopLogprobs = *r.TopLogprobs
+	}
+	stops, err := decodeStop(r.Stop)
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Stop = stops
+	for i, m := range r.Messages {
+		msg, err := m.neutral()
+		if err != nil {
+			return nil, nil, errf(400, "messages[%d]: %v", i, err)
+		}
+		req.Messages = append(req.Messages, msg)
+	}
+	if len(r.Tools) > maxTools {
+		return nil, nil, errf(400, "tools: at most %d", maxTools)
+	}
+	for i, t := range r.Tools {
+		if t.Type != "" && t.Type != "function" {
+			return nil, nil, errf(400, "tools[%d].type: only function tools are supported", i)
+		}
+		if t.Function.Name == "" {
+			return nil, nil, errf(400, "tools[%d].function.name: required", i)
+		}
+		if len(t.Function.Parameters) > 0 && !json.Valid(t.Function.Parameters) {
+			return nil, nil, errf(400, "tools[%d].function.parameters: invalid JSON", i)
+		}
+		req.Tools = append(req.Tools, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	}
+	choice, err := decodeOAToolChoice(r.ToolChoice)
+	if err != nil {
+		return nil, nil, err
+	}
+	req.ToolChoice = choice
+	if choice != "" && choice != "none" && choice != "auto" && choice != "required" && !hasTool(req.Tools, choice) {
+		return nil, nil, errf(400, "tool_choice: no tool named %q", choice)
+	}
+	return &r, req, nil
+}
+
+func checkSampling(temp, topP *float64) error {
+	if temp != nil && (*temp < 0 || *temp > 2 || *temp != *temp) {
+		return errf(400, "temperature: want 0..2")
+	}
+	if topP != nil && (*topP <= 0 || *topP > 1 || *topP != *topP) {
+		return errf(400, "top_p: want (0, 1]")
+	}
+	return nil
+}
+
+func hasTool(tools []inference.Tool, name string) bool {
+	for _, t := range tools {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func decodeStop(raw json.RawMessage) ([]string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, errf(400, "stop: want a string or an array of strings")
+	}
+	if len(many) > maxStops {
+		return nil, errf(400, "stop: at most %d sequences", maxStops)
+	}
+	return many, nil
+}
+
+func decodeOAToolChoice(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		switch s {
+		case "none", "auto", "required":
+			return s, nil
+		}
+		return "", errf(400, "tool_choice: want none, auto, required or a function")
+	}
+	var obj struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil || obj.Function.Name == "" {
+		return "", errf(400, "tool_choice: want none, auto, required or {type: function, function: {name}}")
+	}
+	return obj.Function.Name, nil
+}
+
+// neutral converts one wire message; content may be a string, null or an
+// array of parts of which only text is supported.
+func (m oaMessage) neutral() (inference.Message, error) {
+	switch m.Role {
+	case "system", "developer":
+		m.Role = inference.RoleSystem
+	case inference.RoleUser, inference.RoleAssistant, inference.RoleTool:
+	default:
+		return inference.Message{}, fmt.Errorf("role: want system, developer, user, assistant or tool, got %q", m.Role)
+	}
+	text, err := oaContentText(m.Content)
+	if err != nil {
+		return inference.Message{}, err
+	}
+	out := inference.Message{Role: m.Role, Content: text, Name: m.Name, ToolCallID: m.ToolCallID, Reasoning: m.ReasoningContent}
+	if m.Role == inference.RoleTool && m.ToolCallID == "" {
+		return inference.Message{}, fmt.Errorf("tool_call_id: required on a tool message")
+	}
+	for j, tc := range m.ToolCalls {
+		if m.Role != inference.RoleAssistant {
+			return inference.Message{}, fmt.Errorf("tool_calls: only on assistant messages")
+		}
+		if tc.Function.Name == "" {
+			return inference.Message{}, fmt.Errorf("tool_calls[%d].function.name: required", j)
+		}
+		out.ToolCalls = append(out.ToolCalls, inference.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+	}
+	return out, nil
+}
+
+func oaContentText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", fmt.Errorf("content: want a string or an array of parts")
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content[%d]: only text parts are supported, got %q", i, p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// OpenAI responses.
+
+type oaCompletion struct {
+	ID                string     `json:"id"`
+	Object            string     `json:"object"`
+	Created           int64      `json:"created"`
+	Model             string     `json:"model"`
+	SystemFingerprint string     `json:"system_fingerprint,omitempty"`
+	Choices           []oaChoice `json:"choices"`
+	Usage             *oaUsage   `json:"usage,omitempty"`
+}
+
+type oaChoice struct {
+	Index        int         `json:"index"`
+	Message      *oaRespMsg  `json:"message,omitempty"`
+	Delta        *oaRespMsg  `json:"delta,omitempty"`
+	FinishReason *string     `json:"finish_reason"`
+	Logprobs     *oaLogprobs `json:"logprobs"`
+}
+
+type oaRespMsg struct {
+	Role             string       `json:"role,omitempty"`
+	Content          *string      `json:"content"`
+	ReasoningContent string       `json:"reasoning_content,omitempty"`
+	ToolCalls        []oaToolCall `json:"tool_calls,omitempty"`
+	Refusal          *string      `json:"refusal,omitempty"`
+}
+
+type oaLogprobs struct {
+	Content []oaTokenLogprob `json:"content"`
+}
+
+type oaTokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []oaTopEntry `json:"top_logprobs"`
+}
+
+type oaTopEntry struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type oaUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func tokenText(resp *inference.Response, i int) string {
+	if i < len(resp.CompletionTokens) {
+		return resp.CompletionTokens[i]
+	}
+	if i < len(resp.CompletionTokenIDs) {
+		return fmt.Sprintf("token_id:%d", resp.CompletionTokenIDs[i])
+	}
+	return ""
+}
+
+func bytesOf(s string) []int {
+	out := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+// oaLogprobsFor renders logprobs for tokens [from, to) of resp.
+func oaLogprobsFor(resp *inference.Response, from, to int) *oaLogprobs {
+	lp := &oaLogprobs{Content: []oaTokenLogprob{}}
+	for i := from; i < to && i < len(resp.Logprobs); i++ {
+		tok := tokenText(resp, i)
+		e := oaTokenLogprob{Token: tok, Logprob: float64(resp.Logprobs[i]), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}}
+		if i < len(resp.TopLogprobs) {
+			for _, t := range resp.TopLogprobs[i] {
+				tt := t.Token
+				if tt == "" {
+					tt = fmt.Sprintf("token_id:%d", t.TokenID)
+				}
+				e.TopLogprobs = append(e.TopLogprobs, oaTopEntry{Token: tt, Logprob: float64(t.Logprob), Bytes: bytesOf(tt)})
+			}
+		}
+		lp.Content = append(lp.Content, e)
+	}
+	return lp
+}
+
+func oaToolCalls(calls []inference.ToolCall, withIndex bool) []oaToolCall {
+	out := make([]oaToolCall, len(calls))
+	for i, tc := range calls {
+		out[i].ID, out[i].Type = tc.ID, "function"
+		out[i].Function.Name, out[i].Function.Arguments = tc.Name, tc.Arguments
+		if withIndex {
+			idx := i
+			out[i].Index = &idx
+		}
+	}
+	return out
+}
+
+func oaFinish(reason string) string {
+	switch reason {
+	case inference.FinishLength, inference.FinishToolCalls, inference.FinishStop:
+		return reason
+	case "":
+		return inference.FinishStop
+	default:
+		return reason
+	}
+}

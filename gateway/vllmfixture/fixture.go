@@ -1,0 +1,271 @@
+// Package vllmfixture is a TEST FIXTURE, not a model server: a local HTTP
+// server that speaks the OpenAI Chat Completions protocol the way vLLM
+// does (return_token_ids, return_tokens_as_token_ids, logprobs, SSE with
+// usage), with a deterministic byte-level "model", a configurable fixed
+// latency and injectable failures. Tests and `flywheel bench gateway` use
+// it where a real vLLM would need a GPU and weights.
+package vllmfixture
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Fixture is the fake upstream. Set its fields before serving.
+type Fixture struct {
+	// Latency is added before every answer (and between stream chunks,
+	// divided evenly).
+	Latency time.Duration
+	// Model is the served model name (default "fixture-model").
+	Model string
+	// FailStatus, when FailNext > 0, is answered to the next FailNext
+	// requests (default 503), with RetryAfter seconds if set.
+	FailStatus int
+	RetryAfter int
+	FailNext   atomic.Int64
+	// BreakStreamAfter > 0 cuts streams after that many chunks without
+	// [DONE], as a crashed upstream would.
+	BreakStreamAfter int
+
+	Requests atomic.Int64
+	mu       sync.Mutex
+	last     map[string]any
+}
+
+// LastRequest is the last request body received.
+func (f *Fixture) LastRequest() map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
+}
+
+func (f *Fixture) model() string {
+	if f.Model == "" {
+		return "fixture-model"
+	}
+	return f.Model
+}
+
+type message struct {
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls []struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+type request struct {
+	Model    string    `json:"model"`
+	Messages []message `json:"messages"`
+	Tools    []struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	} `json:"tools"`
+	ToolChoice     json.RawMessage `json:"tool_choice"`
+	MaxTokens      int             `json:"max_tokens"`
+	Logprobs       bool            `json:"logprobs"`
+	Stream         bool            `json:"stream"`
+	ReturnTokenIDs bool            `json:"return_token_ids"`
+	TokensAsIDs    bool            `json:"return_tokens_as_token_ids"`
+}
+
+func text(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(raw)
+}
+
+// ServeHTTP routes /v1/chat/completions and /v1/models.
+func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/models":
+		writeJSON(w, 200, map[string]any{"object": "list", "data": []any{map[string]any{"id": f.model(), "object": "model"}}})
+	case "/v1/chat/completions":
+		f.complete(w, r)
+	default:
+		writeJSON(w, 404, map[string]any{"object": "error", "message": "not found", "code": 404})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// reply is the deterministic model: a tool call to the first tool when
+// tools are offered and the last message is the user's, else an echo.
+func reply(req *request) (content string, toolName, args string) {
+	last := req.Messages[len(req.Messages)-1]
+	choice := text(req.ToolChoice)
+	if len(req.Tools) > 0 && last.Role == "user" && choice != "none" {
+		a, _ := json.Marshal(map[string]string{"query": text(last.Content)})
+		return "", req.Tools[0].Function.Name, string(a)
+	}
+	return "echo: " + text(last.Content), "", ""
+}
+
+func tokens(s string) []int {
+	out := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
+	f.Requests.Add(1)
+	var raw map[string]any
+	var req request
+	dec := json.NewDecoder(r.Body)
+	body := json.RawMessage{}
+	if err := dec.Decode(&body); err != nil || json.Unmarshal(body, &req) != nil || json.Unmarshal(body, &raw) != nil {
+		writeJSON(w, 400, map[string]any{"object": "error", "message": "bad json", "code": 400})
+		return
+	}
+	f.mu.Lock()
+	f.last = raw
+	f.mu.Unlock()
+	if f.FailNext.Load() > 0 && f.FailNext.Add(-1) >= 0 {
+		st := f.FailStatus
+		if st == 0 {
+			st = 503
+		}
+		if f.RetryAfter > 0 {
+			w.Header().Set("Retry-After", fmt.Sprint(f.RetryAfter))
+		}
+		writeJSON(w, st, map[string]any{"object": "error", "message": "injected failure", "code": st})
+		return
+	}
+	if len(req.Messages) == 0 {
+		writeJSON(w, 400, map[string]any{"object": "error", "message": "messages required", "code": 400})
+		return
+	}
+	var prompt strings.Builder
+	for _, m := range req.Messages {
+		prompt.WriteString(m.Role + ":" + text(m.Content) + "\n")
+	}
+	promptIDs := tokens(prompt.String())
+	content, tool, args := reply(&req)
+	out := content
+	if tool != "" {
+		out = args
+	}
+	if req.MaxTokens > 0 && len(out) > req.MaxTokens && tool == "" {
+		out = out[:req.MaxTokens]
+		content = out
+	}
+	ids := tokens(out)
+	finish := "stop"
+	if tool != "" {
+		finish = "tool_calls"
+	} else if req.MaxTokens > 0 && len("echo: "+text(req.Messages[len(req.Messages)-1].Content)) > req.MaxTokens {
+		finish = "length"
+	}
+	lp := func(i int) float64 { return -0.01 - 0.1*float64(i%5) }
+	tokText := func(id int) string {
+		if req.TokensAsIDs {
+			return fmt.Sprintf("token_id:%d", id)
+		}
+		return string(rune(id))
+	}
+	usage := map[string]int{"prompt_tokens": len(promptIDs), "completion_tokens": len(ids), "total_tokens": len(promptIDs) + len(ids)}
+	id := fmt.Sprintf("chatcmpl-fixture-%d", f.Requests.Load())
+	if !req.Stream {
+		time.Sleep(f.Latency)
+		msg := map[string]any{"role": "assistant", "content": content}
+		if tool != "" {
+			msg["content"] = nil
+			msg["tool_calls"] = []any{map[string]any{"id": "call_fx" + fmt.Sprint(f.Requests.Load()), "type": "function",
+				"function": map[string]any{"name": tool, "arguments": args}}}
+		}
+		choice := map[string]any{"index": 0, "message": msg, "finish_reason": finish}
+		if req.Logprobs {
+			var lps []any
+			for i, t := range ids {
+				lps = append(lps, map[string]any{"token": tokText(t), "logprob": lp(i), "top_logprobs": []any{}})
+			}
+			choice["logprobs"] = map[string]any{"content": lps}
+		}
+		resp := map[string]any{"id": id, "object": "chat.completion", "created": time.Now().Unix(), "model": f.model(),
+			"choices": []any{choice}, "usage": usage}
+		if req.ReturnTokenIDs {
+			choice["token_ids"] = ids
+			resp["prompt_token_ids"] = promptIDs
+		}
+		writeJSON(w, 200, resp)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	fl, _ := w.(http.Flusher)
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	const per = 4 // tokens per chunk
+	chunks := (len(ids) + per - 1) / per
+	step := time.Duration(0)
+	if chunks > 0 {
+		step = f.Latency / time.Duration(chunks+1)
+	}
+	time.Sleep(step)
+	first := map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(),
+		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}}}}
+	if req.ReturnTokenIDs {
+		first["prompt_token_ids"] = promptIDs
+	}
+	send(first)
+	for c := 0; c < chunks; c++ {
+		if f.BreakStreamAfter > 0 && c >= f.BreakStreamAfter {
+			return // no [DONE]: a broken upstream
+		}
+		time.Sleep(step)
+		lo, hi := c*per, min((c+1)*per, len(ids))
+		delta := map[string]any{}
+		if tool != "" {
+			tc := map[string]any{"index": 0, "function": map[string]any{"arguments": out[lo:hi]}}
+			if c == 0 {
+				tc["id"], tc["type"] = "call_fx"+fmt.Sprint(f.Requests.Load()), "function"
+				tc["function"].(map[string]any)["name"] = tool
+			}
+			delta["tool_calls"] = []any{tc}
+		} else {
+			delta["content"] = out[lo:hi]
+		}
+		ch := map[string]any{"index": 0, "delta": delta}
+		if req.ReturnTokenIDs {
+			ch["token_ids"] = ids[lo:hi]
+		}
+		if req.Logprobs {
+			var lps []any
+			for i := lo; i < hi; i++ {
+				lps = append(lps, map[string]any{"token": tokText(ids[i]), "logprob": lp(i), "top_logprobs": []any{}})
+			}
+			ch["logprobs"] = map[string]any{"content": lps}
+		}
+		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(), "choices": []any{ch}})
+	}
+	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(),
+		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}}})
+	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(), "choices": []any{}, "usage": usage})
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	if fl != nil {
+		fl.Flush()
+	}
+}

@@ -1,0 +1,569 @@
+// Package upstream is the inference.Backend for an OpenAI-compatible
+// server (vLLM, SGLang, OpenAI). It asks for what capture needs (sampled
+// token ids and per-token logprobs, through vLLM's return_token_ids and
+// return_tokens_as_token_ids where the server supports them), bounds each
+// attempt with a timeout and retries 429 / 5xx / connection failures with
+// jittered exponential backoff, honouring Retry-After. It must not know
+// about the gateway's HTTP handlers or Postgres.
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// Config is one upstream model.
+type Config struct {
+	// BaseURL ends in /v1, e.g. http://127.0.0.1:8000/v1.
+	BaseURL string
+	// Model is the upstream's name for the model.
+	Model  string
+	APIKey string
+	// Timeout bounds one attempt (default 2m).
+	Timeout time.Duration
+	// Retries after the first attempt (default 0).
+	Retries int
+	// Backoff is the first retry delay, doubled each time (default 200ms).
+	Backoff time.Duration
+	// VLLM asks for token ids with vLLM's extensions; turn it off for
+	// servers that reject unknown parameters (OpenAI itself).
+	VLLM bool
+	// Version stamps responses when the upstream does not say which
+	// weights served (default: the model name the upstream reports).
+	Version string
+	Client  *http.Client
+}
+
+// Backend talks to one upstream model.
+type Backend struct {
+	cfg Config
+}
+
+// New checks cfg and returns the backend.
+func New(cfg Config) (*Backend, error) {
+	if cfg.BaseURL == "" || cfg.Model == "" {
+		return nil, errors.New("upstream: base URL and model are required")
+	}
+	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = 200 * time.Millisecond
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false,
+		}}
+	}
+	return &Backend{cfg: cfg}, nil
+}
+
+type wireMessage struct {
+	Role       string         `json:"role"`
+	Content    *string        `json:"content"`
+	Name       string         `json:"name,omitempty"`
+	ToolCalls  []wireToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string         `json:"tool_call_id,omitempty"`
+}
+
+type wireToolCall struct {
+	Index    *int   `json:"index,omitempty"`
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"`
+	Function struct {
+		Name      string `json:"name,omitempty"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type wireTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	} `json:"function"`
+}
+
+type wireRequest struct {
+	Model         string          `json:"model"`
+	Messages      []wireMessage   `json:"messages"`
+	Tools         []wireTool      `json:"tools,omitempty"`
+	ToolChoice    any             `json:"tool_choice,omitempty"`
+	MaxTokens     int             `json:"max_tokens,omitempty"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	Stop          []string        `json:"stop,omitempty"`
+	Seed          *int64          `json:"seed,omitempty"`
+	Logprobs      bool            `json:"logprobs"`
+	TopLogprobs   int             `json:"top_logprobs,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
+	ReturnTokenID *bool           `json:"return_token_ids,omitempty"`
+	TokensAsIDs   *bool           `json:"return_tokens_as_token_ids,omitempty"`
+	Extra         json.RawMessage `json:"-"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
+	w := wireRequest{Model: b.cfg.Model, MaxTokens: req.MaxTokens, Temperature: req.Temperature, TopP: req.TopP,
+		Stop: req.Stop, Seed: req.Seed, Logprobs: true, TopLogprobs: req.TopLogprobs, Stream: stream}
+	if stream {
+		w.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	if b.cfg.VLLM {
+		t := true
+		w.ReturnTokenID, w.TokensAsIDs = &t, &t
+	}
+	for _, m := range req.Messages {
+		content := m.Content
+		wm := wireMessage{Role: m.Role, Content: &content, Name: m.Name, ToolCallID: m.ToolCallID}
+		if m.Role == inference.RoleAssistant && content == "" && len(m.ToolCalls) > 0 {
+			wm.Content = nil
+		}
+		for _, tc := range m.ToolCalls {
+			var wt wireToolCall
+			wt.ID, wt.Type = tc.ID, "function"
+			wt.Function.Name, wt.Function.Arguments = tc.Name, tc.Arguments
+			wm.ToolCalls = append(wm.ToolCalls, wt)
+		}
+		w.Messages = append(w.Messages, wm)
+	}
+	for _, t := range req.Tools {
+		var wt wireTool
+		wt.Type = "function"
+		wt.Function.Name, wt.Function.Description, wt.Function.Parameters = t.Name, t.Description, t.Parameters
+		w.Tools = append(w.Tools, wt)
+	}
+	switch req.ToolChoice {
+	case "":
+	case "auto", "none", "required":
+		w.ToolChoice = req.ToolChoice
+	default:
+		w.ToolChoice = map[string]any{"type": "function", "function": map[string]string{"name": req.ToolChoice}}
+	}
+	return w
+}
+
+type wireLogprob struct {
+	Token       string  `json:"token"`
+	Logprob     float32 `json:"logprob"`
+	TopLogprobs []struct {
+		Token   string  `json:"token"`
+		Logprob float32 `json:"logprob"`
+	} `json:"top_logprobs"`
+}
+
+type wireChoice struct {
+	Message struct {
+		Content          *string        `json:"content"`
+		ReasoningContent string         `json:"reasoning_content"`
+		ToolCalls        []wireToolCall `json:"tool_calls"`
+	} `json:"message"`
+	Delta struct {
+		Content          *string        `json:"content"`
+		ReasoningContent string         `json:"reasoning_content"`
+		ToolCalls        []wireToolCall `json:"tool_calls"`
+	} `json:"delta"`
+	FinishReason *string `json:"finish_reason"`
+	Logprobs     *struct {
+		Content []wireLogprob `json:"content"`
+	} `json:"logprobs"`
+	TokenIDs []int `json:"token_ids"`
+}
+
+type wireResponse struct {
+	Model          string       `json:"model"`
+	Choices        []wireChoice `json:"choices"`
+	PromptTokenIDs []int        `json:"prompt_token_ids"`
+	Usage          *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// Complete runs one non-streaming generation.
+func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	start := time.Now()
+	body, err := json.Marshal(b.wire(req, false))
+	if err != nil {
+		return nil, fmt.Errorf("upstream: encode request: %w", err)
+	}
+	var resp *inference.Response
+	err = b.retry(ctx, func(ctx context.Context) error {
+		httpResp, err := b.post(ctx, body)
+		if err != nil {
+			return err
+		}
+		defer httpResp.Body.Close()
+		var w wireResponse
+		if err := json.NewDecoder(io.LimitReader(httpResp.Body, 256<<20)).Decode(&w); err != nil {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable response", Err: err}
+		}
+		if len(w.Choices) == 0 {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent no choices"}
+		}
+		resp = b.assemble(&w)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp.Latency = time.Since(start)
+	return resp, nil
+}
+
+func (b *Backend) assemble(w *wireResponse) *inference.Response {
+	ch := w.Choices[0]
+	resp := &inference.Response{PromptTokenIDs: w.PromptTokenIDs, CompletionTokenIDs: ch.TokenIDs, ModelVersion: b.version(w.Model)}
+	resp.Message.Role = inference.RoleAssistant
+	if ch.Message.Content != nil {
+		resp.Message.Content = *ch.Message.Content
+	}
+	resp.Message.Reasoning = ch.Message.ReasoningContent
+	for _, tc := range ch.Message.ToolCalls {
+		resp.Message.ToolCalls = append(resp.Message.ToolCalls, inference.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+	}
+	if ch.FinishReason != nil {
+		resp.FinishReason = *ch.FinishReason
+	}
+	if ch.Logprobs != nil {
+		addLogprobs(resp, ch.Logprobs.Content, len(ch.TokenIDs) == 0)
+	}
+	if w.Usage != nil {
+		resp.Usage = inference.Usage{PromptTokens: w.Usage.PromptTokens, CompletionTokens: w.Usage.CompletionTokens}
+	}
+	return resp
+}
+
+// addLogprobs appends per-token logprobs; with vLLM's
+// return_tokens_as_token_ids the token text is "token_id:N", which also
+// gives the id when the server did not return token_ids.
+func addLogprobs(resp *inference.Response, lps []wireLogprob, idsFromTokens bool) {
+	for _, lp := range lps {
+		resp.Logprobs = append(resp.Logprobs, lp.Logprob)
+		resp.CompletionTokens = append(resp.CompletionTokens, lp.Token)
+		if idsFromTokens {
+			if id, ok := tokenID(lp.Token); ok {
+				resp.CompletionTokenIDs = append(resp.CompletionTokenIDs, id)
+			}
+		}
+		if len(lp.TopLogprobs) > 0 {
+			top := make([]inference.TopLogprob, len(lp.TopLogprobs))
+			for i, t := range lp.TopLogprobs {
+				id, _ := tokenID(t.Token)
+				top[i] = inference.TopLogprob{TokenID: id, Token: t.Token, Logprob: t.Logprob}
+			}
+			resp.TopLogprobs = append(resp.TopLogprobs, top)
+		}
+	}
+	if len(resp.CompletionTokenIDs) != len(resp.Logprobs) && idsFromTokens {
+		resp.CompletionTokenIDs = nil // partial ids are worse than none
+	}
+}
+
+func tokenID(tok string) (int, bool) {
+	s, ok := strings.CutPrefix(tok, "token_id:")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0
+}
+
+func (b *Backend) version(reported string) string {
+	if b.cfg.Version != "" {
+		return b.cfg.Version
+	}
+	if reported != "" {
+		return reported
+	}
+	return b.cfg.Model
+}
+
+// Stream runs one streaming generation. Retries happen only before the
+// first increment was emitted: after that the client has seen output.
+func (b *Backend) Stream(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
+	start := time.Now()
+	body, err := json.Marshal(b.wire(req, true))
+	if err != nil {
+		return nil, fmt.Errorf("upstream: encode request: %w", err)
+	}
+	var resp *inference.Response
+	emitted := false
+	err = b.retry(ctx, func(ctx context.Context) error {
+		if emitted {
+			return errNoRetry
+		}
+		httpResp, err := b.post(ctx, body)
+		if err != nil {
+			return err
+		}
+		defer httpResp.Body.Close()
+		resp, err = b.readStream(httpResp.Body, func(d inference.Delta) error {
+			emitted = true
+			return emit(d)
+		})
+		if err != nil && emitted {
+			return noRetry{err}
+		}
+		return err
+	})
+	if err != nil {
+		var nr noRetry
+		if errors.As(err, &nr) {
+			err = nr.err
+		}
+		return resp, err
+	}
+	resp.Latency = time.Since(start)
+	return resp, nil
+}
+
+var errNoRetry = errors.New("upstream: stream already started")
+
+type noRetry struct{ err error }
+
+func (n noRetry) Error() string { return n.err.Error() }
+func (n noRetry) Unwrap() error { return n.err }
+
+func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*inference.Response, error) {
+	resp := &inference.Response{ModelVersion: b.version("")}
+	resp.Message.Role = inference.RoleAssistant
+	var content, reasoning strings.Builder
+	calls := map[int]*inference.ToolCall{}
+	var order []int
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	done := false
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			done = true
+			break
+		}
+		var w wireResponse
+		if err := json.Unmarshal(data, &w); err != nil {
+			return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable stream chunk", Err: err}
+		}
+		if w.Model != "" {
+			resp.ModelVersion = b.version(w.Model)
+		}
+		if len(w.PromptTokenIDs) > 0 {
+			resp.PromptTokenIDs = w.PromptTokenIDs
+		}
+		if w.Usage != nil {
+			resp.Usage = inference.Usage{PromptTokens: w.Usage.PromptTokens, CompletionTokens: w.Usage.CompletionTokens}
+		}
+		if len(w.Choices) == 0 {
+			continue
+		}
+		ch := w.Choices[0]
+		d := inference.Delta{TokenIDs: ch.TokenIDs, Reasoning: ch.Delta.ReasoningContent}
+		if ch.Delta.Content != nil {
+			d.Text = *ch.Delta.Content
+		}
+		resp.CompletionTokenIDs = append(resp.CompletionTokenIDs, ch.TokenIDs...)
+		if ch.Logprobs != nil {
+			before := len(resp.CompletionTokenIDs)
+			addLogprobs(resp, ch.Logprobs.Content, len(ch.TokenIDs) == 0)
+			for _, lp := range ch.Logprobs.Content {
+				d.Logprobs = append(d.Logprobs, lp.Logprob)
+			}
+			if len(ch.TokenIDs) == 0 {
+				d.TokenIDs = resp.CompletionTokenIDs[min(before, len(resp.CompletionTokenIDs)):]
+			}
+		}
+		for _, tc := range ch.Delta.ToolCalls {
+			idx := 0
+			if tc.Index != nil {
+				idx = *tc.Index
+			}
+			c, ok := calls[idx]
+			if !ok {
+				c = &inference.ToolCall{}
+				calls[idx] = c
+				order = append(order, idx)
+			}
+			if tc.ID != "" {
+				c.ID = tc.ID
+			}
+			if tc.Function.Name != "" {
+				c.Name = tc.Function.Name
+			}
+			c.Arguments += tc.Function.Arguments
+		}
+		if ch.FinishReason != nil {
+			resp.FinishReason = *ch.FinishReason
+		}
+		content.WriteString(d.Text)
+		reasoning.WriteString(d.Reasoning)
+		if d.Text != "" || d.Reasoning != "" || len(d.TokenIDs) > 0 {
+			if err := emit(d); err != nil {
+				return resp, err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream broke", Err: err}
+	}
+	if !done {
+		return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended without [DONE]"}
+	}
+	resp.Message.Content = content.String()
+	resp.Message.Reasoning = reasoning.String()
+	for _, i := range order {
+		resp.Message.ToolCalls = append(resp.Message.ToolCalls, *calls[i])
+	}
+	return resp, nil
+}
+
+// post sends one attempt; a non-2xx status becomes an *inference.Error.
+func (b *Backend) post(ctx context.Context, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.cfg.BaseURL+"/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("upstream: build request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if b.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.cfg.APIKey)
+	}
+	resp, err := b.cfg.Client.Do(req)
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	e := &inference.Error{Status: resp.StatusCode, Message: upstreamMessage(msg, resp.StatusCode)}
+	if s := resp.Header.Get("Retry-After"); s != "" {
+		if secs, err := strconv.Atoi(s); err == nil {
+			e.RetryAfter = time.Duration(secs) * time.Second
+		}
+	}
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+	case resp.StatusCode >= 500:
+		e.Status = http.StatusBadGateway
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			e.Status = http.StatusServiceUnavailable
+		}
+	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
+		e.Status = http.StatusBadRequest
+	default:
+		e.Status = http.StatusBadGateway
+	}
+	return nil, e
+}
+
+func upstreamMessage(body []byte, status int) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		if e.Error.Message != "" {
+			return "upstream: " + e.Error.Message
+		}
+		if e.Message != "" {
+			return "upstream: " + e.Message
+		}
+	}
+	return fmt.Sprintf("upstream answered %d", status)
+}
+
+// Retryable reports whether err is worth another attempt (or a fallback).
+func Retryable(err error) bool {
+	var ie *inference.Error
+	if errors.As(err, &ie) {
+		return ie.Status == http.StatusTooManyRequests || ie.Status >= 500
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+func (b *Backend) retry(ctx context.Context, attempt func(ctx context.Context) error) error {
+	var err error
+	for i := 0; ; i++ {
+		actx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+		err = attempt(actx)
+		cancel()
+		if err == nil || errors.Is(err, errNoRetry) {
+			return err
+		}
+		var nr noRetry
+		if errors.As(err, &nr) || ctx.Err() != nil || !Retryable(err) || i >= b.cfg.Retries {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return &inference.Error{Status: http.StatusBadGateway, Message: "upstream timed out", Err: err}
+			}
+			return err
+		}
+		wait := b.cfg.Backoff << i
+		wait = wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		var ie *inference.Error
+		if errors.As(err, &ie) && ie.RetryAfter > wait {
+			wait = ie.RetryAfter
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Fallback tries backends in order, moving on when one fails in a way
+// another might not (429, 5xx, unreachable, timeout).
+type Fallback []inference.Backend
+
+// Complete implements inference.Backend.
+func (f Fallback) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	var err error
+	for _, b := range f {
+		var resp *inference.Response
+		resp, err = b.Complete(ctx, req)
+		if err == nil || !Retryable(err) {
+			return resp, err
+		}
+	}
+	return nil, err
+}
+
+// Stream implements inference.Backend; it falls back only while nothing
+// has been emitted.
+func (f Fallback) Stream(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
+	var err error
+	for _, b := range f {
+		emitted := false
+		var resp *inference.Response
+		resp, err = b.Stream(ctx, req, func(d inference.Delta) error { emitted = true; return emit(d) })
+		if err == nil || emitted || !Retryable(err) {
+			return resp, err
+		}
+	}
+	return nil, err
+}

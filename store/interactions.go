@@ -1,0 +1,223 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrSessionClosed is returned when an interaction is captured for a
+// session that is ended, forgotten, or owned by another tenant.
+var ErrSessionClosed = errors.New("session is closed or unknown")
+
+// NewInteraction is one captured model call, with the session it belongs
+// to (created on first use in header, path and stitched modes).
+type NewInteraction struct {
+	TenantID     string
+	SessionID    string
+	IdentityMode string
+	EndUser      string
+	CompletionID string
+	Protocol     string
+	Stream       bool
+	Deployment   string
+	ModelVersion string
+	// Request and Response are JSON documents.
+	Request            json.RawMessage
+	Response           json.RawMessage
+	PromptTokenIDs     []int32
+	CompletionTokenIDs []int32
+	Logprobs           []float32
+	PromptTokens       int
+	CompletionTokens   int
+	FinishReason       string
+	Status             string
+	Error              string
+	LatencyMS          float64
+	ContinuationHash   []byte
+	RequestID          string
+}
+
+// Captured is where a committed interaction landed.
+type Captured struct {
+	ID  int64
+	Seq int
+}
+
+// insertInteractionSQL upserts the session (advancing its step counter
+// under the row lock, so concurrent gateways agree on seq) and inserts the
+// interaction in one statement. No row comes back when the session belongs
+// to another tenant or is no longer open.
+const insertInteractionSQL = `
+WITH s AS (
+	INSERT INTO sessions (id, tenant_id, deployment, end_user, identity_mode, next_seq)
+	VALUES ($1, $2, $3, $4, $5, 1)
+	ON CONFLICT (id) DO UPDATE SET next_seq = sessions.next_seq + 1, last_active_at = now(),
+		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
+	WHERE sessions.tenant_id = EXCLUDED.tenant_id AND sessions.status = 'open'
+	RETURNING next_seq - 1 AS seq
+)
+INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
+	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
+	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
+	continuation_hash, request_id)
+SELECT $2, $1, s.seq, $6, $7, $8, $3, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22
+FROM s
+RETURNING id, seq`
+
+func (n *NewInteraction) args() []any {
+	var resp any
+	if len(n.Response) > 0 {
+		resp = n.Response
+	}
+	return []any{n.SessionID, n.TenantID, n.Deployment, n.EndUser, n.IdentityMode,
+		n.CompletionID, n.Protocol, n.Stream, n.ModelVersion, n.Request, resp,
+		n.PromptTokenIDs, n.CompletionTokenIDs, n.Logprobs, n.PromptTokens, n.CompletionTokens,
+		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID}
+}
+
+// InsertInteractions inserts rows in one pipelined round trip. Call it in a
+// transaction: the whole batch commits (one WAL flush) or none of it does.
+// The error is per row: ErrSessionClosed for a row whose session refused it.
+func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([]Captured, []error, error) {
+	b := &pgx.Batch{}
+	for _, r := range rows {
+		b.Queue(insertInteractionSQL, r.args()...)
+	}
+	res := db.SendBatch(ctx, b)
+	out := make([]Captured, len(rows))
+	errs := make([]error, len(rows))
+	for i := range rows {
+		err := res.QueryRow().Scan(&out[i].ID, &out[i].Seq)
+		if errors.Is(err, pgx.ErrNoRows) {
+			errs[i] = ErrSessionClosed
+			continue
+		}
+		if err != nil {
+			res.Close()
+			return nil, nil, fmt.Errorf("insert interaction %d of %d: %w", i+1, len(rows), err)
+		}
+	}
+	if err := res.Close(); err != nil {
+		return nil, nil, fmt.Errorf("insert interactions: %w", err)
+	}
+	return out, errs, nil
+}
+
+// InsertInteraction inserts one row on its own (autocommit on a pool): the
+// per-row baseline the capture benchmark compares group commit against.
+func InsertInteraction(ctx context.Context, db DBTX, r *NewInteraction) (Captured, error) {
+	var c Captured
+	err := db.QueryRow(ctx, insertInteractionSQL, r.args()...).Scan(&c.ID, &c.Seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, ErrSessionClosed
+	}
+	if err != nil {
+		return c, fmt.Errorf("insert interaction: %w", err)
+	}
+	return c, nil
+}
+
+// Interaction is a stored model call.
+type Interaction struct {
+	ID                 int64
+	SessionID          string
+	Seq                int
+	CompletionID       string
+	Protocol           string
+	Stream             bool
+	Deployment         string
+	ModelVersion       string
+	Request            json.RawMessage
+	Response           json.RawMessage
+	PromptTokenIDs     []int32
+	CompletionTokenIDs []int32
+	Logprobs           []float32
+	PromptTokens       int
+	CompletionTokens   int
+	FinishReason       string
+	Status             string
+	Error              string
+	LatencyMS          float64
+	RequestID          string
+	CreatedAt          time.Time
+}
+
+const interactionColumns = `id, session_id, seq, completion_id, protocol, stream, deployment, model_version,
+	request, coalesce(response, 'null'::jsonb), coalesce(prompt_token_ids, '{}'), coalesce(completion_token_ids, '{}'),
+	coalesce(logprobs, '{}'), prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, request_id, created_at`
+
+func scanInteraction(row pgx.Row) (*Interaction, error) {
+	var it Interaction
+	err := row.Scan(&it.ID, &it.SessionID, &it.Seq, &it.CompletionID, &it.Protocol, &it.Stream, &it.Deployment,
+		&it.ModelVersion, &it.Request, &it.Response, &it.PromptTokenIDs, &it.CompletionTokenIDs, &it.Logprobs,
+		&it.PromptTokens, &it.CompletionTokens, &it.FinishReason, &it.Status, &it.Error, &it.LatencyMS,
+		&it.RequestID, &it.CreatedAt)
+	if err != nil {
+		return nil, err
+	}
+	return &it, nil
+}
+
+// Continuation is the latest interaction whose conversation a new request
+// extends.
+type Continuation struct {
+	SessionID     string
+	InteractionID int64
+	// Hash is which of the candidate hashes matched.
+	Hash []byte
+	// TokenIDs are the stored prompt ids followed by the completion ids:
+	// the token form of the conversation up to and including the response.
+	TokenIDs   []int32
+	Deployment string
+	// InjectedSystem is the system text the gateway injected into that
+	// call (the stored request's injected_system).
+	InjectedSystem string
+}
+
+// FindContinuation finds, among hashes (candidate conversation prefixes of
+// a request, longest first), the longest one a committed interaction of
+// the tenant ended with, in an open session. ErrNotFound when none.
+func FindContinuation(ctx context.Context, db DBTX, tenantID string, hashes [][]byte) (*Continuation, error) {
+	if len(hashes) == 0 {
+		return nil, ErrNotFound
+	}
+	var c Continuation
+	err := db.QueryRow(ctx, `
+		SELECT i.session_id, i.id, i.continuation_hash,
+			coalesce(i.prompt_token_ids, '{}') || coalesce(i.completion_token_ids, '{}'),
+			i.deployment, coalesce(i.request->>'injected_system', '')
+		FROM unnest($2::bytea[]) WITH ORDINALITY AS h(hash, ord)
+		JOIN interactions i ON i.tenant_id = $1 AND i.continuation_hash = h.hash
+		JOIN sessions s ON s.id = i.session_id AND s.status = 'open'
+		WHERE i.status = 'ok'
+		ORDER BY h.ord, i.id DESC
+		LIMIT 1`, tenantID, hashes).Scan(&c.SessionID, &c.InteractionID, &c.Hash, &c.TokenIDs,
+		&c.Deployment, &c.InjectedSystem)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return &c, nil
+}
+
+// InteractionByCompletion finds the tenant's interaction by the id the
+// client saw.
+func InteractionByCompletion(ctx context.Context, db DBTX, tenantID, completionID string) (*Interaction, error) {
+	it, err := scanInteraction(db.QueryRow(ctx, `SELECT `+interactionColumns+` FROM interactions
+		WHERE tenant_id = $1 AND completion_id = $2`, tenantID, completionID))
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return it, nil
+}
+
+// CountInteractions counts a tenant's interactions (tests and benchmarks).
+func CountInteractions(ctx context.Context, db DBTX, tenantID string) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM interactions WHERE tenant_id = $1`, tenantID).Scan(&n)
+	return n, err
+}

@@ -1,0 +1,65 @@
+package store
+
+import (
+	"context"
+	"fmt"
+)
+
+// NewReward is a reward to record; InteractionID 0 rewards the session.
+type NewReward struct {
+	TenantID, SessionID string
+	InteractionID       int64
+	Value               float64
+	Source              string
+	Final               bool
+}
+
+// InsertReward records a reward after checking that the session (and the
+// step, when given) belong to the tenant; ErrNotFound otherwise.
+func InsertReward(ctx context.Context, db DBTX, r NewReward) (int64, error) {
+	var iid *int64
+	if r.InteractionID != 0 {
+		iid = &r.InteractionID
+	}
+	var id int64
+	err := db.QueryRow(ctx, `INSERT INTO rewards (tenant_id, session_id, interaction_id, value, source, final)
+		SELECT s.tenant_id, s.id, $3, $4, $5, $6 FROM sessions s
+		WHERE s.tenant_id = $1 AND s.id = $2 AND s.status <> 'forgotten'
+		AND ($3::bigint IS NULL OR EXISTS (SELECT 1 FROM interactions i
+			WHERE i.id = $3 AND i.tenant_id = $1 AND i.session_id = $2))
+		RETURNING id`, r.TenantID, r.SessionID, iid, r.Value, r.Source, r.Final).Scan(&id)
+	if err != nil {
+		return 0, notFound(err)
+	}
+	return id, nil
+}
+
+// StepStatus is the assembled ATDP view of an interaction, when the
+// session workflow has assembled it.
+type StepStatus struct {
+	InteractionID    int64
+	Eligible         bool
+	IneligibleReason string
+	Redactions       int
+}
+
+// AssembledSteps returns the latest assembled status of each of a
+// session's interactions, keyed by interaction id.
+func AssembledSteps(ctx context.Context, db DBTX, tenantID, sessionID string) (map[int64]StepStatus, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT ON (interaction_id) interaction_id, eligible, ineligible_reason,
+		jsonb_array_length(redactions) FROM atdp_steps WHERE tenant_id = $1 AND session_id = $2
+		ORDER BY interaction_id, id DESC`, tenantID, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("list assembled steps: %w", err)
+	}
+	defer rows.Close()
+	out := map[int64]StepStatus{}
+	for rows.Next() {
+		var s StepStatus
+		if err := rows.Scan(&s.InteractionID, &s.Eligible, &s.IneligibleReason, &s.Redactions); err != nil {
+			return nil, fmt.Errorf("scan assembled step: %w", err)
+		}
+		out[s.InteractionID] = s
+	}
+	return out, rows.Err()
+}
