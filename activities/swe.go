@@ -1,0 +1,317 @@
+package activities
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	tworker "go.temporal.io/sdk/worker"
+
+	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/flywheel-ai/flywheel/sandbox/sweagent"
+	"github.com/flywheel-ai/flywheel/sandbox/tasks"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// Log messages of the SWE activities.
+const (
+	msgSWEAcquired = "swe sandbox acquired"
+	msgSWEStepDone = "swe agent step finished"
+	msgSWEReward   = "swe reward recorded"
+)
+
+// SWEGateway is what the SWE activities need from the flywheel gateway:
+// sessions to capture the agent's calls under, and the reward endpoint.
+type SWEGateway interface {
+	CreateSessions(ctx context.Context, taskID, model string, groupSize int) (groupID string, sessionIDs []string, err error)
+	RecordReward(ctx context.Context, sessionID string, value float64, source string, final bool) error
+}
+
+// SWETaskImages resolves a task id to the task and its sandbox image.
+type SWETaskImages interface {
+	Ensure(ctx context.Context, taskID string) (*tasks.Task, sandbox.Image, error)
+}
+
+// SWEActivities implements the SWE rollout activities (see
+// workflows.SWERolloutWorkflow). Sandboxes live in the worker's Docker
+// engine; a sandbox id acquired on one worker can be used from another on the
+// same engine (the manager re-attaches).
+type SWEActivities struct {
+	Sandboxes *sandbox.Manager
+	Images    SWETaskImages
+	Gateway   SWEGateway
+	// Agent is the template for the built-in agent: BaseURL (the gateway's
+	// /v1), APIKey, default Model and limits. Per-rollout values override.
+	Agent sweagent.Config
+	// PoolSize keeps this many warm sandboxes per task image once a task has
+	// been used; 0 disables pools.
+	PoolSize int
+	// HeartbeatEvery is how often long activities heartbeat; default 10s.
+	HeartbeatEvery time.Duration
+	Logger         *slog.Logger
+}
+
+// Register registers the activities under their workflow names.
+func (a *SWEActivities) Register(r tworker.ActivityRegistry) {
+	r.RegisterActivityWithOptions(a.CreateSessions, activity.RegisterOptions{Name: workflows.SWECreateSessionsActivity})
+	r.RegisterActivityWithOptions(a.Acquire, activity.RegisterOptions{Name: workflows.SWEAcquireActivity})
+	r.RegisterActivityWithOptions(a.Step, activity.RegisterOptions{Name: workflows.SWEStepActivity})
+	r.RegisterActivityWithOptions(a.Grade, activity.RegisterOptions{Name: workflows.SWEGradeActivity})
+	r.RegisterActivityWithOptions(a.RecordReward, activity.RegisterOptions{Name: workflows.SWERecordRewardActivity})
+	r.RegisterActivityWithOptions(a.Release, activity.RegisterOptions{Name: workflows.SWEReleaseActivity})
+}
+
+func (a *SWEActivities) log() *slog.Logger {
+	if a.Logger != nil {
+		return a.Logger
+	}
+	return slog.Default()
+}
+
+func badInput(msg string, err error) error {
+	return temporal.NewNonRetryableApplicationError(msg, "BadInput", err)
+}
+
+// heartbeatWhile heartbeats every HeartbeatEvery until the returned stop is
+// called, so a long build, agent run or test run is not mistaken for a dead
+// worker.
+func (a *SWEActivities) heartbeatWhile(ctx context.Context, detail func() any) (stop func()) {
+	every := a.HeartbeatEvery
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx, detail())
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// CreateSessions opens the gateway sessions of a rollout or a group.
+func (a *SWEActivities) CreateSessions(ctx context.Context, in workflows.SWECreateSessionsInput) (workflows.SWECreateSessionsOutput, error) {
+	if in.TaskID == "" || in.GroupSize < 1 || in.GroupSize > workflows.SWEMaxGroupSize {
+		return workflows.SWECreateSessionsOutput{}, badInput(fmt.Sprintf("create sessions: task %q, group size %d", in.TaskID, in.GroupSize), nil)
+	}
+	model := in.Model
+	if model == "" {
+		model = a.Agent.Model
+	}
+	gid, ids, err := a.Gateway.CreateSessions(ctx, in.TaskID, model, in.GroupSize)
+	if err != nil {
+		return workflows.SWECreateSessionsOutput{}, err
+	}
+	return workflows.SWECreateSessionsOutput{GroupID: gid, SessionIDs: ids}, nil
+}
+
+// Acquire returns a started sandbox of the task's image, from the warm pool
+// when there is one. The first use of a task may build its image.
+func (a *SWEActivities) Acquire(ctx context.Context, in workflows.SWEAcquireInput) (workflows.SWEAcquireOutput, error) {
+	stop := a.heartbeatWhile(ctx, func() any { return "preparing " + in.TaskID })
+	defer stop()
+	_, img, err := a.Images.Ensure(ctx, in.TaskID)
+	if errors.Is(err, tasks.ErrUnknownTask) {
+		return workflows.SWEAcquireOutput{}, badInput(err.Error(), err)
+	}
+	if err != nil {
+		return workflows.SWEAcquireOutput{}, err
+	}
+	if a.PoolSize > 0 {
+		if err := a.Sandboxes.StartPool(img, a.PoolSize); err != nil {
+			return workflows.SWEAcquireOutput{}, err
+		}
+	}
+	sb, err := a.Sandboxes.Acquire(ctx, img)
+	if err != nil {
+		return workflows.SWEAcquireOutput{}, err
+	}
+	a.log().Info(msgSWEAcquired, "task", in.TaskID, "sandbox", sb.ID[:12], "image", img.Ref)
+	return workflows.SWEAcquireOutput{SandboxID: sb.ID, Image: img.Ref}, nil
+}
+
+// Step runs the built-in agent in the sandbox until it submits or a budget
+// runs out. Its model calls go to the gateway under the rollout's session.
+func (a *SWEActivities) Step(ctx context.Context, in workflows.SWEStepInput) (workflows.SWEStepOutput, error) {
+	if in.TaskID == "" || in.SandboxID == "" || in.SessionID == "" {
+		return workflows.SWEStepOutput{}, badInput("step: task, sandbox and session are required", nil)
+	}
+	t, err := tasks.Find(in.TaskID)
+	if err != nil {
+		return workflows.SWEStepOutput{}, badInput(err.Error(), err)
+	}
+	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return workflows.SWEStepOutput{}, badInput(err.Error(), err)
+	}
+	if err != nil {
+		return workflows.SWEStepOutput{}, err
+	}
+	cfg := a.Agent
+	cfg.Headers = map[string]string{"X-Session-Id": in.SessionID}
+	for k, v := range a.Agent.Headers {
+		cfg.Headers[k] = v
+	}
+	if in.Model != "" {
+		cfg.Model = in.Model
+	}
+	if in.MaxToolCalls > 0 {
+		cfg.MaxToolCalls = in.MaxToolCalls
+	}
+	if in.MaxWallTime > 0 {
+		cfg.MaxWallTime = in.MaxWallTime
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = a.log()
+	}
+	var calls atomic.Int64
+	cfg.OnToolCall = func(n int, tool string) {
+		calls.Store(int64(n))
+		activity.RecordHeartbeat(ctx, n)
+	}
+	stop := a.heartbeatWhile(ctx, func() any { return calls.Load() })
+	res, err := sweagent.Run(ctx, cfg, sb, t.ProblemStatement)
+	stop()
+	if err != nil {
+		return workflows.SWEStepOutput{}, err
+	}
+	a.log().Info(msgSWEStepDone, "task", in.TaskID, "session", in.SessionID, "stop", res.StopReason, "tool_calls", res.ToolCalls, "denied", res.Denied)
+	return workflows.SWEStepOutput{StopReason: res.StopReason, ToolCalls: res.ToolCalls, Turns: res.Turns, Denied: res.Denied}, nil
+}
+
+// Grade restores the hidden tests, runs them and returns the pass rate.
+func (a *SWEActivities) Grade(ctx context.Context, in workflows.SWEGradeInput) (workflows.SWEGradeOutput, error) {
+	t, err := tasks.Find(in.TaskID)
+	if err != nil {
+		return workflows.SWEGradeOutput{}, badInput(err.Error(), err)
+	}
+	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return workflows.SWEGradeOutput{}, badInput(err.Error(), err)
+	}
+	if err != nil {
+		return workflows.SWEGradeOutput{}, err
+	}
+	stop := a.heartbeatWhile(ctx, func() any { return "grading" })
+	res, err := tasks.Grade(ctx, sb, t, a.log())
+	stop()
+	if err != nil {
+		return workflows.SWEGradeOutput{}, err
+	}
+	return workflows.SWEGradeOutput{Reward: res.Reward, Passed: res.Passed, Total: res.Total, Resolved: res.Resolved, Tampered: res.Tampered, Reasons: res.Reasons}, nil
+}
+
+// RecordReward reports the grade as the session's final reward.
+func (a *SWEActivities) RecordReward(ctx context.Context, in workflows.SWERecordRewardInput) error {
+	if in.SessionID == "" {
+		return badInput("record reward: session is required", nil)
+	}
+	if err := a.Gateway.RecordReward(ctx, in.SessionID, in.Reward, workflows.SWERewardSource, true); err != nil {
+		return err
+	}
+	a.log().Info(msgSWEReward, "task", in.TaskID, "session", in.SessionID, "reward", in.Reward)
+	return nil
+}
+
+// Release removes the sandbox; releasing one that is gone succeeds.
+func (a *SWEActivities) Release(ctx context.Context, in workflows.SWEReleaseInput) error {
+	if in.SandboxID == "" {
+		return nil
+	}
+	return a.Sandboxes.ReleaseID(ctx, in.SandboxID)
+}
+
+// SWEGatewayHTTP talks to the flywheel gateway's session API.
+type SWEGatewayHTTP struct {
+	// BaseURL is the gateway root, e.g. http://localhost:8080 (no /v1).
+	BaseURL string
+	// APIKey is a tenant key allowed to create sessions and post rewards.
+	APIKey     string
+	HTTPClient *http.Client
+}
+
+func (g *SWEGatewayHTTP) do(ctx context.Context, method, path string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(g.BaseURL, "/")+path, bytes.NewReader(b))
+	if err != nil {
+		return badInput("gateway request: "+err.Error(), err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if g.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+g.APIKey)
+	}
+	hc := g.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("gateway %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 300 {
+		err := fmt.Errorf("gateway %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+		// Client errors will not change on a retry; throttling and server errors may.
+		if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusRequestTimeout {
+			return badInput(err.Error(), nil)
+		}
+		return err
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("gateway %s %s: decode: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// CreateSessions is POST /v1/sessions with group_size.
+func (g *SWEGatewayHTTP) CreateSessions(ctx context.Context, taskID, model string, groupSize int) (string, []string, error) {
+	var out struct {
+		ID       string `json:"id"`
+		GroupID  string `json:"group_id"`
+		Sessions []struct {
+			ID string `json:"id"`
+		} `json:"sessions"`
+	}
+	if err := g.do(ctx, http.MethodPost, "/v1/sessions", map[string]any{"model": model, "task_id": taskID, "group_size": groupSize}, &out); err != nil {
+		return "", nil, err
+	}
+	ids := []string{out.ID}
+	if len(out.Sessions) > 0 {
+		ids = ids[:0]
+		for _, s := range out.Sessions {
+			ids = append(ids, s.ID)
+		}
+	}
+	return out.GroupID, ids, nil
+}
+
+// RecordReward is POST /v1/sessions/{id}/reward.
+func (g *SWEGatewayHTTP) RecordReward(ctx context.Context, sessionID string, value float64, source string, final bool) error {
+	return g.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(sessionID)+"/reward", map[string]any{"value": value, "source": source, "final": final}, nil)
+}
