@@ -1,0 +1,297 @@
+package ggraph
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// shape is what a graph is built for; batches of the same shape reuse it.
+type shape struct {
+	nodes, rows, targets, occ int
+	loss                      lossKind
+	prox, kl                  bool // explicit proximal log-probs; KL term
+}
+
+type lossKind int
+
+const (
+	lossNone lossKind = iota // forward only
+	lossSFT
+	lossGRPO
+)
+
+// graph is one ExprGraph of the policy with its TapeMachine. Weight nodes
+// are bound to tensors backed by Model.W, so weight updates are seen by the
+// next run without copies; the per-batch inputs are rebound with Let.
+type graph struct {
+	sh shape
+	g  *G.ExprGraph
+	vm G.VM
+
+	weights []*G.Node // in ParamSpecs order
+	grads   G.Nodes   // d loss / d weights, same order
+
+	// Indices of the gathers, set per batch.
+	tok, pos, rows, flat, occ []int
+	// Inputs.
+	mask                  *G.Node // N×N additive: 0 or −Inf
+	invT                  *G.Node // scalar 1/temperature
+	behav, adv, prox, ref *G.Node // per occurrence
+
+	targetLogp *G.Node // T
+	loss       *G.Node // scalar (nil when forward only)
+
+	// behavData is the current batch's behaviour log-probs, read by the
+	// stop-gradient ops that form the PPO weight and the masks.
+	behavData []float32
+}
+
+// build lays out the policy of trainer/forward.go as a graph: learned token
+// and position embeddings, pre-norm blocks (RMS norm with gain, fused QKV
+// projection, multi-head attention under the tree mask, output projection,
+// RMS norm, GELU(tanh) MLP, residuals), final RMS norm, an untied output
+// layer evaluated only on the rows that predict a target, log-softmax at
+// temperature, and the log-prob of each target token.
+func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
+	c := m.Config
+	N, D, F, H, V := sh.nodes, c.DModel, c.FFN, c.Heads, c.Vocab
+	dh := D / H
+	gr := &graph{sh: sh, g: G.NewGraph()}
+	g := gr.g
+	f32 := tensor.Float32
+
+	// Weights, sharing Model.W's memory.
+	byName := map[string]*G.Node{}
+	for _, s := range m.ParamSpecs() {
+		back := m.W[s.Offset : s.Offset+s.Size]
+		val := tensor.New(tensor.WithShape(s.Shape...), tensor.WithBacking(back))
+		var n *G.Node
+		if len(s.Shape) == 1 {
+			n = G.NewVector(g, f32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
+		} else {
+			n = G.NewMatrix(g, f32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
+		}
+		byName[s.Name] = n
+		gr.weights = append(gr.weights, n)
+	}
+	gr.mask = G.NewMatrix(g, f32, G.WithShape(N, N), G.WithName("mask"))
+	gr.invT = G.NewScalar(g, f32, G.WithName("invT"))
+
+	b := &builder{}
+	x := b.add(b.gather("tok", byName["tok_emb"], &gr.tok, N), b.gather("pos", byName["pos_emb"], &gr.pos, N))
+	scale := G.NewConstant(float32(1 / math.Sqrt(float64(dh))))
+	for l := 0; l < c.Layers; l++ {
+		p := fmt.Sprintf("layers.%d.", l)
+		h1 := b.rmsNorm(x, byName[p+"ln1"])
+		qkv := b.mul(h1, byName[p+"wqkv"]) // N×3D: [q | k | v], heads contiguous
+		// (N, 3H, dh) → (3H, N, dh): one batch entry per (q|k|v, head).
+		t := b.transpose(b.reshape(qkv, N, 3*H, dh), 1, 0, 2)
+		q := b.slice(t, G.S(0, H))
+		k := b.slice(t, G.S(H, 2*H))
+		v := b.slice(t, G.S(2*H, 3*H))
+		s := b.hadamard(b.batched(q, k, false, true), scale) // H×N×N
+		s = b.broadcastAdd(s, gr.mask)
+		pr := b.softmax(s, 2)
+		o := b.batched(pr, v, false, false)             // H×N×dh
+		att := b.reshape(b.transpose(o, 1, 0, 2), N, D) // N×D, heads side by side
+		x2 := b.add(x, b.mul(att, byName[p+"wo"]))
+		h2 := b.rmsNorm(x2, byName[p+"ln2"])
+		u := b.mul(h2, byName[p+"w1"])
+		x = b.add(x2, b.mul(b.gelu(u), byName[p+"w2"]))
+		_ = F
+	}
+	hf := b.rmsNorm(x, byName["ln_f"])
+	hr := b.gather("rows", hf, &gr.rows, sh.rows)                                         // R×D
+	z := b.hadamard(b.mul(hr, byName["head"]), gr.invT)                                   // R×V
+	logp := b.logSoftmax(z, 1)                                                            // R×V
+	gr.targetLogp = b.gather("targets", b.reshape(logp, sh.rows*V), &gr.flat, sh.targets) // T
+	if b.err != nil {
+		return nil, fmt.Errorf("build graph: %w", b.err)
+	}
+	if sh.loss == lossNone {
+		gr.vm = G.NewTapeMachine(g)
+		return gr, nil
+	}
+
+	lpo := b.gather("occurrences", gr.targetLogp, &gr.occ, sh.occ) // log π per trained occurrence
+	invO := G.NewConstant(float32(1 / float64(sh.occ)))
+	if sh.loss == lossSFT {
+		gr.loss = b.hadamard(b.neg(b.sum(lpo)), invO)
+	} else {
+		gr.behav = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("behav"))
+		gr.adv = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("adv"))
+		var prox *G.Node
+		if sh.prox {
+			gr.prox = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("prox"))
+			prox = gr.prox
+		} else {
+			// Local's step: π_prox is the current policy, as a constant.
+			prox = b.apply(&constFn{name: "stop_gradient", fn: func(in, out []float32) { copy(out, in) }}, lpo)
+		}
+		lcfg := lc
+		wcap := lcfg.BehaviourWeightCap
+		keep := b.apply(&constFn{name: "keep", fn: func(in, out []float32) {
+			for i, lp := range in {
+				ice, kp := lcfg.TokenMasks(float64(lp), float64(gr.behavData[i]))
+				if !ice && !kp {
+					out[i] = 1
+				}
+			}
+		}}, prox)
+		// w = min(π_prox/μ, cap), zero where masked.
+		w := b.apply(&constFn{name: "behaviour_weight", fn: func(in, out []float32) {
+			for i, lp := range in {
+				out[i] = float32(math.Min(math.Exp(float64(lp)-float64(gr.behavData[i])), wcap))
+			}
+		}}, prox)
+		w = b.hadamard(w, keep)
+		filled := func(name string, v float64) *G.Node {
+			vals := make([]float32, sh.occ)
+			for i := range vals {
+				vals[i] = float32(v)
+			}
+			return G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName(name),
+				G.WithValue(tensor.New(tensor.WithShape(sh.occ), tensor.WithBacking(vals))))
+		}
+		lo, hi := filled("clip_low", 1-lc.ClipLow), filled("clip_high", 1+lc.ClipHigh)
+		r := b.exp(b.sub(lpo, prox))
+		rc := b.minBetween(b.maxBetween(r, lo), hi)
+		un, cl := b.hadamard(r, gr.adv), b.hadamard(rc, gr.adv)
+		// −w·min(r·A, clip(r)·A); at a tie MinBetween sends the gradient to
+		// its first argument, the unclipped branch, as ppoToken does.
+		tok := b.neg(b.hadamard(w, b.minBetween(un, cl)))
+		if sh.kl {
+			gr.ref = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("ref"))
+			lr := b.sub(lpo, gr.ref)
+			var kl *G.Node
+			switch lc.KLEstimator {
+			case trainer.KLk1:
+				kl = lr
+			case trainer.KLk2:
+				kl = b.hadamard(b.square(lr), G.NewConstant(float32(0.5)))
+			default:
+				kl = b.add(b.sub(b.exp(b.neg(lr)), G.NewConstant(float32(1))), lr)
+			}
+			kl = b.hadamard(kl, G.NewConstant(float32(lc.KLCoef)))
+			tok = b.add(tok, b.hadamard(kl, keep))
+		}
+		gr.loss = b.hadamard(b.sum(tok), invO)
+	}
+	if b.err != nil {
+		return nil, fmt.Errorf("build loss: %w", b.err)
+	}
+	grads, err := G.Grad(gr.loss, gr.weights...)
+	if err != nil {
+		return nil, fmt.Errorf("symbolic gradient: %w", err)
+	}
+	gr.grads = grads
+	gr.vm = G.NewTapeMachine(g)
+	return gr, nil
+}
+
+// builder threads the first error through a chain of graph operations so
+// the layout above reads like the math.
+type builder struct{ err error }
+
+func (b *builder) do(f func() (*G.Node, error)) *G.Node {
+	if b.err != nil {
+		return nil
+	}
+	n, err := f()
+	if err != nil {
+		b.err = err
+	}
+	return n
+}
+
+func (b *builder) add(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Add(x, y) })
+}
+func (b *builder) sub(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Sub(x, y) })
+}
+func (b *builder) mul(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Mul(x, y) })
+}
+func (b *builder) hadamard(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.HadamardProd(x, y) })
+}
+func (b *builder) neg(x *G.Node) *G.Node { return b.do(func() (*G.Node, error) { return G.Neg(x) }) }
+func (b *builder) exp(x *G.Node) *G.Node { return b.do(func() (*G.Node, error) { return G.Exp(x) }) }
+func (b *builder) square(x *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Square(x) })
+}
+func (b *builder) sum(x *G.Node) *G.Node { return b.do(func() (*G.Node, error) { return G.Sum(x) }) }
+func (b *builder) minBetween(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.MinBetween(x, y) })
+}
+func (b *builder) maxBetween(x, y *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.MaxBetween(x, y) })
+}
+func (b *builder) gather(name string, x *G.Node, idx *[]int, n int) *G.Node {
+	return b.do(func() (*G.Node, error) {
+		return G.ApplyOp(&gatherOp{name: name, idx: idx, n: n, in: x.Shape().Clone()}, x)
+	})
+}
+func (b *builder) reshape(x *G.Node, to ...int) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Reshape(x, tensor.Shape(to)) })
+}
+func (b *builder) transpose(x *G.Node, axes ...int) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Transpose(x, axes...) })
+}
+func (b *builder) slice(x *G.Node, s tensor.Slice) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.Slice(x, s) })
+}
+func (b *builder) batched(x, y *G.Node, tx, ty bool) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.BatchedMatMul(x, y, tx, ty) })
+}
+func (b *builder) softmax(x *G.Node, axis int) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.SoftMax(x, axis) })
+}
+func (b *builder) logSoftmax(x *G.Node, axis int) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.LogSoftMax(x, axis) })
+}
+func (b *builder) apply(op G.Op, x *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) { return G.ApplyOp(op, x) })
+}
+
+// broadcastAdd adds the N×N mask to every head of the H×N×N scores.
+func (b *builder) broadcastAdd(s, mask *G.Node) *G.Node {
+	return b.do(func() (*G.Node, error) {
+		m3, err := G.Reshape(mask, tensor.Shape{1, mask.Shape()[0], mask.Shape()[1]})
+		if err != nil {
+			return nil, err
+		}
+		return G.BroadcastAdd(s, m3, nil, []byte{0})
+	})
+}
+
+// rmsNorm is x / √(mean(x²) + ε) · gain, row-wise.
+func (b *builder) rmsNorm(x, gain *G.Node) *G.Node {
+	sq := b.square(x)
+	ms := b.do(func() (*G.Node, error) { return G.Mean(sq, 1) })
+	ms = b.add(ms, G.NewConstant(float32(trainer.RMSNormEps)))
+	// 1/√ as two ops: InverseSqrt's symbolic derivative in gorgonia v0.9.18
+	// is wrong (checked against finite differences in this package's tests).
+	rms := b.do(func() (*G.Node, error) { return G.Sqrt(ms) })
+	inv := b.do(func() (*G.Node, error) { return G.Inverse(rms) })
+	y := b.do(func() (*G.Node, error) { return G.BroadcastHadamardProd(x, inv, nil, []byte{1}) })
+	return b.do(func() (*G.Node, error) { return G.BroadcastHadamardProd(y, gain, nil, []byte{0}) })
+}
+
+// gelu is the tanh approximation, as trainer's geluT and gelu.
+func (b *builder) gelu(u *G.Node) *G.Node {
+	const c = 0.7978845608028654 // √(2/π)
+	cube := b.do(func() (*G.Node, error) { return G.Cube(u) })
+	inner := b.hadamard(b.add(u, b.hadamard(cube, G.NewConstant(float32(0.044715)))), G.NewConstant(float32(c)))
+	t := b.do(func() (*G.Node, error) { return G.Tanh(inner) })
+	return b.hadamard(b.hadamard(u, G.NewConstant(float32(0.5))), b.add(t, G.NewConstant(float32(1))))
+}
+
+var errShape = errors.New("batch does not match the graph's shape")
