@@ -114,11 +114,21 @@ func TestSessionIdleTimeoutEndsIt(t *testing.T) {
 
 func continueAsNewInput(t *testing.T, err error) SessionInput {
 	t.Helper()
+	var next SessionInput
+	decodeContinueAsNew(t, err, &next)
+	return next
+}
+
+// decodeContinueAsNew checks err is a continue-as-new and decodes its input.
+func decodeContinueAsNew(t *testing.T, err error, into any) {
+	t.Helper()
 	var can *workflow.ContinueAsNewError
 	require.True(t, errors.As(err, &can), "want continue-as-new, got %v", err)
-	var next SessionInput
-	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(can.Input, &next))
-	return next
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(can.Input, into))
+}
+
+func workflowRegisterOptions(name string) workflow.RegisterOptions {
+	return workflow.RegisterOptions{Name: name}
 }
 
 func TestSessionContinuesAsNewWithSignalsDrained(t *testing.T) {

@@ -129,6 +129,9 @@ type deps struct {
 	// backend lets release gates run candidate and baseline side by side
 	// (nil: offline gates record that nothing was evaluated).
 	backend activities.Completer
+	// trainer and checkpointDir serve train steps (nil: none here).
+	trainer       activities.TrainStepper
+	checkpointDir string
 }
 
 // registrations says which workflows and activities run on which queue.
@@ -136,6 +139,7 @@ func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
 	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
+	training := &activities.Training{DB: d.pool, Trainer: d.trainer, CheckpointDir: d.checkpointDir, Logger: d.logger}
 	return map[string]worker.Registrar{
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
@@ -149,8 +153,16 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))
 			r.RegisterActivityWithOptions(release.EvaluateGate, activityOpts(workflows.EvaluateGateActivity))
 			r.RegisterActivityWithOptions(release.FinishRelease, activityOpts(workflows.FinishReleaseActivity))
+			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))
+			r.RegisterActivityWithOptions(training.CheckBatch, activityOpts(workflows.CheckBatchActivity))
+			r.RegisterActivityWithOptions(training.ClaimBatch, activityOpts(workflows.ClaimBatchActivity))
 		},
-		workflows.TrainerTaskQueue: func(r tworker.Registry) {},
+		workflows.TrainerTaskQueue: func(r tworker.Registry) {
+			// Without weights this worker leaves train steps to one that has them.
+			if d.trainer != nil {
+				r.RegisterActivityWithOptions(training.TrainStep, activityOpts(workflows.TrainStepActivity))
+			}
+		},
 		workflows.SandboxTaskQueue: func(r tworker.Registry) {},
 	}
 }

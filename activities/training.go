@@ -1,0 +1,313 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+const (
+	msgBatchClaimed = "training batch claimed"
+	msgStepTrained  = "train step committed"
+)
+
+// TrainStepper is the part of the trainer a train step needs;
+// *trainer.Local implements it.
+type TrainStepper interface {
+	TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error)
+	Snapshot() *trainer.Model
+}
+
+// Training implements TrainingWorkflow's activities. CheckBatch and
+// ClaimBatch run anywhere; TrainStep runs on trainer workers, which hold the
+// weights.
+type Training struct {
+	DB *pgxpool.Pool
+	// Trainer is nil on workers without weights.
+	Trainer TrainStepper
+	// CheckpointDir receives <deployment>/v<N>.safetensors.
+	CheckpointDir string
+	// BaselineRate moves the per-task running baseline. Default 0.1.
+	BaselineRate float64
+	// HeartbeatEvery is how often a running step heartbeats. Default 10s.
+	HeartbeatEvery time.Duration
+	Logger         *slog.Logger
+}
+
+// CheckBatch reports the deployment's queue.
+func (t *Training) CheckBatch(ctx context.Context, in workflows.CheckBatchInput) (workflows.CheckBatchOutput, error) {
+	n, age, err := store.QueueStats(ctx, t.DB, in.Deployment)
+	if err != nil {
+		return workflows.CheckBatchOutput{}, err
+	}
+	return workflows.CheckBatchOutput{Queued: n, OldestAge: age}, nil
+}
+
+// ClaimBatch drops stale samples and claims a batch (idempotent by key).
+func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput) (workflows.ClaimBatchOutput, error) {
+	if in.RunKey == "" || in.BatchSize <= 0 {
+		return workflows.ClaimBatchOutput{}, temporal.NewNonRetryableApplicationError("claim batch: run key and a positive batch size are required", "BadInput", nil)
+	}
+	run, err := store.ClaimBatch(ctx, t.DB, in.Deployment, in.RunKey, in.BatchSize, in.MaxStaleness)
+	if err != nil {
+		return workflows.ClaimBatchOutput{}, err
+	}
+	t.logger().Info(msgBatchClaimed, "deployment", in.Deployment, "run_id", run.ID, "samples", len(run.SampleIDs), "dropped_stale", run.Dropped)
+	return workflows.ClaimBatchOutput{RunID: run.ID, Samples: len(run.SampleIDs), DroppedStale: run.Dropped, BaseVersion: run.BaseVersion}, nil
+}
+
+// TrainStep trains one claimed run, saves the checkpoint and records the
+// candidate version with its lineage. Re-running a committed run returns
+// its version without training again.
+func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (workflows.TrainStepOutput, error) {
+	if t.Trainer == nil {
+		return workflows.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
+	}
+	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
+	if errors.Is(err, store.ErrNotFound) {
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+	}
+	if err != nil {
+		return workflows.TrainStepOutput{}, err
+	}
+	if run.Status == "trained" && run.VersionID != nil {
+		return workflows.TrainStepOutput{Version: *run.VersionID, Samples: len(samples)}, nil
+	}
+	var live []store.RunSample
+	for _, s := range samples {
+		if s.Status == "queued" { // retired (forgotten) samples never train
+			live = append(live, s)
+		}
+	}
+	if len(live) == 0 {
+		_ = store.FailRun(ctx, t.DB, run.ID, "no queued samples left")
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: no queued samples left in the run", "BadData", nil)
+	}
+	baselines, err := store.TaskBaselines(ctx, t.DB, in.Deployment)
+	if err != nil {
+		return workflows.TrainStepOutput{}, err
+	}
+	rate := t.BaselineRate
+	if rate <= 0 {
+		rate = 0.1
+	}
+	adv := FormAdvantages(live, baselines, rate)
+	batch := &trainer.Batch{Objective: trainer.ObjectiveGRPO}
+	for i, s := range live {
+		batch.Samples = append(batch.Samples, toTrainerSample(s, adv.Advantages[i]))
+	}
+
+	stop := t.heartbeatWhile(ctx, in.RunID)
+	res, err := t.Trainer.TrainStep(ctx, batch)
+	stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			return workflows.TrainStepOutput{}, ctx.Err()
+		}
+		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
+		// The trainer rejects a batch for what it is (stale, malformed):
+		// retrying the same batch would fail the same way.
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: "+err.Error(), "BadData", err)
+	}
+	version := store.VersionID(in.Deployment, res.Version)
+	path := ""
+	if t.CheckpointDir != "" {
+		path = filepath.Join(t.CheckpointDir, in.Deployment, "v"+strconv.FormatInt(res.Version, 10)+".safetensors")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return workflows.TrainStepOutput{}, fmt.Errorf("train step: checkpoint dir: %w", err)
+		}
+		if _, statErr := os.Stat(path); statErr != nil {
+			if err := trainer.SaveCheckpoint(path, t.Trainer.Snapshot(), res.Version, map[string]string{
+				"deployment": in.Deployment, "training_run": strconv.FormatInt(run.ID, 10), "parent_version": run.BaseVersion,
+			}); err != nil {
+				return workflows.TrainStepOutput{}, fmt.Errorf("train step: %w", err)
+			}
+		}
+	}
+	metrics := map[string]any{
+		"loss": res.Loss, "grad_norm": res.GradNorm, "samples": res.Samples, "dropped_stale": res.DroppedStale,
+		"trained_tokens": res.TrainedTokens, "mean_reward": res.MeanReward, "groups": adv.Groups,
+		"baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
+		"no_baseline_samples": adv.NoBaseline, "training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
+	}
+	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
+		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: run.BaseVersion, Checkpoint: path,
+		Metrics: metrics, Samples: live, Baselines: adv.Baselines, BaselineObs: adv.Observed,
+	})
+	if err != nil {
+		return workflows.TrainStepOutput{}, err
+	}
+	t.logger().Info(msgStepTrained, "deployment", in.Deployment, "run_id", run.ID, "version", version, "loss", res.Loss,
+		"samples", res.Samples, "baseline_samples", adv.BaselineSamples)
+	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
+		Baseline: adv.BaselineSamples, Stale: res.DroppedStale}, nil
+}
+
+// heartbeatWhile heartbeats until the returned stop is called, so a long
+// step on a dead worker is noticed within the heartbeat timeout.
+func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
+	every := t.HeartbeatEvery
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	done := make(chan struct{})
+	heartbeat(ctx, runID)
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				heartbeat(ctx, runID)
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// toTrainerSample lays out prompt then completion; only the completion
+// trains, at its behaviour log-probs and version.
+func toTrainerSample(s store.RunSample, adv float64) trainer.Sample {
+	n := len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
+	out := trainer.Sample{GroupID: s.GroupID, TaskID: s.TaskID, Reward: s.Reward,
+		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
+	v, _ := store.VersionNumber(s.BehaviourVersion)
+	for _, id := range s.PromptTokenIDs {
+		out.TokenIDs = append(out.TokenIDs, int(id))
+	}
+	for i, id := range s.CompletionTokenIDs {
+		j := len(s.PromptTokenIDs) + i
+		out.TokenIDs = append(out.TokenIDs, int(id))
+		if j == 0 {
+			continue // nothing predicts the first token
+		}
+		out.LossMask[j] = 1
+		if i < len(s.Logprobs) {
+			out.Logprobs[j] = s.Logprobs[i]
+		}
+		out.Versions[j] = v
+	}
+	a := adv
+	out.Advantage = &a
+	return out
+}
+
+// Advantages is how a batch's rewards became advantages.
+type Advantages struct {
+	Advantages []float64
+	Groups     int
+	// BaselineSamples were singletons scored against the running baseline
+	// of their task (or, for a new task, the mean of all tasks'), never a
+	// silent zero.
+	BaselineSamples int
+	// NoBaseline singletons had no baseline anywhere yet; they are scored
+	// against the batch mean.
+	NoBaseline       int
+	ZeroSignalGroups int
+	// Baselines are the moved per-task means to store; Observed counts the
+	// samples each moved by.
+	Baselines map[string]float64
+	Observed  map[string]int
+}
+
+// FormAdvantages forms GRPO groups (samples sharing a group id) with
+// (r − mean) / std advantages; a singleton is compared with its task's
+// running baseline. The baselines then move toward the batch's rewards.
+func FormAdvantages(samples []store.RunSample, baselines map[string]float64, rate float64) Advantages {
+	out := Advantages{Advantages: make([]float64, len(samples)), Baselines: map[string]float64{}, Observed: map[string]int{}}
+	groups := map[string][]int{}
+	var order []string
+	for i, s := range samples {
+		key := s.GroupID
+		if key == "" {
+			key = "\x00" + strconv.Itoa(i)
+		}
+		if _, ok := groups[key]; !ok {
+			order = append(order, key)
+		}
+		groups[key] = append(groups[key], i)
+	}
+	var global, batchMean float64
+	for _, v := range baselines {
+		global += v
+	}
+	if len(baselines) > 0 {
+		global /= float64(len(baselines))
+	}
+	for _, s := range samples {
+		batchMean += s.Reward
+	}
+	batchMean /= float64(len(samples))
+	for _, k := range order {
+		idx := groups[k]
+		out.Groups++
+		if len(idx) == 1 {
+			s := samples[idx[0]]
+			b, ok := baselines[s.TaskID]
+			switch {
+			case ok:
+			case len(baselines) > 0:
+				b = global
+			default:
+				b = batchMean
+				out.NoBaseline++
+			}
+			out.Advantages[idx[0]] = s.Reward - b
+			out.BaselineSamples++
+			continue
+		}
+		var mean, ss float64
+		for _, i := range idx {
+			mean += samples[i].Reward
+		}
+		mean /= float64(len(idx))
+		for _, i := range idx {
+			d := samples[i].Reward - mean
+			ss += d * d
+		}
+		std := math.Sqrt(ss / float64(len(idx)))
+		if std < 1e-8 {
+			out.ZeroSignalGroups++
+			continue
+		}
+		for _, i := range idx {
+			out.Advantages[i] = (samples[i].Reward - mean) / std
+		}
+	}
+	for _, s := range samples {
+		v, ok := out.Baselines[s.TaskID]
+		if !ok {
+			v, ok = baselines[s.TaskID]
+		}
+		if !ok {
+			v = s.Reward
+		} else {
+			v += rate * (s.Reward - v)
+		}
+		out.Baselines[s.TaskID] = v
+		out.Observed[s.TaskID]++
+	}
+	return out
+}
+
+func (t *Training) logger() *slog.Logger {
+	if t.Logger == nil {
+		return slog.Default()
+	}
+	return t.Logger
+}

@@ -1,0 +1,144 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+func TestFormAdvantages(t *testing.T) {
+	s := func(group, task string, r float64) store.RunSample {
+		return store.RunSample{GroupID: group, TaskID: task, Reward: r}
+	}
+	samples := []store.RunSample{
+		s("g1", "a", 1), s("g1", "a", 0), // a group: ±1
+		s("", "a", 1),                        // singleton with a known task: 1 − 0.5
+		s("", "new", 0),                      // singleton of a new task: 0 − mean of known tasks
+		s("g2", "b", 0.3), s("g2", "b", 0.3), // all equal: no signal
+	}
+	adv := FormAdvantages(samples, map[string]float64{"a": 0.5, "b": 0.1}, 0.5)
+	require.InDeltaSlice(t, []float64{1, -1, 0.5, -0.3, 0, 0}, adv.Advantages, 1e-12)
+	require.Equal(t, 4, adv.Groups)
+	require.Equal(t, 2, adv.BaselineSamples)
+	require.Equal(t, 0, adv.NoBaseline)
+	require.Equal(t, 1, adv.ZeroSignalGroups)
+	// a: 0.5 → 0.75 → 0.375 → 0.6875; new: starts at its reward; b moves twice.
+	require.InDelta(t, 0.6875, adv.Baselines["a"], 1e-12)
+	require.InDelta(t, 0, adv.Baselines["new"], 1e-12)
+	require.InDelta(t, 0.25, adv.Baselines["b"], 1e-12)
+	require.Equal(t, 3, adv.Observed["a"])
+
+	// With no history at all, singletons are compared with the batch mean:
+	// not a silent zero, and reported.
+	adv = FormAdvantages([]store.RunSample{s("", "x", 1), s("", "y", 0)}, nil, 0.1)
+	require.InDeltaSlice(t, []float64{0.5, -0.5}, adv.Advantages, 1e-12)
+	require.Equal(t, 2, adv.NoBaseline)
+}
+
+func newLocalTrainer(t *testing.T, version int64) *trainer.Local {
+	t.Helper()
+	m, err := trainer.NewModel(trainer.ModelConfig{Context: 64, Layers: 1, Heads: 2, DModel: 16}, 7)
+	require.NoError(t, err)
+	l, err := trainer.NewLocal(m, version, trainer.Config{}, nil)
+	require.NoError(t, err)
+	return l
+}
+
+// queueSamples makes n rewarded one-step sessions and queues them through
+// the session activities, as the SessionWorkflow would.
+func queueSamples(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n int, reward float64) {
+	t.Helper()
+	ctx := context.Background()
+	acts := &Session{DB: db}
+	for i := 0; i < n; i++ {
+		sid := fmt.Sprintf("%s-%s-%s-%d", dep, version, tenant, trafficSeq.Add(1))
+		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{status: "ok", prompt: "hi", completion: "yo", tokens: 3, version: version}})
+		seedReward(t, db, tenant, sid, &ids[0], reward, true)
+		a, err := acts.AssembleTrajectory(ctx, workflows.AssembleInput{SessionID: sid, TenantID: tenant, Key: sid, Discount: 1})
+		require.NoError(t, err)
+		_, err = acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a.TrajectoryID, TenantID: tenant})
+		require.NoError(t, err)
+	}
+}
+
+func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 3, 1)
+	queueSamples(t, db, "acme", "dep", "dep@v1", 2, -1)
+	local := newLocalTrainer(t, 1)
+	dir := t.TempDir()
+	acts := &Training{DB: db, Trainer: local, CheckpointDir: dir}
+
+	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep"})
+	require.NoError(t, err)
+	require.Equal(t, 5, q.Queued)
+
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, 4, claim.Samples)
+	require.Equal(t, "dep@v1", claim.BaseVersion)
+	again, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, claim, again, "a retried claim returns the same run")
+
+	out, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", out.Version)
+	require.Equal(t, 4, out.Samples)
+	require.Equal(t, 4, out.Baseline, "ungrouped samples are scored against the task baseline")
+
+	var parent, status, ckpt string
+	require.NoError(t, db.QueryRow(ctx, `SELECT parent_version, status, checkpoint_path FROM model_versions WHERE id = 'dep@v2'`).Scan(&parent, &status, &ckpt))
+	require.Equal(t, "dep@v1", parent)
+	require.Equal(t, "candidate", status)
+	_, _, meta, err := trainer.LoadCheckpoint(ckpt)
+	require.NoError(t, err)
+	require.Equal(t, "2", meta[trainer.MetaVersion])
+	var lineage, used, queued int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = 'dep@v2' AND tenant_id = 'acme'`).Scan(&lineage))
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'used'), count(*) FILTER (WHERE status = 'queued') FROM training_samples`).Scan(&used, &queued))
+	require.Equal(t, 4, lineage)
+	require.Equal(t, 4, used)
+	require.Equal(t, 1, queued)
+	base, err := store.TaskBaselines(ctx, db, "dep")
+	require.NoError(t, err)
+	require.Contains(t, base, "task-a")
+
+	// A retry after the commit (the worker died before reporting) returns
+	// the committed version and does not train again.
+	out2, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", out2.Version)
+	require.Equal(t, int64(2), local.Version())
+	_, err = os.Stat(ckpt)
+	require.NoError(t, err)
+}
+
+func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v10")
+	queueSamples(t, db, "acme", "dep", "dep@v5", 2, 1) // 5 behind: stale at η = 4
+	queueSamples(t, db, "acme", "dep", "dep@v6", 1, 1) // 4 behind: kept
+	acts := &Training{DB: db}
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, 2, claim.DroppedStale)
+	require.Equal(t, 1, claim.Samples)
+	var dropped int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM training_samples WHERE status = 'dropped_stale'`).Scan(&dropped))
+	require.Equal(t, 2, dropped)
+}

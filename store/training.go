@@ -1,0 +1,265 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// VersionNumber parses the policy version number out of a model version id
+// "<name>@v<N>" (the in-process engine's naming); ok is false for other
+// names (upstream models), whose staleness cannot be judged.
+func VersionNumber(id string) (int64, bool) {
+	i := strings.LastIndex(id, "@v")
+	if i < 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(id[i+2:], 10, 64)
+	return n, err == nil && n >= 0
+}
+
+// VersionID names version n of a deployment as the engine does.
+func VersionID(deployment string, n int64) string {
+	return deployment + "@v" + strconv.FormatInt(n, 10)
+}
+
+// QueueStats says how many samples of a deployment are queued and how long
+// the oldest has waited.
+func QueueStats(ctx context.Context, db DBTX, deployment string) (queued int, oldest time.Duration, err error) {
+	var secs float64
+	err = db.QueryRow(ctx, `
+SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM training_samples WHERE deployment = $1 AND status = 'queued'`, deployment).Scan(&queued, &secs)
+	if err != nil {
+		return 0, 0, fmt.Errorf("queue stats of %s: %w", deployment, err)
+	}
+	return queued, time.Duration(secs * float64(time.Second)), nil
+}
+
+// TrainingRun is a training_runs row.
+type TrainingRun struct {
+	ID          int64
+	Deployment  string
+	RunKey      string
+	SampleIDs   []int64
+	Status      string
+	VersionID   *string
+	BaseVersion string
+	Dropped     int
+}
+
+// ClaimBatch claims up to size queued samples of a deployment for one
+// training run keyed by runKey, after marking samples staler than η
+// (behaviour version more than η behind the serving version)
+// dropped_stale. The same key returns the same run.
+func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, size, eta int) (TrainingRun, error) {
+	var run TrainingRun
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var stats []byte
+		err := tx.QueryRow(ctx, `SELECT id, deployment, run_key, sample_ids, status, version_id, stats FROM training_runs WHERE run_key = $1`, runKey).
+			Scan(&run.ID, &run.Deployment, &run.RunKey, &run.SampleIDs, &run.Status, &run.VersionID, &stats)
+		if err == nil {
+			var s struct {
+				BaseVersion  string `json:"base_version"`
+				DroppedStale int    `json:"dropped_stale"`
+			}
+			_ = json.Unmarshal(stats, &s)
+			run.BaseVersion, run.Dropped = s.BaseVersion, s.DroppedStale
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		base, err := ServingOf(ctx, tx, deployment, "weights")
+		if err != nil {
+			return err
+		}
+		run.BaseVersion = base
+		if cur, ok := VersionNumber(base); ok && eta >= 0 {
+			tag, err := tx.Exec(ctx, `
+UPDATE training_samples SET status = 'dropped_stale'
+WHERE deployment = $1 AND status = 'queued'
+  AND substring(behaviour_version from '@v([0-9]+)$') IS NOT NULL
+  AND substring(behaviour_version from '@v([0-9]+)$')::bigint < $2`, deployment, cur-int64(eta))
+			if err != nil {
+				return fmt.Errorf("drop stale samples: %w", err)
+			}
+			run.Dropped = int(tag.RowsAffected())
+		}
+		rows, err := tx.Query(ctx, `
+SELECT id FROM training_samples WHERE deployment = $1 AND status = 'queued'
+ORDER BY created_at, id LIMIT $2`, deployment, size)
+		if err != nil {
+			return err
+		}
+		run.SampleIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		if run.SampleIDs == nil {
+			run.SampleIDs = []int64{}
+		}
+		stats, _ = json.Marshal(map[string]any{"base_version": run.BaseVersion, "dropped_stale": run.Dropped})
+		run.Deployment, run.RunKey, run.Status = deployment, runKey, "claimed"
+		return tx.QueryRow(ctx, `INSERT INTO training_runs (deployment, run_key, sample_ids, stats) VALUES ($1, $2, $3, $4) RETURNING id`,
+			deployment, runKey, run.SampleIDs, stats).Scan(&run.ID)
+	})
+	if err != nil {
+		return TrainingRun{}, fmt.Errorf("claim batch of %s: %w", deployment, err)
+	}
+	return run, nil
+}
+
+// RunSample is a claimed sample with what training and lineage need.
+type RunSample struct {
+	ID                 int64
+	TenantID           string
+	SessionID          string
+	TaskID, GroupID    string
+	BehaviourVersion   string
+	PromptTokenIDs     []int32
+	CompletionTokenIDs []int32
+	Logprobs           []float32
+	Reward             float64
+	Status             string
+}
+
+// LoadRun reads a run and its samples (in claim order).
+func LoadRun(ctx context.Context, db DBTX, runID int64) (TrainingRun, []RunSample, error) {
+	var run TrainingRun
+	var stats []byte
+	err := db.QueryRow(ctx, `SELECT id, deployment, run_key, sample_ids, status, version_id, stats FROM training_runs WHERE id = $1`, runID).
+		Scan(&run.ID, &run.Deployment, &run.RunKey, &run.SampleIDs, &run.Status, &run.VersionID, &stats)
+	if err != nil {
+		return run, nil, fmt.Errorf("load training run %d: %w", runID, notFound(err))
+	}
+	var s struct {
+		BaseVersion string `json:"base_version"`
+	}
+	_ = json.Unmarshal(stats, &s)
+	run.BaseVersion = s.BaseVersion
+	rows, err := db.Query(ctx, `
+SELECT ts.id, ts.tenant_id, st.session_id, ts.task_id, ts.group_id, ts.behaviour_version,
+       ts.prompt_token_ids, ts.completion_token_ids, ts.logprobs, ts.reward, ts.status
+FROM unnest($1::bigint[]) WITH ORDINALITY AS c(id, n)
+JOIN training_samples ts ON ts.id = c.id
+JOIN atdp_steps st ON st.id = ts.step_id
+ORDER BY c.n`, run.SampleIDs)
+	if err != nil {
+		return run, nil, fmt.Errorf("load samples of run %d: %w", runID, err)
+	}
+	samples, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RunSample, error) {
+		var s RunSample
+		err := r.Scan(&s.ID, &s.TenantID, &s.SessionID, &s.TaskID, &s.GroupID, &s.BehaviourVersion,
+			&s.PromptTokenIDs, &s.CompletionTokenIDs, &s.Logprobs, &s.Reward, &s.Status)
+		return s, err
+	})
+	if err != nil {
+		return run, nil, fmt.Errorf("load samples of run %d: %w", runID, err)
+	}
+	return run, samples, nil
+}
+
+// TaskBaselines reads the running mean reward of each task of a deployment.
+func TaskBaselines(ctx context.Context, db DBTX, deployment string) (map[string]float64, error) {
+	rows, err := db.Query(ctx, `SELECT task_id, value FROM task_baselines WHERE deployment = $1`, deployment)
+	if err != nil {
+		return nil, fmt.Errorf("read task baselines of %s: %w", deployment, err)
+	}
+	out := map[string]float64{}
+	var task string
+	var v float64
+	_, err = pgx.ForEachRow(rows, []any{&task, &v}, func() error {
+		out[task] = v
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read task baselines of %s: %w", deployment, err)
+	}
+	return out, nil
+}
+
+// TrainedRun is what a finished train step commits.
+type TrainedRun struct {
+	RunID       int64
+	Deployment  string
+	Version     string
+	Parent      string
+	Checkpoint  string
+	Metrics     any
+	Samples     []RunSample
+	Baselines   map[string]float64
+	BaselineObs map[string]int
+}
+
+// CommitTrainedRun records the candidate version with its lineage (every
+// sample it trained on, with tenant and session), marks the samples used,
+// stores the moved task baselines and closes the run, in one transaction.
+// A run already trained is left as it is.
+func CommitTrainedRun(ctx context.Context, db Beginner, t TrainedRun) error {
+	metrics, err := json.Marshal(t.Metrics)
+	if err != nil {
+		return fmt.Errorf("commit run %d: %w", t.RunID, err)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var status string
+		if err := tx.QueryRow(ctx, `SELECT status FROM training_runs WHERE id = $1 FOR UPDATE`, t.RunID).Scan(&status); err != nil {
+			return fmt.Errorf("commit run %d: %w", t.RunID, notFound(err))
+		}
+		if status == "trained" {
+			return nil
+		}
+		var parent *string
+		if t.Parent != "" {
+			parent = &t.Parent
+		}
+		_, err := tx.Exec(ctx, `
+INSERT INTO model_versions (id, deployment, parent_version, status, checkpoint_path, metrics)
+VALUES ($1, $2, $3, 'candidate', $4, $5)`, t.Version, t.Deployment, parent, t.Checkpoint, metrics)
+		if err != nil {
+			return fmt.Errorf("commit run %d: insert version %s: %w", t.RunID, t.Version, err)
+		}
+		ids := make([]int64, len(t.Samples))
+		tenants := make([]string, len(t.Samples))
+		sessions := make([]string, len(t.Samples))
+		for i, s := range t.Samples {
+			ids[i], tenants[i], sessions[i] = s.ID, s.TenantID, s.SessionID
+		}
+		if _, err := tx.Exec(ctx, `
+INSERT INTO model_version_lineage (version_id, sample_id, tenant_id, session_id)
+SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[])
+ON CONFLICT DO NOTHING`, t.Version, ids, tenants, sessions); err != nil {
+			return fmt.Errorf("commit run %d: lineage: %w", t.RunID, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE training_samples SET status = 'used' WHERE id = ANY($1) AND status = 'queued'`, ids); err != nil {
+			return fmt.Errorf("commit run %d: mark samples used: %w", t.RunID, err)
+		}
+		for task, v := range t.Baselines {
+			if _, err := tx.Exec(ctx, `
+INSERT INTO task_baselines (deployment, task_id, value, samples) VALUES ($1, $2, $3, $4)
+ON CONFLICT (deployment, task_id) DO UPDATE SET value = EXCLUDED.value,
+    samples = task_baselines.samples + EXCLUDED.samples, updated_at = now()`, t.Deployment, task, v, t.BaselineObs[task]); err != nil {
+				return fmt.Errorf("commit run %d: baseline of task %q: %w", t.RunID, task, err)
+			}
+		}
+		_, err = tx.Exec(ctx, `UPDATE training_runs SET status = 'trained', version_id = $2, finished_at = now(),
+    stats = stats || $3 WHERE id = $1`, t.RunID, t.Version, metrics)
+		return err
+	})
+}
+
+// FailRun marks a run failed; its samples stay queued for the next batch.
+func FailRun(ctx context.Context, db DBTX, runID int64, reason string) error {
+	_, err := db.Exec(ctx, `UPDATE training_runs SET status = 'failed', finished_at = now(),
+    stats = stats || jsonb_build_object('error', $2::text) WHERE id = $1 AND status = 'claimed'`, runID, reason)
+	if err != nil {
+		return fmt.Errorf("fail run %d: %w", runID, err)
+	}
+	return nil
+}

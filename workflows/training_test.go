@@ -1,0 +1,106 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/testsuite"
+)
+
+// trainingActs scripts the queue and the trainer; the real activities are
+// tested on Postgres and the in-process trainer in package activities.
+type trainingActs struct {
+	queued    []CheckBatchOutput // one per check (last repeats)
+	claims    []ClaimBatchInput
+	trains    int
+	failTrain int // first attempts that fail
+	release   *releaseActs
+}
+
+func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *trainingActs) {
+	env, rel := newReleaseEnv(t)
+	env.RegisterWorkflowWithOptions(TrainingWorkflow, workflowRegisterOptions(TrainingWorkflowName))
+	a := &trainingActs{release: rel}
+	env.RegisterActivityWithOptions(func(ctx context.Context, in CheckBatchInput) (CheckBatchOutput, error) {
+		q := a.queued[0]
+		if len(a.queued) > 1 {
+			a.queued = a.queued[1:]
+		}
+		return q, nil
+	}, activity.RegisterOptions{Name: CheckBatchActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in ClaimBatchInput) (ClaimBatchOutput, error) {
+		a.claims = append(a.claims, in)
+		return ClaimBatchOutput{RunID: int64(len(a.claims)), Samples: in.BatchSize, BaseVersion: "dep@v1"}, nil
+	}, activity.RegisterOptions{Name: ClaimBatchActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in TrainStepInput) (TrainStepOutput, error) {
+		a.trains++
+		if a.trains <= a.failTrain {
+			return TrainStepOutput{}, errors.New("trainer worker lost")
+		}
+		return TrainStepOutput{Version: "dep@v2", Loss: 0.5, Samples: 2}, nil
+	}, activity.RegisterOptions{Name: TrainStepActivity})
+	return env, a
+}
+
+func TestTrainingTrainsAFullBatchAndReleasesIt(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 1}, {Queued: 2}}
+	acts.failTrain = 1 // the step is retried on another worker
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, PollInterval: time.Minute, MaxBatchAge: time.Hour, StepsPerRun: 1, Release: testPolicy}})
+	var can *TrainingInput
+	err := env.GetWorkflowError()
+	next := continueAsNewTraining(t, err)
+	can = &next
+	require.Equal(t, 1, can.Carry.Steps)
+	require.Equal(t, "dep@v2", can.Carry.LastVersion)
+	require.Len(t, acts.claims, 1)
+	require.Equal(t, 4, acts.claims[0].MaxStaleness, "η defaults to 4")
+	require.Equal(t, 2, acts.trains)
+	require.Len(t, acts.release.finished, 1, "the candidate went through a ReleaseWorkflow")
+	require.Equal(t, "dep@v2", acts.release.finished[0].Candidate)
+	require.Equal(t, ReleasePromoted, acts.release.finished[0].Status)
+}
+
+func TestTrainingTrainsAnOldSmallBatchOrOnSignal(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 1, OldestAge: time.Minute}}
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(TrainNowSignal, nil) }, 5*time.Minute)
+	start := env.Now()
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 10, PollInterval: time.Hour, MaxBatchAge: 24 * time.Hour, StepsPerRun: 1, NoRelease: true}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, 1, next.Carry.Steps)
+	require.Less(t, env.Now().Sub(start), time.Hour, "train-now cuts the wait short")
+	require.Empty(t, acts.release.finished)
+
+	env, acts = newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 1, OldestAge: 2 * time.Hour}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 10, MaxBatchAge: time.Hour, StepsPerRun: 1, NoRelease: true}})
+	next = continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, 1, next.Carry.Steps, "a batch older than MaxBatchAge trains although it is small")
+}
+
+func TestTrainingSurvivesAFailedStep(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.failTrain = 5 // every attempt of the first step fails
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, StepsPerRun: 2, NoRelease: true}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, 1, next.Carry.Steps, "the loop goes on after a failed step")
+	require.Len(t, acts.claims, 2)
+	require.NotEqual(t, acts.claims[0].RunKey, acts.claims[1].RunKey)
+}
+
+func continueAsNewTraining(t *testing.T, err error) TrainingInput {
+	t.Helper()
+	var next TrainingInput
+	decodeContinueAsNew(t, err, &next)
+	return next
+}
