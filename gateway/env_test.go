@@ -145,3 +145,9 @@ func eventually(t *testing.T, f func() bool, msg string) {
 	t.Helper()
 	require.Eventually(t, f, 10*time.Second, 20*time.Millisecond, msg)
 }
+
+type configGateway = config.GatewayConfig
+
+func newServer(cfg config.GatewayConfig) (*gateway.Server, error) {
+	return gateway.New(cfg, gateway.Deps{Logger: slog.New(slog.DiscardHandler)})
+}

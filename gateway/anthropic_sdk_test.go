@@ -1,0 +1,82 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/stretchr/testify/require"
+)
+
+func (e *env) anthropic(key string) anthropic.Client {
+	return anthropic.NewClient(option.WithBaseURL(e.url+"/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+}
+
+func TestAnthropicSDKMessagesToolsStreamMultiTurn(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	c := e.anthropic(e.keyA)
+	tools := []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{
+		Name: "search", Description: anthropic.String("search the web"),
+		InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"query": map[string]any{"type": "string"}}},
+	}}}
+	msgs := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather in Oslo"))}
+	first, err := c.Messages.New(ctx, anthropic.MessageNewParams{
+		Model: anthropic.Model(fixtureModel), MaxTokens: 256, Messages: msgs, Tools: tools,
+		System: []anthropic.TextBlockParam{{Text: "you are helpful"}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, anthropic.StopReasonToolUse, first.StopReason)
+	var toolUse anthropic.ToolUseBlock
+	for _, b := range first.Content {
+		if b.Type == "tool_use" {
+			toolUse = b.AsToolUse()
+		}
+	}
+	require.Equal(t, "search", toolUse.Name)
+	var input map[string]string
+	require.NoError(t, json.Unmarshal(toolUse.Input, &input))
+	require.Equal(t, "weather in Oslo", input["query"])
+	row1 := e.captured(first.ID)
+	require.Equal(t, "anthropic", row1.Protocol)
+	require.NotEmpty(t, row1.CompletionIDs)
+
+	// Turn 2 streams, answers the tool, and is stitched onto turn 1.
+	msgs = append(msgs, first.ToParam(), anthropic.NewUserMessage(anthropic.NewToolResultBlock(toolUse.ID, "sunny, 21C", false)))
+	stream := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{
+		Model: anthropic.Model(fixtureModel), MaxTokens: 256, Messages: msgs, Tools: tools,
+		System: []anthropic.TextBlockParam{{Text: "you are helpful"}},
+	})
+	var second anthropic.Message
+	for stream.Next() {
+		require.NoError(t, second.Accumulate(stream.Current()))
+	}
+	require.NoError(t, stream.Err())
+	require.Equal(t, anthropic.StopReasonEndTurn, second.StopReason)
+	require.Equal(t, "echo: sunny, 21C", second.Content[0].Text)
+	require.Positive(t, second.Usage.OutputTokens)
+	row2 := e.captured(second.ID)
+	require.True(t, row2.Stream)
+	require.Equal(t, row1.SessionID, row2.SessionID)
+
+	bad := e.anthropic("fw-nope")
+	_, err = bad.Messages.New(ctx, anthropic.MessageNewParams{Model: anthropic.Model(fixtureModel), MaxTokens: 5,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("x"))}})
+	var apiErr *anthropic.Error
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, 401, apiErr.StatusCode)
+	require.Contains(t, apiErr.RawJSON(), `"authentication_error"`)
+}
+
+func TestAnthropicStreamUpstreamFailureIsErrorEvent(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.fixture.BreakStreamAfter = 1
+	c := e.anthropic(e.keyA)
+	stream := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: anthropic.Model(fixtureModel), MaxTokens: 100,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("a long enough prompt"))}})
+	for stream.Next() {
+	}
+	require.Error(t, stream.Err())
+}
