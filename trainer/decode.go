@@ -19,6 +19,18 @@ func (m *Model) newCache() *kvCache {
 	return kv
 }
 
+// clone copies the first n positions into a fresh cache of the same size.
+func (kv *kvCache) clone(d int) *kvCache {
+	c := &kvCache{k: make([][]float32, len(kv.k)), v: make([][]float32, len(kv.v)), n: kv.n}
+	for l := range kv.k {
+		c.k[l] = make([]float32, len(kv.k[l]))
+		c.v[l] = make([]float32, len(kv.v[l]))
+		copy(c.k[l], kv.k[l][:kv.n*d])
+		copy(c.v[l], kv.v[l][:kv.n*d])
+	}
+	return c
+}
+
 // prefill runs ids through the batched forward pass and stores their keys
 // and values; the last prompt token then goes through decodeStep, which
 // yields the first logits.

@@ -100,9 +100,20 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 			return nil, inputErrorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
 		}
 		gens[i].PromptIDs = p
+		next[i] = p[len(p)-1]
+	}
+	// A GRPO group samples one prompt many times: prefill it once and copy
+	// the cache.
+	first := map[string]int{}
+	for i, p := range prompts {
+		key := idsKey(p)
+		if j, ok := first[key]; ok {
+			caches[i] = caches[j].clone(m.Config.DModel)
+			continue
+		}
+		first[key] = i
 		caches[i] = m.newCache()
 		m.prefill(caches[i], p[:len(p)-1])
-		next[i] = p[len(p)-1]
 	}
 	active := make([]int, len(prompts))
 	for i := range active {
@@ -246,4 +257,12 @@ func (e *inputError) Error() string { return e.msg }
 
 func inputErrorf(format string, args ...any) error {
 	return &inputError{msg: fmt.Sprintf(format, args...)}
+}
+
+func idsKey(ids []int) string {
+	b := make([]byte, 0, 4*len(ids))
+	for _, id := range ids {
+		b = append(b, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+	}
+	return string(b)
 }

@@ -15,7 +15,8 @@ func TestDecodeLogprobsMatchTrainingForward(t *testing.T) {
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(1, 2))
 	temp := 0.8
-	prompts := [][]int{{TokImStart, 'a', 'b', 'c'}, {TokImStart, 'x'}, {TokImStart}}
+	// Repeated prompts share one prefill (a GRPO group).
+	prompts := [][]int{{TokImStart, 'a', 'b', 'c'}, {TokImStart, 'x'}, {TokImStart}, {TokImStart, 'a', 'b', 'c'}, {TokImStart, 'x'}}
 	gens, err := m.Generate(context.Background(), prompts, SampleOptions{Temperature: &temp, MaxTokens: 20}, rng, nil)
 	require.NoError(t, err)
 	for _, g := range gens {
