@@ -58,7 +58,9 @@ func TestPackedLossAndGradientEqualUnpacked(t *testing.T) {
 		_, err = ComputeAdvantages(samples, l.cfg.Advantage, l.base)
 		require.NoError(t, err)
 		var res StepResult
-		grad, err := l.lossAndGrad(context.Background(), samples, 1, false, &res)
+		pb, err := l.packBatch(samples)
+		require.NoError(t, err)
+		grad, err := l.lossAndGrad(context.Background(), samples, pb, nil, 1, false, &res)
 		require.NoError(t, err)
 		return res, grad
 	}

@@ -63,6 +63,11 @@ type Config struct {
 	MaxStaleness int `json:"max_staleness"`
 	// NoPacking turns prefix sharing off (for comparisons). Default false.
 	NoPacking bool `json:"no_packing"`
+	// MiniBatches splits a batch (whole groups at a time) into that many
+	// optimizer updates. All of them measure the ratio against the proximal
+	// policy, the weights the step started from, which is what makes the
+	// PPO clip bite after the first update. Default 1.
+	MiniBatches int `json:"mini_batches"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
 }
@@ -74,6 +79,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxStaleness == 0 {
 		c.MaxStaleness = 4
 	}
+	if c.MiniBatches == 0 {
+		c.MiniBatches = 1
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -81,7 +89,11 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	return errors.Join(c.Loss.validate(), c.Advantage.validate(), c.Optim.validate())
+	var mb error
+	if c.MiniBatches < 1 || c.MiniBatches > 1024 {
+		mb = fmt.Errorf("mini_batches %d must be in [1, 1024]", c.MiniBatches)
+	}
+	return errors.Join(c.Loss.validate(), c.Advantage.validate(), c.Optim.validate(), mb)
 }
 
 // Local trains the in-process policy.
@@ -163,15 +175,75 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 		res.Advantages = st
 	}
 
-	grad, err := l.lossAndGrad(ctx, samples, b.Temperature, sft, &res)
-	if err != nil {
-		return res, err
+	temp := float32(b.Temperature)
+	if temp == 0 {
+		temp = 1 // greedy samples report log-probs at T = 1
 	}
-	res.GradNorm = clipGrad(grad, l.cfg.Optim.ClipNorm)
-	if math.IsNaN(res.GradNorm) || math.IsInf(res.GradNorm, 0) {
-		return res, fmt.Errorf("train step: gradient norm is %v; weights left unchanged", res.GradNorm)
+	var parts [][]Sample
+	var packs []*packedBatch
+	for _, p := range splitGroups(samples, l.cfg.MiniBatches) {
+		pb, err := l.packBatch(p)
+		if err != nil {
+			return res, err
+		}
+		if pb.trained > 0 { // a part of prompt-only samples has nothing to learn
+			parts, packs = append(parts, p), append(packs, pb)
+		}
 	}
-	res.LR = l.opt.update(l.model.W, grad)
+	if len(parts) == 0 {
+		return res, errors.New("train step: no token has loss_mask 1")
+	}
+	// A failure after the first update must not leave half-trained weights
+	// behind an unchanged version.
+	var saved []float32
+	if len(parts) > 1 {
+		saved = append([]float32(nil), l.model.W...)
+	}
+	restore := func() {
+		if saved != nil {
+			copy(l.model.W, saved)
+		}
+	}
+	// Proximal log-probs for the later minibatches, before any update; the
+	// first one's are its own forward pass.
+	prox := make([][]float32, len(parts))
+	if !sft {
+		for i := 1; i < len(parts); i++ {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			prox[i] = l.model.forward(packs[i].pk, packs[i].targets, temp).TargetLogp
+		}
+	}
+	var loss, kl, gradNorm float64
+	for i, p := range parts {
+		part := StepResult{}
+		grad, err := l.lossAndGrad(ctx, p, packs[i], prox[i], temp, sft, &part)
+		if err != nil {
+			restore()
+			return res, err
+		}
+		norm := clipGrad(grad, l.cfg.Optim.ClipNorm)
+		if math.IsNaN(norm) || math.IsInf(norm, 0) {
+			restore()
+			return res, fmt.Errorf("train step: gradient norm is %v; update %d of %d skipped", norm, i+1, len(parts))
+		}
+		res.LR = l.opt.update(l.model.W, grad)
+		n := float64(part.TrainedTokens)
+		loss += part.Loss * n
+		kl += part.MeanKL * n
+		gradNorm += norm / float64(len(parts))
+		res.TrainedTokens += part.TrainedTokens
+		res.TotalTokens += part.TotalTokens
+		res.UniqueTokens += part.UniqueTokens
+		res.IcePopMasked += part.IcePopMasked
+		res.KPopMasked += part.KPopMasked
+		res.Clipped += part.Clipped
+		res.FLOPs += part.FLOPs
+	}
+	res.Loss = loss / float64(res.TrainedTokens)
+	res.MeanKL = kl / float64(res.TrainedTokens)
+	res.GradNorm = gradNorm
 	l.version++
 	res.Version = l.version
 	if l.pub != nil {
@@ -185,11 +257,16 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	return res, nil
 }
 
-// lossAndGrad computes the batch loss on the current weights and returns its
-// gradient. Every token's loss depends on the network only through log π of
-// that token, so the pass reduces the loss to d loss / d log π per node; a
-// node shared by several samples sums their terms.
-func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, temperature float64, sft bool, res *StepResult) ([]float32, error) {
+// packedBatch is a minibatch laid out as a prefix tree, with the nodes
+// whose log-probs the loss needs.
+type packedBatch struct {
+	pk       *Pack
+	targets  []int // node ids, each once
+	targetOf []int // node → index in targets, -1 if none
+	trained  int   // trained tokens over all samples (a shared node counts per sample)
+}
+
+func (l *Local) packBatch(samples []Sample) (*packedBatch, error) {
 	seqs := make([][]int, len(samples))
 	for i, s := range samples {
 		seqs[i] = s.TokenIDs
@@ -198,31 +275,59 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, temperature f
 	if err != nil {
 		return nil, fmt.Errorf("train step: %w", err)
 	}
-	res.TotalTokens, res.UniqueTokens = pk.NumSampleTokens(), pk.NumNodes()
-	targetOf := make([]int, pk.NumNodes())
-	for i := range targetOf {
-		targetOf[i] = -1
+	pb := &packedBatch{pk: pk, targetOf: make([]int, pk.NumNodes())}
+	for i := range pb.targetOf {
+		pb.targetOf[i] = -1
 	}
-	var targets []int
 	for s, smp := range samples {
 		for t, mk := range smp.LossMask {
 			if mk == 0 {
 				continue
 			}
-			res.TrainedTokens++
-			if n := pk.SampleNodes[s][t]; targetOf[n] < 0 {
-				targetOf[n] = len(targets)
-				targets = append(targets, n)
+			pb.trained++
+			if n := pk.SampleNodes[s][t]; pb.targetOf[n] < 0 {
+				pb.targetOf[n] = len(pb.targets)
+				pb.targets = append(pb.targets, n)
 			}
 		}
 	}
-	if res.TrainedTokens == 0 {
-		return nil, errors.New("train step: no token has loss_mask 1")
+	return pb, nil
+}
+
+// splitGroups cuts samples into at most k parts without splitting a group.
+func splitGroups(samples []Sample, k int) [][]Sample {
+	if k <= 1 {
+		return [][]Sample{samples}
 	}
-	temp := float32(temperature)
-	if temp == 0 {
-		temp = 1 // greedy samples report log-probs at T = 1
+	var order []string
+	byGroup := map[string][]Sample{}
+	for i, s := range samples {
+		key := s.GroupID
+		if key == "" {
+			key = fmt.Sprintf("\x00%d", i)
+		}
+		if _, ok := byGroup[key]; !ok {
+			order = append(order, key)
+		}
+		byGroup[key] = append(byGroup[key], s)
 	}
+	k = min(k, len(order))
+	parts := make([][]Sample, k)
+	for i, g := range order {
+		parts[i*k/len(order)] = append(parts[i*k/len(order)], byGroup[g]...)
+	}
+	return parts
+}
+
+// lossAndGrad computes the loss of one minibatch on the current weights and
+// returns its gradient. Every token's loss depends on the network only
+// through log π of that token, so the pass reduces the loss to
+// d loss / d log π per node; a node shared by several samples sums their
+// terms. prox holds the proximal log-probs per target; nil means the
+// current weights are the proximal policy.
+func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBatch, prox []float32, temp float32, sft bool, res *StepResult) ([]float32, error) {
+	pk, targets, targetOf := pb.pk, pb.targets, pb.targetOf
+	res.TotalTokens, res.UniqueTokens, res.TrainedTokens = pk.NumSampleTokens(), pk.NumNodes(), pb.trained
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -250,6 +355,9 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, temperature f
 				continue
 			}
 			in := tokenIn{Logp: logp, LogpProx: logp, LogpBehav: float64(smp.Logprobs[t]), Adv: *smp.Advantage}
+			if prox != nil {
+				in.LogpProx = float64(prox[ti])
+			}
 			if refLogp != nil {
 				in.LogpRef = float64(refLogp[ti])
 			}

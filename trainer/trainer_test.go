@@ -173,3 +173,32 @@ func FuzzReadBatchJSONL(f *testing.F) {
 		_ = b.validate(VocabSize, 64)
 	})
 }
+
+// With one update per batch the ratio π/π_prox is exactly 1 and nothing is
+// clipped; with several minibatches the later ones are measured against the
+// weights the step started from, so a big step makes the clip bite.
+func TestMiniBatchesUseProximalPolicy(t *testing.T) {
+	m, err := NewModel(ModelConfig{Context: 32, Layers: 1, Heads: 2, DModel: 16, FFN: 32}, 1)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(5, 5))
+	b := groupBatch(rng, 4, 4, 8, 6)
+	for _, mb := range []int{1, 4} {
+		l, err := NewLocal(m, 0, Config{MiniBatches: mb, Optim: OptimConfig{LR: 0.05}}, nil)
+		require.NoError(t, err)
+		var res StepResult
+		for i := 0; i < 3; i++ {
+			res, err = l.TrainStep(context.Background(), b)
+			require.NoError(t, err)
+		}
+		require.Equal(t, 16, res.Samples)
+		if mb == 1 {
+			require.Zero(t, res.Clipped)
+		} else {
+			require.Positive(t, res.Clipped)
+		}
+	}
+	require.Len(t, splitGroups(b.Samples, 3), 3)
+	require.Len(t, splitGroups(b.Samples, 10), 4, "groups stay whole")
+	_, err = NewLocal(m, 0, Config{MiniBatches: -1}, nil)
+	require.ErrorContains(t, err, "mini_batches")
+}
