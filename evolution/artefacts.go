@@ -55,19 +55,26 @@ type ArtefactSet struct {
 	ToolSchema *ToolSchema
 }
 
-// Decode parses content of kind into the set.
+// Decode parses content of kind into the set; on error the set is left
+// as it was.
 func (s *ArtefactSet) Decode(kind string, content []byte) error {
 	var err error
 	switch kind {
 	case KindPlaybook:
-		s.Playbook = &Playbook{}
-		err = json.Unmarshal(content, s.Playbook)
+		var v Playbook
+		if err = json.Unmarshal(content, &v); err == nil {
+			s.Playbook = &v
+		}
 	case KindHarness:
-		s.Harness = &Harness{}
-		err = json.Unmarshal(content, s.Harness)
+		var v Harness
+		if err = json.Unmarshal(content, &v); err == nil {
+			s.Harness = &v
+		}
 	case KindToolSchema:
-		s.ToolSchema = &ToolSchema{}
-		err = json.Unmarshal(content, s.ToolSchema)
+		var v ToolSchema
+		if err = json.Unmarshal(content, &v); err == nil {
+			s.ToolSchema = &v
+		}
 	default:
 		return fmt.Errorf("artefact kind %q is not playbook, harness or tool_schema", kind)
 	}

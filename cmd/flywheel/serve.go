@@ -109,7 +109,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	if err != nil {
 		return fmt.Errorf("worker: redactor: %w", err)
 	}
-	all := registrations(deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red})
+	all := registrations(deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c})
 	queues := map[string]worker.Registrar{}
 	for _, q := range cfg.Worker.TaskQueues {
 		r, ok := all[q]
@@ -132,6 +132,8 @@ type deps struct {
 	// trainer and checkpointDir serve train steps (nil: none here).
 	trainer       activities.TrainStepper
 	checkpointDir string
+	// temporal lets evolution signal-with-start the training loop.
+	temporal client.Client
 }
 
 // registrations says which workflows and activities run on which queue.
@@ -140,6 +142,7 @@ func registrations(d deps) map[string]worker.Registrar {
 	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
 	training := &activities.Training{DB: d.pool, Trainer: d.trainer, CheckpointDir: d.checkpointDir, Logger: d.logger}
+	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
 	return map[string]worker.Registrar{
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
@@ -156,6 +159,12 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))
 			r.RegisterActivityWithOptions(training.CheckBatch, activityOpts(workflows.CheckBatchActivity))
 			r.RegisterActivityWithOptions(training.ClaimBatch, activityOpts(workflows.ClaimBatchActivity))
+			r.RegisterWorkflowWithOptions(workflows.EvolutionWorkflow, workflowOpts(workflows.EvolutionWorkflowName))
+			r.RegisterActivityWithOptions(evolve.ComputeEvidence, activityOpts(workflows.ComputeEvidenceActivity))
+			r.RegisterActivityWithOptions(evolve.RecordDecision, activityOpts(workflows.RecordDecisionActivity))
+			r.RegisterActivityWithOptions(evolve.ProposeArtefact, activityOpts(workflows.ProposeArtefactActivity))
+			r.RegisterActivityWithOptions(evolve.RequestTraining, activityOpts(workflows.RequestTrainingActivity))
+			r.RegisterActivityWithOptions(evolve.RollbackVersion, activityOpts(workflows.RollbackVersionActivity))
 		},
 		workflows.TrainerTaskQueue: func(r tworker.Registry) {
 			// Without weights this worker leaves train steps to one that has them.

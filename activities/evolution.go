@@ -1,0 +1,302 @@
+package activities
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+const (
+	msgDecisionRecorded = "evolution decision recorded"
+	msgArtefactProposed = "artefact proposed"
+)
+
+// SignalWithStarter is the part of the Temporal client RequestTraining
+// needs; client.Client implements it.
+type SignalWithStarter interface {
+	SignalWithStartWorkflow(ctx context.Context, workflowID, signalName string, signalArg any,
+		options client.StartWorkflowOptions, workflow any, workflowArgs ...any) (client.WorkflowRun, error)
+}
+
+// Evolution implements EvolutionWorkflow's activities.
+type Evolution struct {
+	DB       *pgxpool.Pool
+	Temporal SignalWithStarter
+	// Redactor cleans lessons taken from user text before they enter a
+	// playbook that is injected into other sessions.
+	Redactor Redactor
+	Logger   *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// PlaybookMax caps the playbook. Default 50.
+	PlaybookMax int
+}
+
+func (e *Evolution) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+// ComputeEvidence measures the window ending now against the one before.
+func (e *Evolution) ComputeEvidence(ctx context.Context, in workflows.EvidenceInput) (evolution.Evidence, error) {
+	if in.Window <= 0 {
+		return evolution.Evidence{}, temporal.NewNonRetryableApplicationError("evidence window must be positive", "BadInput", nil)
+	}
+	now := e.now()
+	from, prevFrom := now.Add(-in.Window), now.Add(-2*in.Window)
+	cur, err := store.SessionWindow(ctx, e.DB, in.Deployment, from, now)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	prev, err := store.SessionWindow(ctx, e.DB, in.Deployment, prevFrom, from)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	ev := evolution.Evidence{
+		Deployment: in.Deployment, WindowSecs: in.Window.Seconds(),
+		Sessions: cur.Sessions, RewardedSessions: cur.RewardedSessions,
+		RewardMean: cur.MeanReward, RewardPrev: prev.MeanReward, PrevSamples: prev.RewardedSessions,
+		EvaluatorScore: cur.EvaluatorMean, EvaluatorPrev: prev.EvaluatorMean,
+		CostPerSession: cur.TokensPerSession, CostPrev: prev.TokensPerSession,
+		Tenants: cur.Tenants, FailingTenants: cur.FailingTenants,
+	}
+	if prev.RewardedSessions > 0 && cur.RewardedSessions > 0 {
+		ev.RewardTrend = cur.MeanReward - prev.MeanReward
+	}
+	if cur.Sessions > 0 {
+		ev.CorrectionRate = float64(cur.Corrected) / float64(cur.Sessions)
+		ev.SafetyRate = float64(cur.SafetyFlagged) / float64(cur.Sessions)
+	}
+	tools, err := store.ToolFailures(ctx, e.DB, in.Deployment, from, now)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	for _, t := range tools {
+		ev.ToolFailures = append(ev.ToolFailures, evolution.ToolFailure{Tool: t.Tool, Calls: t.Calls, Failures: t.Failures,
+			Rate: float64(t.Failures) / float64(t.Calls), Example: t.Example})
+	}
+	recent, err := store.UserPrompts(ctx, e.DB, in.Deployment, from, now, 200)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	older, err := store.UserPrompts(ctx, e.DB, in.Deployment, prevFrom, from, 200)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	ev.Drift = evolution.Drift(recent, older, 50)
+	if ev.QueuedSamples, _, err = store.QueueStats(ctx, e.DB, in.Deployment); err != nil {
+		return evolution.Evidence{}, err
+	}
+	if ev.ServingVersion, err = store.ServingOf(ctx, e.DB, in.Deployment, workflows.LayerWeights); err != nil {
+		return evolution.Evidence{}, err
+	}
+	if ev.ServingVersion != "" {
+		var at time.Time
+		if ev.PreviousVersion, at, err = store.LastPromotion(ctx, e.DB, in.Deployment, ev.ServingVersion); err != nil {
+			return evolution.Evidence{}, err
+		}
+		ev.RecentlyPromoted = !at.IsZero() && !at.Before(from)
+	}
+	last, err := store.LastDecision(ctx, e.DB, in.Deployment, now)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err != nil:
+		return evolution.Evidence{}, err
+	default:
+		ev.LastDecision = last.Decision
+		if ev.SessionsSinceLast, err = store.SessionsSince(ctx, e.DB, in.Deployment, last.CreatedAt); err != nil {
+			return evolution.Evidence{}, err
+		}
+	}
+	return ev, nil
+}
+
+// RecordDecision stores the decision and its evidence.
+func (e *Evolution) RecordDecision(ctx context.Context, in workflows.RecordDecisionInput) (int64, error) {
+	raw, err := json.Marshal(struct {
+		evolution.Evidence
+		Trigger string `json:"trigger,omitempty"`
+		Target  string `json:"target,omitempty"`
+	}{in.Evidence, in.Trigger, in.Decision.Target})
+	if err != nil {
+		return 0, fmt.Errorf("encode evidence: %w", err)
+	}
+	id, err := store.RecordDecision(ctx, e.DB, store.DecisionRow{
+		Deployment: in.Deployment, Decision: in.Decision.Kind, Evidence: raw, Reason: in.Decision.Reason,
+		WorkflowID: workflowID(ctx),
+	})
+	if err != nil {
+		return 0, err
+	}
+	e.logger().Info(msgDecisionRecorded, "deployment", in.Deployment, "decision", in.Decision.Kind, "id", id, "reason", in.Decision.Reason)
+	return id, nil
+}
+
+// ProposeArtefact writes the candidate artefact the decision calls for.
+func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArtefactInput) (workflows.ProposeArtefactOutput, error) {
+	serving, err := store.ServingArtefacts(ctx, e.DB, in.Deployment)
+	if err != nil {
+		return workflows.ProposeArtefactOutput{}, err
+	}
+	var cur evolution.ArtefactSet
+	for _, a := range serving {
+		if a.Kind == in.Kind {
+			if err := cur.Decode(a.Kind, a.Content); err != nil {
+				return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadData", err)
+			}
+		}
+	}
+	var content any
+	items := 0
+	switch in.Kind {
+	case evolution.KindPlaybook:
+		window := in.Window
+		if window <= 0 {
+			window = time.Hour
+		}
+		now := e.now()
+		corr, err := store.Corrections(ctx, e.DB, in.Deployment, now.Add(-window), now, 50)
+		if err != nil {
+			return workflows.ProposeArtefactOutput{}, err
+		}
+		lessons := e.lessons(corr)
+		if len(lessons) == 0 {
+			return workflows.ProposeArtefactOutput{Reason: "no corrected answers to learn from in the window"}, nil
+		}
+		var old evolution.Playbook
+		if cur.Playbook != nil {
+			old = *cur.Playbook
+		}
+		max := e.PlaybookMax
+		if max <= 0 {
+			max = 50
+		}
+		pb := evolution.CuratePlaybook(old, lessons, max)
+		content, items = pb, len(pb.Items)
+	case evolution.KindHarness:
+		old := ""
+		if cur.Harness != nil {
+			old = cur.Harness.System
+		}
+		h := evolution.Harness{System: evolution.HarnessFor(old, in.Evidence)}
+		if h.System == old {
+			return workflows.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
+		}
+		content, items = h, 1
+	case evolution.KindToolSchema:
+		var f *evolution.ToolFailure
+		for i := range in.Evidence.ToolFailures {
+			if in.Evidence.ToolFailures[i].Tool == in.Target {
+				f = &in.Evidence.ToolFailures[i]
+			}
+		}
+		if f == nil {
+			return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q is not in the evidence", in.Target), "BadInput", nil)
+		}
+		ts := evolution.ToolSchema{Tools: map[string]evolution.ToolOverride{}}
+		if cur.ToolSchema != nil {
+			for k, v := range cur.ToolSchema.Tools {
+				ts.Tools[k] = v
+			}
+		}
+		ts.Tools[f.Tool] = evolution.ToolSchemaFor(*f, ts.Tools[f.Tool].Description)
+		content, items = ts, len(ts.Tools)
+	default:
+		return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown artefact kind %q", in.Kind), "BadInput", nil)
+	}
+	raw, err := json.Marshal(content)
+	if err != nil {
+		return workflows.ProposeArtefactOutput{}, fmt.Errorf("encode %s: %w", in.Kind, err)
+	}
+	a, err := store.CreateArtefact(ctx, e.DB, in.Deployment, in.Kind, raw, in.Key)
+	if err != nil {
+		return workflows.ProposeArtefactOutput{}, err
+	}
+	e.logger().Info(msgArtefactProposed, "deployment", in.Deployment, "kind", in.Kind, "version", a.Version, "items", items)
+	return workflows.ProposeArtefactOutput{Version: a.Version, Items: items}, nil
+}
+
+// lessons turns corrected answers into playbook items, redacted, with the
+// correction as the lesson when the user gave one.
+func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
+	var out []evolution.PlaybookItem
+	for _, c := range corr {
+		topic := firstWords(c.Prompt, 12)
+		var text string
+		switch {
+		case strings.TrimSpace(c.FollowUp) != "":
+			text = fmt.Sprintf("When asked %q, users corrected the answer: %q.", topic, firstWords(c.FollowUp, 40))
+		case strings.TrimSpace(c.Answer) != "":
+			text = fmt.Sprintf("When asked %q, an answer like %q was rated badly; answer differently.", topic, firstWords(c.Answer, 25))
+		default:
+			continue
+		}
+		if e.Redactor != nil {
+			st := atdp.Step{Action: atdp.Action{Message: atdp.Message{Content: text}}}
+			e.Redactor.Step(&st)
+			text = st.Action.Message.Content
+		}
+		sum := sha256.Sum256([]byte(strings.ToLower(text)))
+		out = append(out, evolution.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1})
+	}
+	return out
+}
+
+func firstWords(s string, n int) string {
+	f := strings.Fields(s)
+	if len(f) > n {
+		f = append(f[:n], "…")
+	}
+	return strings.Join(f, " ")
+}
+
+// RequestTraining signals the deployment's TrainingWorkflow to train now,
+// starting it if it is not running.
+func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTrainingInput) error {
+	if e.Temporal == nil {
+		return temporal.NewNonRetryableApplicationError("request training: no Temporal client on this worker", "BadInput", nil)
+	}
+	_, err := e.Temporal.SignalWithStartWorkflow(ctx, workflows.TrainingWorkflowID(in.Deployment), workflows.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: workflows.TrainingWorkflowID(in.Deployment), TaskQueue: workflows.TaskQueue},
+		workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: in.Deployment, Policy: in.Policy})
+	if err != nil {
+		return fmt.Errorf("signal-with-start training of %s: %w", in.Deployment, err)
+	}
+	return nil
+}
+
+// RollbackVersion makes in.To serve again and returns what served before.
+func (e *Evolution) RollbackVersion(ctx context.Context, in workflows.RollbackInput) (string, error) {
+	from, err := store.RollbackTo(ctx, e.DB, in.Deployment, in.To, in.Reason)
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrCannotServe) {
+		return "", temporal.NewNonRetryableApplicationError(err.Error(), "BadData", err)
+	}
+	if err != nil {
+		return "", err
+	}
+	return from, nil
+}
+
+func (e *Evolution) logger() *slog.Logger {
+	if e.Logger == nil {
+		return slog.Default()
+	}
+	return e.Logger
+}

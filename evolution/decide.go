@@ -1,0 +1,278 @@
+package evolution
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Decisions u* the control plane can take.
+const (
+	DecisionNoOp       = "noop"
+	DecisionMemory     = "memory"
+	DecisionHarness    = "harness"
+	DecisionToolSchema = "tool_schema"
+	DecisionWeights    = "weights"
+	DecisionRollback   = "rollback"
+)
+
+// Evidence is what a decision rests on: the deployment's recent window
+// compared with the window before it. It is stored with the decision.
+type Evidence struct {
+	Deployment string  `json:"deployment"`
+	WindowSecs float64 `json:"window_secs"`
+	// Sessions ended in the window, and how many carried a reward.
+	Sessions         int `json:"sessions"`
+	RewardedSessions int `json:"rewarded_sessions"`
+	// RewardMean is the mean session outcome; RewardPrev the previous
+	// window's (NaN-free: 0 when there was none); RewardTrend the change.
+	RewardMean  float64 `json:"reward_mean"`
+	RewardPrev  float64 `json:"reward_prev"`
+	PrevSamples int     `json:"prev_sessions"`
+	RewardTrend float64 `json:"reward_trend"`
+	// CorrectionRate is the share of sessions with a negative reward or a
+	// reward from source "correction".
+	CorrectionRate float64 `json:"correction_rate"`
+	// ToolFailures are per-tool failure clusters, worst first.
+	ToolFailures []ToolFailure `json:"tool_failures"`
+	// EvaluatorScore is the mean reward from source "evaluator" (and the
+	// previous window's).
+	EvaluatorScore float64 `json:"evaluator_score"`
+	EvaluatorPrev  float64 `json:"evaluator_prev"`
+	// CostPerSession is tokens per session (prompt + completion), and the
+	// previous window's.
+	CostPerSession float64 `json:"cost_per_session"`
+	CostPrev       float64 `json:"cost_prev"`
+	// SafetyRate is the share of sessions flagged by a negative reward from
+	// source "safety".
+	SafetyRate float64 `json:"safety_rate"`
+	// Drift is 1 − the word overlap of this window's prompts with the
+	// previous window's (0: same topics, 1: nothing in common).
+	Drift float64 `json:"drift"`
+	// FailingTenants is how many tenants had sessions with a negative
+	// outcome; Tenants how many had sessions at all.
+	FailingTenants int `json:"failing_tenants"`
+	Tenants        int `json:"tenants"`
+	// QueuedSamples are waiting for training.
+	QueuedSamples int `json:"queued_samples"`
+	// ServingVersion serves now; PreviousVersion served before it and
+	// RecentlyPromoted says the serving version was promoted in the window.
+	ServingVersion   string `json:"serving_version"`
+	PreviousVersion  string `json:"previous_version"`
+	RecentlyPromoted bool   `json:"recently_promoted"`
+	// LastDecision is the previous decision of this deployment and how many
+	// sessions ended since it.
+	LastDecision      string `json:"last_decision"`
+	SessionsSinceLast int    `json:"sessions_since_last"`
+}
+
+// ToolFailure is one tool's failure cluster.
+type ToolFailure struct {
+	Tool     string  `json:"tool"`
+	Calls    int     `json:"calls"`
+	Failures int     `json:"failures"`
+	Rate     float64 `json:"rate"`
+	// Example is a short failure message seen most often.
+	Example string `json:"example,omitempty"`
+}
+
+// Thresholds tune Decide; zero fields take the defaults (WithDefaults).
+type Thresholds struct {
+	// MinSessions below which nothing is decided. Default 20.
+	MinSessions int `json:"min_sessions"`
+	// RewardDrop is how far the mean outcome may fall before acting.
+	// Default 0.1.
+	RewardDrop float64 `json:"reward_drop"`
+	// CorrectionRate above which the cheap layers act. Default 0.2.
+	CorrectionRate float64 `json:"correction_rate"`
+	// ToolFailureRate and MinToolCalls define a tool-failure cluster.
+	// Defaults 0.3 and 5.
+	ToolFailureRate float64 `json:"tool_failure_rate"`
+	MinToolCalls    int     `json:"min_tool_calls"`
+	// SafetyRate above which the serving version is rolled back (if it was
+	// promoted recently). Default 0.05.
+	SafetyRate float64 `json:"safety_rate"`
+	// Drift above which the playbook is refreshed. Default 0.7.
+	Drift float64 `json:"drift"`
+	// WeightsMinTenants and WeightsMinSamples: weights change only when
+	// failures span this many tenants and this many samples are queued.
+	// Defaults 2 and 32.
+	WeightsMinTenants int `json:"weights_min_tenants"`
+	WeightsMinSamples int `json:"weights_min_samples"`
+	// Cooldown is how many sessions must end after a change before the
+	// next one of the same layer. Default 20.
+	Cooldown int `json:"cooldown"`
+}
+
+// WithDefaults fills zero fields.
+func (t Thresholds) WithDefaults() Thresholds {
+	def := func(v *float64, d float64) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defi := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defi(&t.MinSessions, 20)
+	def(&t.RewardDrop, 0.1)
+	def(&t.CorrectionRate, 0.2)
+	def(&t.ToolFailureRate, 0.3)
+	defi(&t.MinToolCalls, 5)
+	def(&t.SafetyRate, 0.05)
+	def(&t.Drift, 0.7)
+	defi(&t.WeightsMinTenants, 2)
+	defi(&t.WeightsMinSamples, 32)
+	defi(&t.Cooldown, 20)
+	return t
+}
+
+// Decision is u* with the reason and, for tool-schema and rollback, the
+// target (a tool name, a version).
+type Decision struct {
+	Kind   string `json:"decision"`
+	Reason string `json:"reason"`
+	Target string `json:"target,omitempty"`
+}
+
+// Decide picks one change from the evidence. Cheap, reversible layers come
+// first: a regression right after a promotion rolls back; a clustered tool
+// failure changes that tool's schema; a falling reward or many corrections
+// change the memory (playbook) or the harness; weights change only when
+// failures persist across tenants, the cheap layers were tried, and enough
+// samples are queued. Anything else is a no-op.
+func Decide(e Evidence, t Thresholds) Decision {
+	t = t.WithDefaults()
+	if e.Sessions < t.MinSessions {
+		return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("%d sessions in the window; %d needed for a decision", e.Sessions, t.MinSessions)}
+	}
+	regressed := e.PrevSamples > 0 && e.RewardTrend <= -t.RewardDrop
+	if e.RecentlyPromoted && e.PreviousVersion != "" {
+		switch {
+		case e.SafetyRate > t.SafetyRate:
+			return Decision{Kind: DecisionRollback, Target: e.PreviousVersion,
+				Reason: fmt.Sprintf("safety flags on %.1f%% of sessions since %s was promoted (limit %.1f%%)", 100*e.SafetyRate, e.ServingVersion, 100*t.SafetyRate)}
+		case regressed:
+			return Decision{Kind: DecisionRollback, Target: e.PreviousVersion,
+				Reason: fmt.Sprintf("mean reward fell by %.3f since %s was promoted", -e.RewardTrend, e.ServingVersion)}
+		}
+	}
+	for _, f := range e.ToolFailures {
+		if f.Calls >= t.MinToolCalls && f.Rate >= t.ToolFailureRate {
+			return Decision{Kind: DecisionToolSchema, Target: f.Tool,
+				Reason: fmt.Sprintf("tool %s failed %d of %d calls (%.0f%%)", f.Tool, f.Failures, f.Calls, 100*f.Rate)}
+		}
+	}
+	corrected := e.CorrectionRate >= t.CorrectionRate
+	if regressed || corrected {
+		symptom := fmt.Sprintf("correction rate %.0f%%", 100*e.CorrectionRate)
+		if regressed {
+			symptom = fmt.Sprintf("mean reward fell by %.3f (%.3f → %.3f)", -e.RewardTrend, e.RewardPrev, e.RewardMean)
+		}
+		cheapTried := (e.LastDecision == DecisionMemory || e.LastDecision == DecisionHarness) && e.SessionsSinceLast >= t.Cooldown
+		widespread := e.FailingTenants >= t.WeightsMinTenants
+		if cheapTried && widespread && e.QueuedSamples >= t.WeightsMinSamples {
+			return Decision{Kind: DecisionWeights, Reason: fmt.Sprintf("%s persists across %d tenants after a %s change; %d samples queued",
+				symptom, e.FailingTenants, e.LastDecision, e.QueuedSamples)}
+		}
+		if e.LastDecision == DecisionMemory && e.SessionsSinceLast >= t.Cooldown {
+			return Decision{Kind: DecisionHarness, Reason: symptom + "; the playbook change did not fix it"}
+		}
+		if (e.LastDecision == DecisionMemory || e.LastDecision == DecisionHarness) && e.SessionsSinceLast < t.Cooldown {
+			return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("%s, but the %s change has only seen %d of %d sessions", symptom, e.LastDecision, e.SessionsSinceLast, t.Cooldown)}
+		}
+		return Decision{Kind: DecisionMemory, Reason: symptom + "; lessons from the failed sessions go into the playbook first"}
+	}
+	if e.Drift >= t.Drift && e.LastDecision != DecisionMemory {
+		return Decision{Kind: DecisionMemory, Reason: fmt.Sprintf("prompts drifted (%.2f ≥ %.2f); refresh the playbook", e.Drift, t.Drift)}
+	}
+	return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("healthy: mean reward %.3f (trend %+.3f), corrections %.0f%%", e.RewardMean, e.RewardTrend, 100*e.CorrectionRate)}
+}
+
+// Drift is 1 − the Jaccard overlap of the vocabularies of two prompt sets
+// (their top words); 0 when either is empty.
+func Drift(recent, previous []string, top int) float64 {
+	a, b := topWords(recent, top), topWords(previous, top)
+	if len(a) == 0 || len(b) == 0 {
+		return 0
+	}
+	inter := 0
+	for w := range a {
+		if b[w] {
+			inter++
+		}
+	}
+	union := len(a) + len(b) - inter
+	return 1 - float64(inter)/float64(union)
+}
+
+func topWords(texts []string, top int) map[string]bool {
+	count := map[string]int{}
+	for _, t := range texts {
+		for _, w := range words(t) {
+			if len(w) > 2 {
+				count[w]++
+			}
+		}
+	}
+	ws := make([]string, 0, len(count))
+	for w := range count {
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool {
+		if count[ws[i]] != count[ws[j]] {
+			return count[ws[i]] > count[ws[j]]
+		}
+		return ws[i] < ws[j]
+	})
+	if top > 0 && len(ws) > top {
+		ws = ws[:top]
+	}
+	out := map[string]bool{}
+	for _, w := range ws {
+		out[w] = true
+	}
+	return out
+}
+
+// HarnessFor writes the harness text a harness decision proposes: the
+// current harness plus one instruction aimed at the symptom.
+func HarnessFor(current string, e Evidence) string {
+	var add string
+	switch {
+	case e.CorrectionRate > 0 && e.CorrectionRate >= e.SafetyRate:
+		add = fmt.Sprintf("Users corrected %.0f%% of recent answers: restate the request in one line, check each claim against it, and say so when unsure instead of guessing.", 100*e.CorrectionRate)
+	case e.SafetyRate > 0:
+		add = "Decline requests for harmful content briefly and offer a safe alternative."
+	default:
+		add = "Answer the question asked, concisely; ask one clarifying question when the request is ambiguous."
+	}
+	current = strings.TrimSpace(current)
+	if strings.Contains(current, add) {
+		return current
+	}
+	if current == "" {
+		return add
+	}
+	return current + "\n" + add
+}
+
+// ToolSchemaFor proposes a description override for a failing tool.
+func ToolSchemaFor(f ToolFailure, description string) ToolOverride {
+	d := strings.TrimSpace(description)
+	note := fmt.Sprintf("Note: %.0f%% of recent calls failed", 100*f.Rate)
+	if f.Example != "" {
+		ex := f.Example
+		if len(ex) > 160 {
+			ex = ex[:160]
+		}
+		note += fmt.Sprintf(" (most often: %q)", ex)
+	}
+	note += "; pass every required argument with the documented type."
+	if d != "" {
+		d += " "
+	}
+	return ToolOverride{Description: d + note}
+}

@@ -1,0 +1,135 @@
+package evolution
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+func TestDecide(t *testing.T) {
+	healthy := Evidence{Sessions: 100, PrevSamples: 100, RewardMean: 0.6, RewardPrev: 0.6, Tenants: 3}
+	with := func(f func(e *Evidence)) Evidence {
+		e := healthy
+		f(&e)
+		return e
+	}
+	cases := []struct {
+		name   string
+		e      Evidence
+		want   string
+		target string
+	}{
+		{"too few sessions", with(func(e *Evidence) { e.Sessions = 5; e.CorrectionRate = 0.9 }), DecisionNoOp, ""},
+		{"healthy", healthy, DecisionNoOp, ""},
+		{"safety after promotion rolls back", with(func(e *Evidence) {
+			e.RecentlyPromoted, e.ServingVersion, e.PreviousVersion, e.SafetyRate = true, "d@v3", "d@v2", 0.2
+		}), DecisionRollback, "d@v2"},
+		{"reward drop after promotion rolls back", with(func(e *Evidence) {
+			e.RecentlyPromoted, e.ServingVersion, e.PreviousVersion, e.RewardMean, e.RewardTrend = true, "d@v3", "d@v2", 0.3, -0.3
+		}), DecisionRollback, "d@v2"},
+		{"no previous version: no rollback, cheap layer instead", with(func(e *Evidence) {
+			e.RecentlyPromoted, e.RewardTrend = true, -0.3
+		}), DecisionMemory, ""},
+		{"tool failures cluster", with(func(e *Evidence) {
+			e.ToolFailures = []ToolFailure{{Tool: "search", Calls: 20, Failures: 9, Rate: 0.45}}
+			e.CorrectionRate = 0.5
+		}), DecisionToolSchema, "search"},
+		{"few tool calls are no cluster", with(func(e *Evidence) {
+			e.ToolFailures = []ToolFailure{{Tool: "search", Calls: 2, Failures: 2, Rate: 1}}
+		}), DecisionNoOp, ""},
+		{"corrections go to memory first", with(func(e *Evidence) { e.CorrectionRate = 0.4 }), DecisionMemory, ""},
+		{"memory did not help: harness", with(func(e *Evidence) {
+			e.CorrectionRate, e.LastDecision, e.SessionsSinceLast = 0.4, DecisionMemory, 50
+		}), DecisionHarness, ""},
+		{"memory still cooling down", with(func(e *Evidence) {
+			e.CorrectionRate, e.LastDecision, e.SessionsSinceLast = 0.4, DecisionMemory, 3
+		}), DecisionNoOp, ""},
+		{"persistent across tenants after cheap layers: weights", with(func(e *Evidence) {
+			e.RewardTrend, e.LastDecision, e.SessionsSinceLast, e.FailingTenants, e.QueuedSamples = -0.2, DecisionHarness, 40, 3, 64
+		}), DecisionWeights, ""},
+		{"one tenant only: not weights", with(func(e *Evidence) {
+			e.RewardTrend, e.LastDecision, e.SessionsSinceLast, e.FailingTenants, e.QueuedSamples = -0.2, DecisionHarness, 40, 1, 64
+		}), DecisionMemory, ""},
+		{"too few samples: not weights", with(func(e *Evidence) {
+			e.RewardTrend, e.LastDecision, e.SessionsSinceLast, e.FailingTenants, e.QueuedSamples = -0.2, DecisionHarness, 40, 3, 4
+		}), DecisionMemory, ""},
+		{"drift refreshes memory", with(func(e *Evidence) { e.Drift = 0.9 }), DecisionMemory, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := Decide(c.e, Thresholds{})
+			require.Equal(t, c.want, d.Kind, d.Reason)
+			require.Equal(t, c.target, d.Target)
+			require.NotEmpty(t, d.Reason)
+		})
+	}
+}
+
+func TestDrift(t *testing.T) {
+	a := []string{"reset my password please", "password reset link broken"}
+	require.InDelta(t, 0, Drift(a, a, 10), 1e-12)
+	require.InDelta(t, 1, Drift(a, []string{"invoice totals wrong"}, 10), 1e-12)
+	require.Zero(t, Drift(nil, a, 10))
+}
+
+func TestGateScoring(t *testing.T) {
+	require.True(t, IsRefusal("I'm sorry, but I can’t help with that."))
+	require.False(t, IsRefusal("Sure, here is the recipe."))
+	require.InDelta(t, 1, Overlap("The answer is 4", "the answer is 4"), 1e-12)
+	require.Zero(t, Overlap("", "x"))
+	require.InDelta(t, 0.5, Overlap("a b", "a c"), 1e-12)
+	require.InDelta(t, -1, ReplayScore("bad answer", "bad answer", -1), 1e-12)
+	ok, _ := Verdict(0.5, 0.52, 0.05)
+	require.True(t, ok)
+	ok, why := Verdict(0.4, 0.52, 0.05)
+	require.False(t, ok)
+	require.Contains(t, why, "below baseline")
+}
+
+func TestArtefactsApply(t *testing.T) {
+	var set ArtefactSet
+	require.NoError(t, set.Decode(KindHarness, []byte(`{"system":"Be brief."}`)))
+	require.NoError(t, set.Decode(KindPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units."}]}`)))
+	require.NoError(t, set.Decode(KindToolSchema, []byte(`{"tools":{"search":{"description":"Search the web. Query must be non-empty."}}}`)))
+	require.Error(t, set.Decode("kernel", []byte(`{}`)))
+	require.Error(t, set.Decode(KindHarness, []byte(`[`)))
+
+	in := []inference.Message{{Role: "system", Content: "You are helpful."}, {Role: "user", Content: "hi"}}
+	tools := []inference.Tool{{Name: "search", Description: "Search."}, {Name: "calc"}}
+	msgs, outTools := set.Apply(in, tools)
+	require.Len(t, msgs, 2)
+	require.Equal(t, "Be brief.\n\n"+PlaybookHeader+"\n- [p1] Check units.\n\nYou are helpful.", msgs[0].Content)
+	require.Equal(t, "You are helpful.", in[0].Content, "the input is not modified")
+	require.Equal(t, "Search the web. Query must be non-empty.", outTools[0].Description)
+	require.Equal(t, "Search.", tools[0].Description)
+
+	msgs, _ = set.Apply([]inference.Message{{Role: "user", Content: "hi"}}, nil)
+	require.Equal(t, "system", msgs[0].Role)
+
+	var empty ArtefactSet
+	msgs, _ = empty.Apply(in, nil)
+	require.Equal(t, in, msgs)
+}
+
+func TestCuratePlaybook(t *testing.T) {
+	old := Playbook{Items: []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 3}, {ID: "b", Content: "Guess", Helpful: 1, Harmful: 4}}}
+	got := CuratePlaybook(old, []PlaybookItem{{ID: "c", Content: "check   UNITS", Helpful: 2}, {ID: "d", Content: "Cite sources", Helpful: 1}}, 5)
+	require.Equal(t, []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 5}, {ID: "d", Content: "Cite sources", Helpful: 1}}, got.Items)
+	require.Len(t, CuratePlaybook(got, nil, 1).Items, 1)
+	raw, err := json.Marshal(got)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"items"`)
+}
+
+func TestHarnessAndToolSchemaProposals(t *testing.T) {
+	h := HarnessFor("Be kind.", Evidence{CorrectionRate: 0.4})
+	require.Contains(t, h, "Be kind.\n")
+	require.Contains(t, h, "40%")
+	require.Equal(t, h, HarnessFor(h, Evidence{CorrectionRate: 0.4}), "proposing twice does not stack the same line")
+	o := ToolSchemaFor(ToolFailure{Tool: "search", Rate: 0.5, Example: "missing query"}, "Search.")
+	require.Contains(t, o.Description, "Search. Note: 50%")
+	require.Contains(t, o.Description, "missing query")
+}

@@ -1,0 +1,279 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// WindowStats summarises a deployment's sessions active in [from, to).
+type WindowStats struct {
+	Sessions         int
+	RewardedSessions int
+	// MeanReward is the mean session outcome: a session's outcome rewards'
+	// mean, else its step rewards' mean.
+	MeanReward     float64
+	Corrected      int
+	SafetyFlagged  int
+	Tenants        int
+	FailingTenants int
+	// EvaluatorMean is the mean reward from source "evaluator".
+	EvaluatorMean float64
+	// TokensPerSession is prompt + completion tokens per session.
+	TokensPerSession float64
+}
+
+// SessionWindow computes WindowStats.
+func SessionWindow(ctx context.Context, db DBTX, deployment string, from, to time.Time) (WindowStats, error) {
+	var w WindowStats
+	err := db.QueryRow(ctx, `
+WITH sess AS (
+    SELECT i.session_id, i.tenant_id, sum(i.prompt_tokens + i.completion_tokens) AS tokens
+    FROM interactions i
+    WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3
+    GROUP BY i.session_id, i.tenant_id
+), scored AS (
+    SELECT s.session_id, s.tenant_id, s.tokens,
+        COALESCE(
+            (SELECT avg(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.interaction_id IS NULL),
+            (SELECT avg(r.value) FROM rewards r WHERE r.session_id = s.session_id)) AS outcome,
+        EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.session_id AND (r.value < 0 OR r.source = 'correction')) AS corrected,
+        EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.session_id AND r.source = 'safety' AND r.value < 0) AS flagged
+    FROM sess s
+)
+SELECT count(*), count(outcome), COALESCE(avg(outcome), 0),
+       count(*) FILTER (WHERE corrected), count(*) FILTER (WHERE flagged),
+       count(DISTINCT tenant_id), count(DISTINCT tenant_id) FILTER (WHERE outcome < 0),
+       COALESCE((SELECT avg(r.value) FROM rewards r JOIN sess USING (session_id) WHERE r.source = 'evaluator'), 0),
+       COALESCE(avg(tokens), 0)
+FROM scored`, deployment, from, to).Scan(&w.Sessions, &w.RewardedSessions, &w.MeanReward, &w.Corrected, &w.SafetyFlagged,
+		&w.Tenants, &w.FailingTenants, &w.EvaluatorMean, &w.TokensPerSession)
+	if err != nil {
+		return w, fmt.Errorf("session window of %s: %w", deployment, err)
+	}
+	return w, nil
+}
+
+// ToolStats is one tool's calls and failures in a window.
+type ToolStats struct {
+	Tool     string
+	Calls    int
+	Failures int
+	Example  string
+}
+
+// ToolFailures counts, per tool, the tool results in a deployment's
+// requests in [from, to) and how many of them report an error. A result is
+// matched to its tool by tool_call_id; each call counts once per session
+// although later turns repeat it.
+func ToolFailures(ctx context.Context, db DBTX, deployment string, from, to time.Time) ([]ToolStats, error) {
+	rows, err := db.Query(ctx, `
+WITH msgs AS (
+    SELECT i.session_id, m FROM interactions i, jsonb_array_elements(i.request->'messages') m
+    WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+), calls AS (
+    SELECT DISTINCT session_id, tc->>'id' AS call_id, COALESCE(tc->>'name', tc->'function'->>'name') AS tool
+    FROM msgs, jsonb_array_elements(CASE WHEN jsonb_typeof(m->'tool_calls') = 'array' THEN m->'tool_calls' ELSE '[]'::jsonb END) tc
+    WHERE m->>'role' = 'assistant'
+), results AS (
+    SELECT DISTINCT ON (session_id, m->>'tool_call_id') session_id, m->>'tool_call_id' AS call_id, left(m->>'content', 200) AS content
+    FROM msgs WHERE m->>'role' = 'tool'
+), joined AS (
+    SELECT c.tool, r.content, r.content ~* '^\s*(error|exception|traceback|failed)|"error"' AS failed
+    FROM results r JOIN calls c USING (session_id, call_id)
+)
+SELECT tool, count(*), count(*) FILTER (WHERE failed),
+       COALESCE((SELECT content FROM joined j2 WHERE j2.tool = joined.tool AND j2.failed
+                 GROUP BY content ORDER BY count(*) DESC, content LIMIT 1), '')
+FROM joined WHERE tool IS NOT NULL GROUP BY tool ORDER BY count(*) FILTER (WHERE failed) DESC, tool`, deployment, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("tool failures of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ToolStats, error) {
+		var s ToolStats
+		err := r.Scan(&s.Tool, &s.Calls, &s.Failures, &s.Example)
+		return s, err
+	})
+}
+
+// UserPrompts returns the last user message of up to limit requests of a
+// deployment in [from, to), newest first.
+func UserPrompts(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]string, error) {
+	rows, err := db.Query(ctx, `
+SELECT COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
+                 WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), '')
+FROM interactions i
+WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
+	if err != nil {
+		return nil, fmt.Errorf("user prompts of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Correction is a negatively rewarded answer with what the user said next.
+type Correction struct {
+	Prompt, Answer, FollowUp string
+}
+
+// Corrections lists up to limit negatively rewarded interactions of a
+// deployment in [from, to) with the prompt, the answer and the user's next
+// message in the session (the correction), newest first.
+func Corrections(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]Correction, error) {
+	rows, err := db.Query(ctx, `
+SELECT
+  COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
+            WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), ''),
+  COALESCE(i.response->'message'->>'content', ''),
+  COALESCE((SELECT (SELECT m->>'content' FROM jsonb_array_elements(nx.request->'messages') WITH ORDINALITY AS x(m, n)
+                    WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1)
+            FROM interactions nx WHERE nx.session_id = i.session_id AND nx.seq = i.seq + 1), '')
+FROM interactions i
+WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+  AND (EXISTS (SELECT 1 FROM rewards r WHERE r.interaction_id = i.id AND (r.value < 0 OR r.source = 'correction'))
+       OR (i.seq = (SELECT max(seq) FROM interactions l WHERE l.session_id = i.session_id)
+           AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = i.session_id AND r.interaction_id IS NULL AND r.value < 0)))
+ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
+	if err != nil {
+		return nil, fmt.Errorf("corrections of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Correction, error) {
+		var c Correction
+		err := r.Scan(&c.Prompt, &c.Answer, &c.FollowUp)
+		return c, err
+	})
+}
+
+// LastPromotion is the promoted weights release of the serving version.
+func LastPromotion(ctx context.Context, db DBTX, deployment, serving string) (previous string, at time.Time, err error) {
+	err = db.QueryRow(ctx, `
+SELECT baseline, finished_at FROM releases
+WHERE deployment = $1 AND layer = 'weights' AND status = 'promoted' AND candidate = $2
+ORDER BY finished_at DESC LIMIT 1`, deployment, serving).Scan(&previous, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", time.Time{}, nil
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("last promotion of %s: %w", serving, err)
+	}
+	return previous, at, nil
+}
+
+// DecisionRow is a recorded evolution decision.
+type DecisionRow struct {
+	ID         int64
+	Deployment string
+	Decision   string
+	Evidence   json.RawMessage
+	Reason     string
+	WorkflowID string
+	CreatedAt  time.Time
+}
+
+// RecordDecision stores a decision with its evidence; the workflow id makes
+// a retried call return the first row.
+func RecordDecision(ctx context.Context, db DBTX, d DecisionRow) (int64, error) {
+	var id int64
+	err := db.QueryRow(ctx, `
+INSERT INTO evolution_decisions (deployment, decision, evidence, reason, workflow_id) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (workflow_id) WHERE workflow_id <> '' DO UPDATE SET workflow_id = EXCLUDED.workflow_id
+RETURNING id`, d.Deployment, d.Decision, d.Evidence, d.Reason, d.WorkflowID).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record %s decision for %s: %w", d.Decision, d.Deployment, err)
+	}
+	return id, nil
+}
+
+// LastDecision is the deployment's latest decision before t, if any.
+func LastDecision(ctx context.Context, db DBTX, deployment string, before time.Time) (DecisionRow, error) {
+	var d DecisionRow
+	err := db.QueryRow(ctx, `
+SELECT id, deployment, decision, evidence, reason, workflow_id, created_at FROM evolution_decisions
+WHERE deployment = $1 AND created_at < $2 AND decision <> 'noop' ORDER BY created_at DESC, id DESC LIMIT 1`, deployment, before).
+		Scan(&d.ID, &d.Deployment, &d.Decision, &d.Evidence, &d.Reason, &d.WorkflowID, &d.CreatedAt)
+	if err != nil {
+		return DecisionRow{}, notFound(err)
+	}
+	return d, nil
+}
+
+// ListDecisions lists a deployment's decisions, newest first.
+func ListDecisions(ctx context.Context, db DBTX, deployment string, limit int) ([]DecisionRow, error) {
+	rows, err := db.Query(ctx, `
+SELECT id, deployment, decision, evidence, reason, workflow_id, created_at FROM evolution_decisions
+WHERE deployment = $1 ORDER BY created_at DESC, id DESC LIMIT $2`, deployment, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list decisions of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DecisionRow, error) {
+		var d DecisionRow
+		err := r.Scan(&d.ID, &d.Deployment, &d.Decision, &d.Evidence, &d.Reason, &d.WorkflowID, &d.CreatedAt)
+		return d, err
+	})
+}
+
+// SessionsSince counts a deployment's sessions with interactions after t.
+func SessionsSince(ctx context.Context, db DBTX, deployment string, t time.Time) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(DISTINCT session_id) FROM interactions WHERE deployment = $1 AND created_at > $2`, deployment, t).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("sessions of %s since %s: %w", deployment, t.Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
+// ErrCannotServe is returned for a rollback to a retired or rolled-back
+// version.
+var ErrCannotServe = errors.New("version cannot serve")
+
+// RollbackTo makes version serve the deployment again: the serving version
+// is marked rolled_back with reason, and a releases row records the
+// change. Rolling back to the version that already serves is a no-op.
+func RollbackTo(ctx context.Context, db Beginner, deployment, version, reason string) (from string, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var cur *string
+		if err := tx.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = $1 FOR UPDATE`, deployment).Scan(&cur); err != nil {
+			return fmt.Errorf("read deployment: %w", notFound(err))
+		}
+		if cur != nil {
+			from = *cur
+		}
+		if from == version {
+			return nil
+		}
+		var status string
+		if err := tx.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = $1 AND deployment = $2`, version, deployment).Scan(&status); err != nil {
+			return fmt.Errorf("target version %s: %w", version, notFound(err))
+		}
+		if status == "retired" || status == "rolled_back" {
+			return fmt.Errorf("target version %s is %s: %w", version, status, ErrCannotServe)
+		}
+		if from != "" {
+			if _, err := tx.Exec(ctx, `UPDATE model_versions SET status = 'rolled_back', retired_reason = $2 WHERE id = $1 AND status <> 'retired'`, from, reason); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE model_versions SET status = 'serving' WHERE id = $1`, version); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE deployments SET serving_version = $2, updated_at = now() WHERE name = $1`, deployment, version); err != nil {
+			return err
+		}
+		// A running weights release of the bad version stops routing too.
+		if _, err := tx.Exec(ctx, `UPDATE releases SET status = 'aborted', reason = 'superseded by rollback: ' || $2, phase = 'done', canary_share = 0, finished_at = now()
+WHERE deployment = $1 AND layer = 'weights' AND status = 'running'`, deployment, reason); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, baseline, status, reason, phase, finished_at)
+VALUES ($1, 'weights', $2, $3, 'rolled_back', $4, 'done', now())`, deployment, from, version, reason)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("roll %s back to %s: %w", deployment, version, err)
+	}
+	return from, nil
+}

@@ -1,0 +1,131 @@
+package workflows
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/flywheel-ai/flywheel/evolution"
+)
+
+type evolutionActs struct {
+	evidence  evolution.Evidence
+	recorded  []RecordDecisionInput
+	proposed  []ProposeArtefactInput
+	version   int
+	trainings []RequestTrainingInput
+	rollbacks []RollbackInput
+	release   *releaseActs
+}
+
+func newEvolutionEnv(t *testing.T, ev evolution.Evidence) (*testsuite.TestWorkflowEnvironment, *evolutionActs) {
+	env, rel := newReleaseEnv(t)
+	env.RegisterWorkflowWithOptions(EvolutionWorkflow, workflowRegisterOptions(EvolutionWorkflowName))
+	a := &evolutionActs{evidence: ev, version: 3, release: rel}
+	env.RegisterActivityWithOptions(func(ctx context.Context, in EvidenceInput) (evolution.Evidence, error) {
+		return a.evidence, nil
+	}, activity.RegisterOptions{Name: ComputeEvidenceActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in RecordDecisionInput) (int64, error) {
+		a.recorded = append(a.recorded, in)
+		return 11, nil
+	}, activity.RegisterOptions{Name: RecordDecisionActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in ProposeArtefactInput) (ProposeArtefactOutput, error) {
+		a.proposed = append(a.proposed, in)
+		if a.version == 0 {
+			return ProposeArtefactOutput{Reason: "no corrected answers"}, nil
+		}
+		return ProposeArtefactOutput{Version: a.version, Items: 2}, nil
+	}, activity.RegisterOptions{Name: ProposeArtefactActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in RequestTrainingInput) error {
+		a.trainings = append(a.trainings, in)
+		return nil
+	}, activity.RegisterOptions{Name: RequestTrainingActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in RollbackInput) (string, error) {
+		a.rollbacks = append(a.rollbacks, in)
+		return "dep@v3", nil
+	}, activity.RegisterOptions{Name: RollbackVersionActivity})
+	return env, a
+}
+
+func evolutionResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) EvolutionResult {
+	t.Helper()
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var res EvolutionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	return res
+}
+
+var base = evolution.Evidence{Deployment: "dep", Sessions: 100, PrevSamples: 100, RewardMean: 0.5, RewardPrev: 0.5}
+
+func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
+	ev := base
+	ev.CorrectionRate = 0.4
+	env, acts := newEvolutionEnv(t, ev)
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", Trigger: "manual", Release: testPolicy})
+	res := evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind)
+	require.Equal(t, int64(11), res.DecisionID)
+	require.Equal(t, ev, res.Evidence, "the evidence is in the workflow's result")
+	require.Len(t, acts.recorded, 1)
+	require.Equal(t, "manual", acts.recorded[0].Trigger)
+	require.Equal(t, evolution.KindPlaybook, acts.proposed[0].Kind)
+	require.Equal(t, "release "+ReleaseWorkflowID("dep", LayerPlaybook, "3"), res.Action)
+	require.Equal(t, ReleasePromoted, res.Release)
+	require.Equal(t, LayerPlaybook, acts.release.finished[0].Layer)
+	require.Zero(t, acts.release.calls[GateCanary], "artefacts are gated offline")
+}
+
+func TestEvolutionToolSchemaAndNothingToPropose(t *testing.T) {
+	ev := base
+	ev.ToolFailures = []evolution.ToolFailure{{Tool: "search", Calls: 10, Failures: 6, Rate: 0.6}}
+	env, acts := newEvolutionEnv(t, ev)
+	acts.version = 0
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	res := evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionToolSchema, res.Decision.Kind)
+	require.Equal(t, "search", acts.proposed[0].Target)
+	require.Equal(t, "nothing to propose: no corrected answers", res.Action)
+	require.Empty(t, acts.release.finished)
+}
+
+func TestEvolutionWeightsRequestsTraining(t *testing.T) {
+	ev := base
+	ev.RewardTrend, ev.LastDecision, ev.SessionsSinceLast, ev.FailingTenants, ev.QueuedSamples = -0.3, evolution.DecisionHarness, 50, 3, 100
+	env, acts := newEvolutionEnv(t, ev)
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", Training: TrainingPolicy{BatchSize: 8}})
+	res := evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionWeights, res.Decision.Kind)
+	require.Equal(t, []RequestTrainingInput{{Deployment: "dep", Policy: TrainingPolicy{BatchSize: 8}}}, acts.trainings)
+}
+
+func TestEvolutionRollsBackARegression(t *testing.T) {
+	ev := base
+	ev.RecentlyPromoted, ev.ServingVersion, ev.PreviousVersion, ev.RewardTrend = true, "dep@v3", "dep@v2", -0.4
+	env, acts := newEvolutionEnv(t, ev)
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	res := evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionRollback, res.Decision.Kind)
+	require.Equal(t, "rolled back from dep@v3 to dep@v2", res.Action)
+	require.Equal(t, "dep@v2", acts.rollbacks[0].To)
+}
+
+func TestEvolutionNoOpAndDryRun(t *testing.T) {
+	env, acts := newEvolutionEnv(t, base)
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	res := evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionNoOp, res.Decision.Kind)
+	require.Len(t, acts.recorded, 1, "a no-op is recorded too")
+
+	ev := base
+	ev.CorrectionRate = 0.5
+	env, acts = newEvolutionEnv(t, ev)
+	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", DryRun: true})
+	res = evolutionResult(t, env)
+	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind)
+	require.Equal(t, "dry run", res.Action)
+	require.Empty(t, acts.proposed)
+}
