@@ -66,7 +66,8 @@ func (op *constFn) SymDiff(gorgonia.Nodes, *gorgonia.Node, *gorgonia.Node) (gorg
 // ByIndices has the same forward, but its backward (tensor v0.9.24
 // SelectByIndicesB) scatters rows to the wrong offsets, so the graph uses
 // this op, whose backward is a scatter-add that sums repeated indices.
-// The indices change per batch; the op reads them through idx.
+// The indices change per batch; the op reads them through idx. Index −1
+// selects a row of zeros (padding).
 type gatherOp struct {
 	name string
 	idx  *[]int
@@ -107,6 +108,9 @@ func (op *gatherOp) Do(vals ...gorgonia.Value) (gorgonia.Value, error) {
 	w := op.width()
 	out := make([]float32, op.n*w)
 	for i, r := range idx {
+		if r == -1 {
+			continue
+		}
 		if r < 0 || r >= op.in[0] {
 			return nil, fmt.Errorf("%s: index %d outside [0, %d)", op.name, r, op.in[0])
 		}
@@ -155,6 +159,9 @@ func (op *scatterAddOp) Do(vals ...gorgonia.Value) (gorgonia.Value, error) {
 	w := op.g.width()
 	out := make([]float32, op.g.in.TotalSize())
 	for i, r := range *op.g.idx {
+		if r < 0 {
+			continue
+		}
 		dst, src := out[r*w:r*w+w], grad[i*w:i*w+w]
 		for j, v := range src {
 			dst[j] += v

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -24,8 +25,10 @@ type Engine struct {
 	loss   trainer.LossConfig
 	graphs map[shape]*graph
 	order  []shape // insertion order, for eviction
-	// Built counts graph builds (cache misses).
-	Built int
+	// Built counts graph builds (cache misses) and BuildTime sums their
+	// duration.
+	Built     int
+	BuildTime time.Duration
 }
 
 // New returns an Engine for m with the loss configuration lc (defaults
@@ -56,11 +59,13 @@ func (e *Engine) graphFor(sh shape) (*graph, error) {
 	if g, ok := e.graphs[sh]; ok {
 		return g, nil
 	}
+	start := time.Now()
 	g, err := build(e.m, e.loss, sh)
 	if err != nil {
 		return nil, err
 	}
 	e.Built++
+	e.BuildTime += time.Since(start)
 	if len(e.order) >= DefaultMaxGraphs {
 		old := e.order[0]
 		e.order = e.order[1:]
@@ -75,7 +80,9 @@ func (e *Engine) graphFor(sh shape) (*graph, error) {
 // packInputs are a pack's values for a graph's input nodes.
 type packInputs struct {
 	tok, pos, rows, flat []int
-	mask                 []float32
+	pad, unpad           []int
+	blocks, blockLen     int
+	mask                 []float32 // one block mask, L×L per block
 }
 
 func (e *Engine) packInputs(pk *trainer.Pack, targets []int) (packInputs, error) {
@@ -114,14 +121,7 @@ func (e *Engine) packInputs(pk *trainer.Pack, targets []int) (packInputs, error)
 	for i, tn := range targets {
 		in.flat[i] = rowOf[pk.Parent[tn]]*c.Vocab + pk.Tokens[tn]
 	}
-	anc := pk.AncestorMask()
-	in.mask = make([]float32, N*N)
-	ninf := float32(math.Inf(-1))
-	for i, ok := range anc {
-		if !ok {
-			in.mask[i] = ninf
-		}
-	}
+	in.layout(pk)
 	return in, nil
 }
 
@@ -132,11 +132,72 @@ func letF32(n *G.Node, v []float32, shape ...int) error {
 	return G.Let(n, tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v)))
 }
 
+// layout places the nodes in attention blocks: one per tree, padded to the
+// largest, when that costs less attention than the whole pack as one
+// sequence (NB·L² < N²), else one block of all N nodes under the forest's
+// ancestor mask. Either way a query sees exactly its ancestors and itself.
+func (in *packInputs) layout(pk *trainer.Pack) {
+	N := pk.NumNodes()
+	L := 0
+	for _, t := range pk.Trees {
+		L = max(L, t.N)
+	}
+	NB := len(pk.Trees)
+	ninf := float32(math.Inf(-1))
+	in.unpad = make([]int, N)
+	if NB > 1 && float64(NB)*float64(L)*float64(L) < float64(N)*float64(N) {
+		in.blocks, in.blockLen = NB, L
+		in.pad = make([]int, NB*L)
+		in.mask = make([]float32, NB*L*L)
+		for bi, t := range pk.Trees {
+			for i := 0; i < L; i++ {
+				row := in.mask[(bi*L+i)*L : (bi*L+i+1)*L]
+				if i >= t.N {
+					// A padding query attends to itself only, which keeps its
+					// softmax finite; its output is dropped.
+					in.pad[bi*L+i] = -1
+					for j := range row {
+						row[j] = ninf
+					}
+					row[i] = 0
+					continue
+				}
+				in.pad[bi*L+i] = t.Start + i
+				in.unpad[t.Start+i] = bi*L + i
+				for j := range row {
+					if j >= t.N || !t.Anc[i*t.N+j] {
+						row[j] = ninf
+					}
+				}
+			}
+		}
+		return
+	}
+	in.blocks, in.blockLen = 1, N
+	in.pad = make([]int, N)
+	for i := range in.pad {
+		in.pad[i], in.unpad[i] = i, i
+	}
+	anc := pk.AncestorMask()
+	in.mask = make([]float32, N*N)
+	for i, ok := range anc {
+		if !ok {
+			in.mask[i] = ninf
+		}
+	}
+}
+
 func (gr *graph) bindPack(in packInputs, temp float32) error {
-	N := len(in.tok)
 	gr.tok, gr.pos, gr.rows, gr.flat = in.tok, in.pos, in.rows, in.flat
+	gr.pad, gr.unpad = in.pad, in.unpad
+	// The same block mask for every head.
+	H, sz := gr.heads, len(in.mask)
+	mask := make([]float32, H*sz)
+	for h := 0; h < H; h++ {
+		copy(mask[h*sz:], in.mask)
+	}
 	return errors.Join(
-		letF32(gr.mask, in.mask, N, N),
+		letF32(gr.mask, mask, H*in.blocks, in.blockLen, in.blockLen),
 		G.Let(gr.invT, 1/temp),
 	)
 }
@@ -176,7 +237,7 @@ func (e *Engine) TargetLogp(pk *trainer.Pack, targets []int, temp float32) ([]fl
 	if err != nil {
 		return nil, err
 	}
-	gr, err := e.graphFor(shape{nodes: pk.NumNodes(), rows: len(in.rows), targets: len(targets)})
+	gr, err := e.graphFor(shape{nodes: pk.NumNodes(), rows: len(in.rows), targets: len(targets), blocks: in.blocks, blockLen: in.blockLen})
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +306,8 @@ func (e *Engine) step(p *trainer.LossPlan, prox, ref []float32) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	sh := shape{nodes: p.Pack.NumNodes(), rows: len(in.rows), targets: T, occ: len(p.Occ), loss: lossGRPO, prox: prox != nil, kl: kl}
+	sh := shape{nodes: p.Pack.NumNodes(), rows: len(in.rows), targets: T, occ: len(p.Occ), loss: lossGRPO, prox: prox != nil, kl: kl,
+		blocks: in.blocks, blockLen: in.blockLen}
 	if p.SFT {
 		sh.loss, sh.prox = lossSFT, false
 	}

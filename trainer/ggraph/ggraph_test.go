@@ -201,3 +201,56 @@ func TestGradientsMatchHandWritten(t *testing.T) {
 		})
 	}
 }
+
+// TestBothAttentionLayouts covers per-tree padded blocks and the single
+// block (one dominant tree among tiny ones, or one tree), forward and
+// gradient.
+func TestBothAttentionLayouts(t *testing.T) {
+	long := make([]int, 20)
+	for i := range long {
+		long[i] = 40 + i
+	}
+	cases := []struct {
+		name   string
+		seqs   [][]int
+		blocks int
+	}{
+		{"per_tree", [][]int{{1, 2, 3, 4}, {1, 2, 5}, {7, 8, 9, 10, 11}, {7, 6}}, 2},
+		{"one_dominant_tree", [][]int{long, {1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}}, 1},
+		{"one_tree", [][]int{{1, 2, 3, 4}, {1, 2, 5, 6, 7}}, 1},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := randomModel(t, uint64(40+i), smallCfg)
+			pk, err := trainer.BuildPack(c.seqs, true)
+			require.NoError(t, err)
+			targets := allTargets(pk)
+			e, err := New(m, trainer.LossConfig{})
+			require.NoError(t, err)
+			defer e.Close()
+			in, err := e.packInputs(pk, targets)
+			require.NoError(t, err)
+			require.Equal(t, c.blocks, in.blocks)
+
+			got, err := e.TargetLogp(pk, targets, 1)
+			require.NoError(t, err)
+			requireClose(t, m.ReferenceTargetLogp(pk, targets, 1), got, 1e-4, 1e-5, "logp")
+
+			var samples []trainer.Sample
+			for _, s := range c.seqs {
+				mask := make([]uint8, len(s))
+				for j := 1; j < len(s); j++ {
+					mask[j] = 1
+				}
+				samples = append(samples, trainer.Sample{TokenIDs: s, LossMask: mask})
+			}
+			plan, err := trainer.PlanLoss(samples, 1, true, true)
+			require.NoError(t, err)
+			wantLoss, wantGrad := m.ReferenceLoss(trainer.LossConfig{}, plan, nil, nil)
+			gotLoss, gotGrad, err := e.LossAndGrad(plan, nil, nil)
+			require.NoError(t, err)
+			require.InDelta(t, wantLoss, gotLoss, 1e-4*math.Abs(wantLoss))
+			requireClose(t, wantGrad, gotGrad, 1e-3, 1e-5, "grad")
+		})
+	}
+}

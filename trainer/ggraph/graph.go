@@ -14,8 +14,11 @@ import (
 // shape is what a graph is built for; batches of the same shape reuse it.
 type shape struct {
 	nodes, rows, targets, occ int
-	loss                      lossKind
-	prox, kl                  bool // explicit proximal log-probs; KL term
+	// Attention runs over blocks×blockLen padded nodes: one block per tree
+	// or, when padding would cost more, the whole pack as one block.
+	blocks, blockLen int
+	loss             lossKind
+	prox, kl         bool // explicit proximal log-probs; KL term
 }
 
 type lossKind int
@@ -30,17 +33,19 @@ const (
 // are bound to tensors backed by Model.W, so weight updates are seen by the
 // next run without copies; the per-batch inputs are rebound with Let.
 type graph struct {
-	sh shape
-	g  *G.ExprGraph
-	vm G.VM
+	sh    shape
+	heads int
+	g     *G.ExprGraph
+	vm    G.VM
 
 	weights []*G.Node // in ParamSpecs order
 	grads   G.Nodes   // d loss / d weights, same order
 
 	// Indices of the gathers, set per batch.
 	tok, pos, rows, flat, occ []int
+	pad, unpad                []int // nodes ↔ padded attention blocks
 	// Inputs.
-	mask                  *G.Node // N×N additive: 0 or −Inf
+	mask                  *G.Node // (H·blocks)×L×L additive: 0 or −Inf
 	invT                  *G.Node // scalar 1/temperature
 	behav, adv, prox, ref *G.Node // per occurrence
 
@@ -62,7 +67,7 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	c := m.Config
 	N, D, F, H, V := sh.nodes, c.DModel, c.FFN, c.Heads, c.Vocab
 	dh := D / H
-	gr := &graph{sh: sh, g: G.NewGraph()}
+	gr := &graph{sh: sh, heads: H, g: G.NewGraph()}
 	g := gr.g
 	f32 := tensor.Float32
 
@@ -80,7 +85,8 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 		byName[s.Name] = n
 		gr.weights = append(gr.weights, n)
 	}
-	gr.mask = G.NewMatrix(g, f32, G.WithShape(N, N), G.WithName("mask"))
+	NB, L := sh.blocks, sh.blockLen
+	gr.mask = G.NewTensor(g, f32, 3, G.WithShape(H*NB, L, L), G.WithName("mask"))
 	gr.invT = G.NewScalar(g, f32, G.WithName("invT"))
 
 	b := &builder{}
@@ -90,16 +96,24 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 		p := fmt.Sprintf("layers.%d.", l)
 		h1 := b.rmsNorm(x, byName[p+"ln1"])
 		qkv := b.mul(h1, byName[p+"wqkv"]) // N×3D: [q | k | v], heads contiguous
-		// (N, 3H, dh) → (3H, N, dh): one batch entry per (q|k|v, head).
-		t := b.transpose(b.reshape(qkv, N, 3*H, dh), 1, 0, 2)
-		q := b.slice(t, G.S(0, H))
-		k := b.slice(t, G.S(H, 2*H))
-		v := b.slice(t, G.S(2*H, 3*H))
-		s := b.hadamard(b.batched(q, k, false, true), scale) // H×N×N
-		s = b.broadcastAdd(s, gr.mask)
+		// Attention batched over (head, block): the packed nodes are laid out
+		// as NB blocks of L (trees padded with zero rows, or the whole pack as
+		// one block), and the additive mask keeps each query on its ancestors.
+		pq := b.gather(p+"pad", qkv, &gr.pad, NB*L) // NB·L×3D
+		// (NB, L, 3H, dh) → (3H, NB, L, dh): batch entry (q|k|v)·H·NB + h·NB + block.
+		t := b.reshape(b.transpose(b.reshape(pq, NB, L, 3*H, dh), 2, 0, 1, 3), 3*H*NB, L, dh)
+		// The score scale goes on q (L×dh per batch entry) rather than on the
+		// L×L scores: the same product, fewer multiplies.
+		q := b.hadamard(b.slice(t, G.S(0, H*NB)), scale)
+		k := b.slice(t, G.S(H*NB, 2*H*NB))
+		v := b.slice(t, G.S(2*H*NB, 3*H*NB))
+		s := b.add(b.batched(q, k, false, true), gr.mask) // H·NB×L×L
 		pr := b.softmax(s, 2)
-		o := b.batched(pr, v, false, false)             // H×N×dh
-		att := b.reshape(b.transpose(o, 1, 0, 2), N, D) // N×D, heads side by side
+		o := b.batched(pr, v, false, false) // H·NB×L×dh
+		// (H, NB·L, dh) → (NB·L, H, dh) → NB·L×D, heads side by side, then back
+		// to the packed nodes.
+		o = b.reshape(b.transpose(b.reshape(o, H, NB*L, dh), 1, 0, 2), NB*L, D)
+		att := b.gather(p+"unpad", o, &gr.unpad, N)
 		x2 := b.add(x, b.mul(att, byName[p+"wo"]))
 		h2 := b.rmsNorm(x2, byName[p+"ln2"])
 		u := b.mul(h2, byName[p+"w1"])
@@ -108,7 +122,7 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	}
 	hf := b.rmsNorm(x, byName["ln_f"])
 	hr := b.gather("rows", hf, &gr.rows, sh.rows)                                         // R×D
-	z := b.hadamard(b.mul(hr, byName["head"]), gr.invT)                                   // R×V
+	z := b.mul(b.hadamard(hr, gr.invT), byName["head"])                                   // R×V
 	logp := b.logSoftmax(z, 1)                                                            // R×V
 	gr.targetLogp = b.gather("targets", b.reshape(logp, sh.rows*V), &gr.flat, sh.targets) // T
 	if b.err != nil {
@@ -259,17 +273,6 @@ func (b *builder) logSoftmax(x *G.Node, axis int) *G.Node {
 }
 func (b *builder) apply(op G.Op, x *G.Node) *G.Node {
 	return b.do(func() (*G.Node, error) { return G.ApplyOp(op, x) })
-}
-
-// broadcastAdd adds the N×N mask to every head of the H×N×N scores.
-func (b *builder) broadcastAdd(s, mask *G.Node) *G.Node {
-	return b.do(func() (*G.Node, error) {
-		m3, err := G.Reshape(mask, tensor.Shape{1, mask.Shape()[0], mask.Shape()[1]})
-		if err != nil {
-			return nil, err
-		}
-		return G.BroadcastAdd(s, m3, nil, []byte{0})
-	})
 }
 
 // rmsNorm is x / √(mean(x²) + ε) · gain, row-wise.

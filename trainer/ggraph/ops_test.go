@@ -98,5 +98,7 @@ func TestBuildingBlocksAgainstFiniteDifferences(t *testing.T) {
 	checkFD(t, "bmm", [][]int{{2, 3, 3}, {2, 3, 4}}, func(b *builder, xs []*G.Node) *G.Node { return b.batched(xs[0], xs[1], false, false) })
 	checkFD(t, "transpose", [][]int{{3, 6, 2}}, func(b *builder, xs []*G.Node) *G.Node { return b.transpose(xs[0], 1, 0, 2) })
 	checkFD(t, "slice", [][]int{{6, 3, 2}}, func(b *builder, xs []*G.Node) *G.Node { return b.slice(xs[0], G.S(2, 4)) })
-	checkFD(t, "bcastadd", [][]int{{2, 3, 3}, {3, 3}}, func(b *builder, xs []*G.Node) *G.Node { return b.broadcastAdd(xs[0], xs[1]) })
+	checkFD(t, "transpose4", [][]int{{2, 3, 6, 2}}, func(b *builder, xs []*G.Node) *G.Node { return b.transpose(xs[0], 2, 0, 1, 3) })
+	pad := []int{2, -1, 0, 1, -1}
+	checkFD(t, "gather_pad", [][]int{{3, 2}}, func(b *builder, xs []*G.Node) *G.Node { return b.gather("p", xs[0], &pad, 5) })
 }
