@@ -3,6 +3,7 @@ package ggraph
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
@@ -21,8 +22,13 @@ type fastBLAS struct {
 	gonum.Implementation
 }
 
+// sgemmCalls counts fastBLAS.Sgemm calls, so a test can see that the
+// graph's products really run on it.
+var sgemmCalls atomic.Int64
+
 // Sgemm implements blas.Float32 (row-major, like gonum's).
 func (fastBLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	sgemmCalls.Add(1)
 	parallelSgemm(tA != blas.NoTrans, tB != blas.NoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 

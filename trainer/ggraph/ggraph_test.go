@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	G "gorgonia.org/gorgonia"
 
 	"github.com/flywheel-ai/flywheel/trainer"
 )
@@ -253,4 +254,21 @@ func TestBothAttentionLayouts(t *testing.T) {
 			requireClose(t, wantGrad, gotGrad, 1e-3, 1e-5, "grad")
 		})
 	}
+}
+
+func TestGraphProductsRunOnTheTrainersSGEMM(t *testing.T) {
+	m := randomModel(t, 5, smallCfg)
+	e, err := New(m, trainer.LossConfig{})
+	require.NoError(t, err)
+	defer e.Close()
+	_, ok := G.WhichBLAS().(fastBLAS)
+	require.True(t, ok, "gorgonia uses %T", G.WhichBLAS())
+	pk, err := trainer.BuildPack([][]int{{1, 2, 3, 4}}, true)
+	require.NoError(t, err)
+	before := sgemmCalls.Load()
+	_, err = e.TargetLogp(pk, allTargets(pk), 1)
+	require.NoError(t, err)
+	// Per layer: QKV, two batched products per head, WO, W1, W2; then the
+	// output layer.
+	require.GreaterOrEqual(t, sgemmCalls.Load()-before, int64(smallCfg.Layers*(4+2*smallCfg.Heads)+1))
 }
