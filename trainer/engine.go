@@ -182,17 +182,20 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 		rng = rand.New(rand.NewPCG(e.seed.Add(0x9e3779b97f4a7c15), 1))
 	}
 	var onToken func(int, int, float32) error
+	streamer := &textStreamer{stops: req.Stop}
+	parseTools := req.ToolChoice != "none" && len(req.Tools) > 0
 	if emit != nil {
 		inTool := false
 		onToken = func(_ int, id int, lp float32) error {
 			d := inference.Delta{TokenIDs: []int{id}, Logprobs: []float32{lp}}
 			switch {
-			case id == TokToolStart:
+			case id == TokImEnd:
+			case parseTools && id == TokToolStart:
 				inTool = true
-			case id == TokToolEnd:
+			case parseTools && id == TokToolEnd:
 				inTool = false
-			case id < 256 && !inTool:
-				d.Text = TokenText(id)
+			case !inTool:
+				d.Text = streamer.push(TokenText(id))
 			}
 			return emit(d)
 		}
@@ -209,6 +212,13 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 		return nil, err // emit's own error
 	}
 	g := gens[0]
+	if emit != nil {
+		if rest := streamer.flush(g.StopText); rest != "" {
+			if err := emit(inference.Delta{Text: rest}); err != nil {
+				return nil, err
+			}
+		}
+	}
 	ids := g.IDs
 	if n := len(ids); n > 0 && ids[n-1] == TokImEnd {
 		ids = ids[:n-1]
@@ -226,7 +236,7 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 		ModelVersion:       s.name,
 		Usage:              inference.Usage{PromptTokens: len(prompt), CompletionTokens: len(g.IDs)},
 	}
-	if req.ToolChoice != "none" && len(req.Tools) > 0 {
+	if parseTools {
 		resp.Message.Content, resp.Message.ToolCalls = ParseAssistant(text, fmt.Sprintf("call_%d_%d", s.version, rng.Uint32()))
 		if len(resp.Message.ToolCalls) > 0 {
 			resp.FinishReason = inference.FinishToolCalls
