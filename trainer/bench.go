@@ -75,18 +75,18 @@ func (c BenchConfig) withDefaults() BenchConfig {
 
 // BenchResult is the benchmark's JSON line.
 type BenchResult struct {
-	BLAS             string  `json:"blas"`
-	Threads          int     `json:"threads"`
-	TrainTokensPerS  float64 `json:"train_tokens_per_s"`
-	GFLOPS           float64 `json:"gflops"`
-	SgemmGFLOPS      float64 `json:"sgemm_gflops"`
-	FlopsRatio       float64 `json:"flops_ratio"`
+	BLAS            string  `json:"blas"`
+	Threads         int     `json:"threads"`
+	TrainTokensPerS float64 `json:"train_tokens_per_s"`
+	GFLOPS          float64 `json:"gflops"`
+	SgemmGFLOPS     float64 `json:"sgemm_gflops"`
+	FlopsRatio      float64 `json:"flops_ratio"`
 	// FlopsRatioPaired is the median over steps of the step's GFLOP/s over
 	// an SGEMM measured just before it: robust to load from other processes.
 	FlopsRatioPaired float64 `json:"flops_ratio_paired"`
 	// FlopsRatio1Core is the same on one goroutine against one-thread
 	// SGEMM: the kernel's efficiency without any cross-core waiting.
-	FlopsRatio1Core float64 `json:"flops_ratio_1core"`
+	FlopsRatio1Core  float64 `json:"flops_ratio_1core"`
 	GonumSgemmGFLOPS float64 `json:"gonum_sgemm_gflops"`
 	// BLASSpeedup is SgemmGFLOPS over the pure-Go kernel, same run.
 	BLASSpeedup        float64 `json:"blas_speedup"`
