@@ -1,0 +1,219 @@
+package demo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// BaseConfig configures the cold-start base policy: a fresh transformer that
+// a short supervised run teaches the answer format (some ordering of the
+// prompt's letters, and the refusal for safety prompts) but not the order,
+// so it succeeds about 1/n! of the time and RL has to discover the rest.
+type BaseConfig struct {
+	// Model sizes the policy. Default: context 48, 2 layers, 4 heads,
+	// d_model 64.
+	Model trainer.ModelConfig `json:"model"`
+	// Seed makes the base policy reproducible. Default 1.
+	Seed uint64 `json:"seed"`
+	// Steps of supervised training. Default 800.
+	Steps int `json:"steps"`
+	// BatchSize is the number of prompts per step. Default 32.
+	BatchSize int `json:"batch_size"`
+	// AnswersPerPrompt is the number of different orderings taught per
+	// prompt in a step; they share the prompt's computation (prefix
+	// packing). Default 1: measured, more distinct prompts teach the
+	// copying faster than more orderings of fewer prompts.
+	AnswersPerPrompt int `json:"answers_per_prompt"`
+	// LR is the supervised learning rate. Default 3e-3.
+	LR float64 `json:"lr"`
+	// SafetyFraction is the share of safety prompts in each batch.
+	// Default 0.125.
+	SafetyFraction float64 `json:"safety_fraction"`
+}
+
+func (c BaseConfig) withDefaults() BaseConfig {
+	if c.Model == (trainer.ModelConfig{}) {
+		c.Model = trainer.ModelConfig{Context: 48, Layers: 2, Heads: 4, DModel: 64}
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Steps == 0 {
+		c.Steps = 800
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 32
+	}
+	if c.AnswersPerPrompt == 0 {
+		c.AnswersPerPrompt = 1
+	}
+	if c.LR == 0 {
+		c.LR = 3e-3
+	}
+	if c.SafetyFraction == 0 {
+		c.SafetyFraction = 0.125
+	}
+	return c
+}
+
+func (c BaseConfig) validate() error {
+	var errs []error
+	if c.Steps < 1 || c.Steps > 100_000 {
+		errs = append(errs, fmt.Errorf("base steps %d must be in [1, 100000]", c.Steps))
+	}
+	if c.BatchSize < 1 || c.BatchSize > 4096 {
+		errs = append(errs, fmt.Errorf("base batch_size %d must be in [1, 4096]", c.BatchSize))
+	}
+	if c.AnswersPerPrompt < 1 || c.AnswersPerPrompt > 64 {
+		errs = append(errs, fmt.Errorf("base answers_per_prompt %d must be in [1, 64]", c.AnswersPerPrompt))
+	}
+	if c.LR <= 0 || c.LR > 1 {
+		errs = append(errs, fmt.Errorf("base lr %v must be in (0, 1]", c.LR))
+	}
+	if c.SafetyFraction < 0 || c.SafetyFraction >= 1 {
+		errs = append(errs, fmt.Errorf("base safety_fraction %v must be in [0, 1)", c.SafetyFraction))
+	}
+	return errors.Join(errs...)
+}
+
+// PromptIDs renders a user message with the in-process policy's chat
+// template, exactly as the engine does for a chat-completions request.
+func PromptIDs(text string) ([]int, error) {
+	return trainer.RenderPrompt([]inference.Message{{Role: inference.RoleUser, Content: text}}, nil, "", nil)
+}
+
+// AnswerIDs are the completion tokens for answer, end marker included.
+func AnswerIDs(answer string) []int {
+	return append(trainer.Tokenizer{}.Encode(answer), trainer.TokImEnd)
+}
+
+// BuildBase trains the base policy from scratch. heldOut prompts are never
+// used; it is deterministic for a given configuration.
+func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt) (*trainer.Model, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("base config: %w", err)
+	}
+	gen, err := NewGenerator(task, cfg.Seed^0xba5e, heldOut)
+	if err != nil {
+		return nil, err
+	}
+	m, err := trainer.NewModel(cfg.Model, cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("base model: %w", err)
+	}
+	tr, err := trainer.NewLocal(m, 0, trainer.Config{
+		Optim:  trainer.OptimConfig{LR: cfg.LR, DecaySteps: cfg.Steps},
+		Logger: slog.New(slog.DiscardHandler),
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("base trainer: %w", err)
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc01d))
+	for step := 0; step < cfg.Steps; step++ {
+		b := &trainer.Batch{Objective: trainer.ObjectiveSFT}
+		for i := 0; i < cfg.BatchSize; i++ {
+			safety := rng.Float64() < cfg.SafetyFraction
+			p := gen.Next()
+			if safety {
+				p = gen.NextSafety()
+			}
+			for j := 0; j < cfg.AnswersPerPrompt; j++ {
+				answer := p.Want
+				if !safety {
+					answer = gen.Permutation(p)
+				}
+				s, err := sftSample(p.Text, answer)
+				if err != nil {
+					return nil, err
+				}
+				b.Samples = append(b.Samples, s)
+			}
+		}
+		if _, err := tr.TrainStep(ctx, b); err != nil {
+			return nil, fmt.Errorf("base step %d: %w", step, err)
+		}
+	}
+	return tr.Snapshot(), nil
+}
+
+func sftSample(text, answer string) (trainer.Sample, error) {
+	p, err := PromptIDs(text)
+	if err != nil {
+		return trainer.Sample{}, fmt.Errorf("render prompt: %w", err)
+	}
+	a := AnswerIDs(answer)
+	ids := append(append([]int{}, p...), a...)
+	mask := make([]uint8, len(ids))
+	for i := len(p); i < len(ids); i++ {
+		mask[i] = 1
+	}
+	return trainer.Sample{TokenIDs: ids, LossMask: mask}, nil
+}
+
+// baseRevision changes whenever BuildBase would build a different policy
+// from the same configuration, so stale cached bases are not reused.
+const baseRevision = 3
+
+// BaseKey identifies a base policy: its configuration and task, hashed.
+func BaseKey(task Task, cfg BaseConfig, heldOutSeed uint64, heldOutN int) string {
+	cfg = cfg.withDefaults()
+	raw, _ := json.Marshal(struct {
+		Task    Task
+		Base    BaseConfig
+		HeldOut [2]uint64
+		Rev     int
+	}{task.withDefaults(), cfg, [2]uint64{heldOutSeed, uint64(heldOutN)}, baseRevision})
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:8])
+}
+
+// LoadOrBuildBase returns the cached base policy under dir, building and
+// caching it when absent. dir "" disables the cache.
+func LoadOrBuildBase(ctx context.Context, dir string, task Task, cfg BaseConfig, heldOutSeed uint64, heldOutN int, log *slog.Logger) (*trainer.Model, bool, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	heldOut, err := HeldOut(task, heldOutSeed, heldOutN)
+	if err != nil {
+		return nil, false, err
+	}
+	var path string
+	if dir != "" {
+		path = filepath.Join(dir, "demo-base-"+BaseKey(task, cfg, heldOutSeed, heldOutN)+".safetensors")
+		if m, _, _, err := trainer.LoadCheckpoint(path); err == nil {
+			log.Info("demo base policy loaded from cache", "path", path)
+			return m, true, nil
+		} else if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("demo base policy cache unreadable; rebuilding", "path", path, "error", err)
+		}
+	}
+	start := time.Now()
+	m, err := BuildBase(ctx, task, cfg, heldOut)
+	if err != nil {
+		return nil, false, err
+	}
+	log.Info("demo base policy built", "duration", time.Since(start).Round(time.Millisecond), "params", m.NumParams())
+	if path != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, false, fmt.Errorf("base cache dir: %w", err)
+		}
+		if err := trainer.SaveCheckpoint(path, m, 0, map[string]string{"demo_base_key": filepath.Base(path)}); err != nil {
+			// A cache that cannot be written only costs the next run the build.
+			log.Warn("demo base policy not cached", "path", path, "error", err)
+		}
+	}
+	return m, false, nil
+}

@@ -1,0 +1,429 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// FleetConfig configures the demo agents. Each agent is an ordinary OpenAI
+// SDK client; only the base URL and the API key point it at Flywheel.
+type FleetConfig struct {
+	// BaseURL is the gateway's root ("http://127.0.0.1:8080"); a trailing
+	// "/v1" is accepted. Required.
+	BaseURL string
+	// APIKey is sent as the bearer token. Required.
+	APIKey string
+	// Model is the deployment name in requests. Default "flywheel-policy".
+	Model string
+	// Agents is the number of concurrent agents. Default 4.
+	Agents int
+	// Task the agents work on. Default DefaultTask.
+	Task Task
+	// Seed seeds the prompts and reward timing. Default 1.
+	Seed uint64
+	// RunID prefixes session ids so runs never collide. Default: the start
+	// time in nanoseconds.
+	RunID string
+	// SafetyFraction is the share of requests that are safety prompts.
+	// Default 0.125; negative means none.
+	SafetyFraction float64
+	// DelayedFraction is the share of rewards sent later through
+	// /v1/feedback instead of at once to the session. Default 0.3;
+	// negative means none.
+	DelayedFraction float64
+	// MaxFeedbackDelay bounds the random delay of late feedback. Default 2s.
+	MaxFeedbackDelay time.Duration
+	// Temperature the agents ask for. Default 1: the policy must explore.
+	Temperature float64
+	// Window is the number of recent task answers the live success rate
+	// covers. Default 200.
+	Window int
+	// RequestTimeout bounds one model call. Default 30s.
+	RequestTimeout time.Duration
+	// HTTPClient defaults to a client with keep-alive for the agent count.
+	HTTPClient *http.Client
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c FleetConfig) withDefaults() FleetConfig {
+	if c.Model == "" {
+		c.Model = "flywheel-policy"
+	}
+	if c.Agents == 0 {
+		c.Agents = 4
+	}
+	c.Task = c.Task.withDefaults()
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.RunID == "" {
+		c.RunID = fmt.Sprintf("%x", time.Now().UnixNano())
+	}
+	if c.SafetyFraction == 0 {
+		c.SafetyFraction = 0.125
+	}
+	c.SafetyFraction = max(c.SafetyFraction, 0)
+	if c.DelayedFraction == 0 {
+		c.DelayedFraction = 0.3
+	}
+	c.DelayedFraction = max(c.DelayedFraction, 0)
+	if c.MaxFeedbackDelay == 0 {
+		c.MaxFeedbackDelay = 2 * time.Second
+	}
+	if c.Temperature == 0 {
+		c.Temperature = 1
+	}
+	if c.Window == 0 {
+		c.Window = 200
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Agents * 2, IdleConnTimeout: time.Minute}}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c FleetConfig) validate() error {
+	var errs []error
+	if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("base_url %q must be an http(s) URL", c.BaseURL))
+	}
+	if c.APIKey == "" {
+		errs = append(errs, errors.New("api_key is required"))
+	}
+	if c.Agents < 1 || c.Agents > 1024 {
+		errs = append(errs, fmt.Errorf("agents %d must be in [1, 1024]", c.Agents))
+	}
+	if err := c.Task.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.SafetyFraction >= 1 || c.DelayedFraction > 1 {
+		errs = append(errs, fmt.Errorf("safety_fraction %v must be < 1 and delayed_fraction %v ≤ 1", c.SafetyFraction, c.DelayedFraction))
+	}
+	if c.MaxFeedbackDelay < 0 || c.RequestTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("max_feedback_delay %v must be ≥ 0 and request_timeout %v > 0", c.MaxFeedbackDelay, c.RequestTimeout))
+	}
+	if c.Temperature < 0 || c.Temperature > 2 {
+		errs = append(errs, fmt.Errorf("temperature %v must be in [0, 2] (the OpenAI range)", c.Temperature))
+	}
+	if c.Window < 1 {
+		errs = append(errs, fmt.Errorf("window %d must be positive", c.Window))
+	}
+	return errors.Join(errs...)
+}
+
+// HeaderModelVersion is the response header a gateway may use for the
+// serving version. The Flywheel gateway reports it in system_fingerprint;
+// the header wins when both are present.
+const HeaderModelVersion = "X-Flywheel-Model-Version"
+
+// FleetStats is a snapshot of what the agents observed.
+type FleetStats struct {
+	Calls        int `json:"calls"`
+	Errors       int `json:"errors"`
+	RewardsSent  int `json:"rewards_sent"`
+	FeedbackSent int `json:"feedback_sent"`
+	// FeedbackPending is late feedback not yet sent.
+	FeedbackPending int `json:"feedback_pending"`
+	// Success is exact-match success over the last Window task answers.
+	Success float64 `json:"success"`
+	// Safety is the refusal rate over the last Window safety prompts.
+	Safety float64 `json:"safety"`
+	// Answered counts task answers that went into Success so far.
+	Answered int `json:"answered"`
+	// Version is the serving version of the latest answer.
+	Version string `json:"version"`
+	// Versions lists every version seen, first seen first.
+	Versions []string `json:"versions"`
+	// LastError is the latest failure, for the terminal.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Fleet runs the demo agents.
+type Fleet struct {
+	cfg    FleetConfig
+	client openai.Client
+	root   string // gateway root without /v1
+
+	mu       sync.Mutex
+	stats    FleetStats
+	task     rolling
+	safety   rolling
+	seen     map[string]bool
+	recent   []SessionRow // newest last, at most maxRecentSessions
+	feedback sync.WaitGroup
+}
+
+// NewFleet validates cfg and prepares the client.
+func NewFleet(cfg FleetConfig) (*Fleet, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("fleet config: %w", err)
+	}
+	root := strings.TrimSuffix(strings.TrimSuffix(cfg.BaseURL, "/"), "/v1")
+	f := &Fleet{
+		cfg:  cfg,
+		root: root,
+		// This is the whole integration an existing agent needs.
+		client: openai.NewClient(
+			option.WithBaseURL(root+"/v1/"),
+			option.WithAPIKey(cfg.APIKey),
+			option.WithHTTPClient(cfg.HTTPClient),
+			option.WithMaxRetries(2),
+			option.WithRequestTimeout(cfg.RequestTimeout),
+		),
+		task:   newRolling(cfg.Window),
+		safety: newRolling(cfg.Window),
+		seen:   map[string]bool{},
+	}
+	return f, nil
+}
+
+// Stats returns a snapshot.
+func (f *Fleet) Stats() FleetStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.stats
+	s.Versions = append([]string(nil), s.Versions...)
+	s.Success, s.Safety = f.task.mean(), f.safety.mean()
+	return s
+}
+
+// Run drives the agents until ctx ends, then waits for late feedback that
+// is already due (bounded by MaxFeedbackDelay) and returns. It returns nil
+// when ctx ended it; a fleet whose every call fails keeps going and counts
+// the errors (the gateway may come up late).
+func (f *Fleet) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for i := 0; i < f.cfg.Agents; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.agent(ctx, i)
+		}()
+	}
+	wg.Wait()
+	f.feedback.Wait()
+	return nil
+}
+
+func (f *Fleet) agent(ctx context.Context, idx int) {
+	gen, err := NewGenerator(f.cfg.Task, f.cfg.Seed+uint64(idx)*0x9e37, nil)
+	if err != nil {
+		f.fail(err) // validated already; kept for safety
+		return
+	}
+	rng := rand.New(rand.NewPCG(f.cfg.Seed, uint64(idx)))
+	backoff := 100 * time.Millisecond
+	for n := 0; ctx.Err() == nil; n++ {
+		p := gen.Next()
+		if rng.Float64() < f.cfg.SafetyFraction {
+			p = gen.NextSafety()
+		}
+		sid := fmt.Sprintf("demo-%s-a%d-%d", f.cfg.RunID, idx, n)
+		if err := f.episode(ctx, rng, sid, p); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			f.fail(err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// episode is one session: one model call (the last, so it carries
+// X-Session-Done), then its reward, now or later.
+func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid string, p Prompt) error {
+	var httpResp *http.Response
+	resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:       f.cfg.Model,
+		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(p.Text)},
+		MaxTokens:   openai.Int(int64(max(len(p.Want), len(Refusal)) + 2)),
+		Temperature: openai.Float(f.cfg.Temperature),
+	}, option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp))
+	if err != nil {
+		return fmt.Errorf("chat completion: %w", err)
+	}
+	if len(resp.Choices) == 0 {
+		return errors.New("chat completion: no choices")
+	}
+	sc := Verify(p.Want, resp.Choices[0].Message.Content)
+	version := resp.SystemFingerprint
+	if httpResp != nil && httpResp.Header.Get(HeaderModelVersion) != "" {
+		version = httpResp.Header.Get(HeaderModelVersion)
+	}
+	if version == "" {
+		version = resp.Model
+	}
+	f.record(SessionRow{ID: sid, Prompt: p.Text, Answer: resp.Choices[0].Message.Content, Reward: sc.Reward, Version: version}, p, sc)
+
+	if rng.Float64() < f.cfg.DelayedFraction {
+		delay := time.Duration(rng.Int64N(int64(f.cfg.MaxFeedbackDelay) + 1))
+		f.mu.Lock()
+		f.stats.FeedbackPending++
+		f.mu.Unlock()
+		f.feedback.Add(1)
+		go func() {
+			defer f.feedback.Done()
+			// Late feedback outlives the agent's context on purpose: it
+			// was promised for this answer and the run waits for it.
+			time.Sleep(delay)
+			err := f.post(context.WithoutCancel(ctx), "/v1/feedback", map[string]any{"completion_id": resp.ID, "value": sc.Reward, "source": "verifier"})
+			f.mu.Lock()
+			f.stats.FeedbackPending--
+			if err == nil {
+				f.stats.FeedbackSent++
+			}
+			f.mu.Unlock()
+			if err != nil {
+				f.fail(err)
+			}
+		}()
+		return nil
+	}
+	// The answer was seen, so its reward is owed even when the run is
+	// stopping; RequestTimeout still bounds the post.
+	if err := f.post(context.WithoutCancel(ctx), "/v1/sessions/"+url.PathEscape(sid)+"/reward", map[string]any{"value": sc.Reward, "source": "verifier", "final": true}); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.stats.RewardsSent++
+	f.mu.Unlock()
+	return nil
+}
+
+// maxRecentSessions bounds the sessions kept for the status page.
+const maxRecentSessions = 20
+
+func (f *Fleet) record(row SessionRow, p Prompt, sc Score) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	version := row.Version
+	f.recent = append(f.recent, row)
+	if len(f.recent) > maxRecentSessions {
+		f.recent = f.recent[len(f.recent)-maxRecentSessions:]
+	}
+	f.stats.Calls++
+	if p.Want == Refusal {
+		f.safety.add(sc.Success)
+	} else {
+		f.task.add(sc.Success)
+		f.stats.Answered++
+	}
+	if version != "" {
+		f.stats.Version = version
+		if !f.seen[version] {
+			f.seen[version] = true
+			f.stats.Versions = append(f.stats.Versions, version)
+		}
+	}
+}
+
+// recentSessions returns the latest sessions, newest first.
+func (f *Fleet) recentSessions() []SessionRow {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]SessionRow, len(f.recent))
+	for i, r := range f.recent {
+		out[len(out)-1-i] = r
+	}
+	return out
+}
+
+func (f *Fleet) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stats.Errors++
+	f.stats.LastError = err.Error()
+	f.cfg.Logger.Debug("demo agent call failed", "error", err)
+}
+
+// maxErrorBody bounds how much of an error response is kept.
+const maxErrorBody = 4 << 10
+
+func (f *Fleet) post(ctx context.Context, path string, body any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("post %s: %w", path, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.root+path, bytes.NewReader(raw))
+	if err != nil {
+		return fmt.Errorf("post %s: %w", path, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+f.cfg.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := f.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("post %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("post %s: status %d: %s", path, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// rolling is a fixed-size window of outcomes.
+type rolling struct {
+	buf  []bool
+	next int
+	full bool
+	hits int
+}
+
+func newRolling(n int) rolling { return rolling{buf: make([]bool, n)} }
+
+func (r *rolling) add(ok bool) {
+	if r.full && r.buf[r.next] {
+		r.hits--
+	}
+	r.buf[r.next] = ok
+	if ok {
+		r.hits++
+	}
+	r.next++
+	if r.next == len(r.buf) {
+		r.next, r.full = 0, true
+	}
+}
+
+func (r *rolling) mean() float64 {
+	n := r.next
+	if r.full {
+		n = len(r.buf)
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(r.hits) / float64(n)
+}
