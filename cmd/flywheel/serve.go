@@ -143,6 +143,7 @@ func registrations(d deps) map[string]worker.Registrar {
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
 	training := &activities.Training{DB: d.pool, Trainer: d.trainer, CheckpointDir: d.checkpointDir, Logger: d.logger}
 	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
+	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
 	return map[string]worker.Registrar{
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
@@ -165,6 +166,8 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterActivityWithOptions(evolve.ProposeArtefact, activityOpts(workflows.ProposeArtefactActivity))
 			r.RegisterActivityWithOptions(evolve.RequestTraining, activityOpts(workflows.RequestTrainingActivity))
 			r.RegisterActivityWithOptions(evolve.RollbackVersion, activityOpts(workflows.RollbackVersionActivity))
+			r.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflowOpts(workflows.ForgetWorkflowName))
+			r.RegisterActivityWithOptions(forget.RetireForgotten, activityOpts(workflows.RetireForgottenActivity))
 		},
 		workflows.TrainerTaskQueue: func(r tworker.Registry) {
 			// Without weights this worker leaves train steps to one that has them.

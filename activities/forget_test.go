@@ -1,0 +1,82 @@
+package activities
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+func TestForgetRetiresVersionsTrainedOnTheData(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedSession(t, db, "acme", "s-forget", "dep", []seedInteraction{{status: "ok", prompt: "my card is 4111", completion: "ok", tokens: 1}})
+	seedSession(t, db, "acme", "s-keep", "dep", []seedInteraction{{status: "ok", prompt: "hi", completion: "ok", tokens: 1}})
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := db.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	// v1 clean (superseded) → v2 trained on s-forget (serving) → v3, a
+	// candidate descended from v2 in a running release; v4 trained on
+	// s-keep only, from v1, rolled back earlier.
+	exec(`INSERT INTO deployments (name, backend, serving_version) VALUES ('dep', 'policy', 'dep@v2')`)
+	exec(`INSERT INTO model_versions (id, deployment, status, created_at) VALUES ('dep@v1', 'dep', 'superseded', now() - interval '3 hours')`)
+	exec(`INSERT INTO model_versions (id, deployment, parent_version, status, created_at) VALUES ('dep@v2', 'dep', 'dep@v1', 'serving', now() - interval '2 hours')`)
+	exec(`INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ('dep@v3', 'dep', 'dep@v2', 'candidate')`)
+	exec(`INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ('dep@v4', 'dep', 'dep@v1', 'rolled_back')`)
+	exec(`INSERT INTO model_version_lineage (version_id, sample_id, tenant_id, session_id) VALUES ('dep@v2', 1, 'acme', 's-forget'), ('dep@v2', 2, 'acme', 's-keep'), ('dep@v4', 3, 'acme', 's-keep')`)
+	exec(`INSERT INTO releases (deployment, layer, candidate, baseline, status, canary_share, phase, workflow_id) VALUES ('dep', 'weights', 'dep@v3', 'dep@v2', 'running', 0.1, 'canary', 'release-x')`)
+
+	// The gateway's half: delete the data, record the request.
+	res, err := store.Forget(ctx, db, "acme", "session", "s-forget")
+	require.NoError(t, err)
+	require.Equal(t, []string{"dep@v2"}, res.AffectedVersions)
+
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	env.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflow.RegisterOptions{Name: workflows.ForgetWorkflowName})
+	f := &Forget{DB: db}
+	env.RegisterActivityWithOptions(f.RetireForgotten, activity.RegisterOptions{Name: workflows.RetireForgottenActivity})
+	env.ExecuteWorkflow(workflows.ForgetWorkflow, workflows.ForgetInput{RequestID: res.ID})
+	require.NoError(t, env.GetWorkflowError())
+	var out workflows.ForgetResult
+	require.NoError(t, env.GetWorkflowResult(&out))
+	require.Equal(t, []string{"dep@v2", "dep@v3"}, out.Retired, "descendants of a forgotten version are retired too")
+	require.Equal(t, map[string]string{"dep": "dep@v1"}, out.Rollbacks, "serving rolls back to the newest clean version")
+
+	status := func(id string) string {
+		var s string
+		require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+	require.Equal(t, "serving", status("dep@v1"))
+	require.Equal(t, "retired", status("dep@v2"))
+	require.Equal(t, "retired", status("dep@v3"))
+	require.Equal(t, "rolled_back", status("dep@v4"), "versions not trained on the data are untouched")
+	serving, err := store.ServingOf(ctx, db, "dep", workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, "dep@v1", serving)
+	_, err = store.RunningRelease(ctx, db, "dep", workflows.LayerWeights)
+	require.ErrorIs(t, err, store.ErrNotFound, "the release of a retired candidate stops routing")
+	var affected []string
+	require.NoError(t, db.QueryRow(ctx, `SELECT affected_versions FROM forget_requests WHERE id = $1`, res.ID).Scan(&affected))
+	require.Equal(t, []string{"dep@v2", "dep@v3"}, affected)
+
+	// Again: nothing more changes.
+	again, err := f.RetireForgotten(ctx, workflows.ForgetInput{RequestID: res.ID})
+	require.NoError(t, err)
+	require.Empty(t, again.Rollbacks)
+	require.Equal(t, "dep@v1", func() string { s, _ := store.ServingOf(ctx, db, "dep", workflows.LayerWeights); return s }())
+
+	_, err = f.RetireForgotten(ctx, workflows.ForgetInput{RequestID: 999})
+	require.ErrorContains(t, err, "not found")
+}
