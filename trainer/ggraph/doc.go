@@ -22,9 +22,11 @@
 // exactly its ancestors and itself, so the numbers are the hand-written
 // path's.
 //
-// Two gorgonia v0.9.18 defects are worked around and pinned by
-// TestBuildingBlocksAgainstFiniteDifferences: InverseSqrt's symbolic
-// derivative divides by y³ where it should multiply (1/√x is built as
-// Inverse(Sqrt(x))), and ByIndices' backward is wrong on vectors (gathers
-// are a small op of this package with a scatter-add backward).
+// Finite-difference checks of the building blocks found two gorgonia
+// v0.9.18 defects, worked around here: InverseSqrt's symbolic derivative
+// divides the incoming gradient by 2y³ where it should multiply by y³/2
+// (1/√x is built as Inverse(Sqrt(x))), and ByIndices' backward is wrong on
+// vectors (gathers are a small op of this package with a scatter-add
+// backward). TestBuildingBlocksAgainstFiniteDifferences checks what the
+// graph uses instead.
 package ggraph
