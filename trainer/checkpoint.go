@@ -106,14 +106,20 @@ func DecodeCheckpoint(buf []byte) (*Model, int64, map[string]string, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, 0, nil, fmt.Errorf("metadata config: %w", err)
 	}
-	if cfg.Layers*cfg.DModel*cfg.FFN > 1<<32 || cfg.Vocab*cfg.DModel > 1<<32 {
-		return nil, 0, nil, fmt.Errorf("metadata config %+v is implausibly large", cfg)
-	}
 	m := &Model{Config: cfg, lay: newLayout(cfg)}
-	m.W = make([]float32, m.lay.Total)
 	if len(tensors) != len(m.lay.Specs) {
 		return nil, 0, nil, fmt.Errorf("%d tensors, the config needs %d", len(tensors), len(m.lay.Specs))
 	}
+	// The file must hold exactly the weights the config implies; checked
+	// before allocating, so a forged config cannot ask for gigabytes.
+	var have int
+	for _, t := range tensors {
+		have += len(t.Data) / 4
+	}
+	if have != m.lay.Total {
+		return nil, 0, nil, fmt.Errorf("the file holds %d weights, the config needs %d", have, m.lay.Total)
+	}
+	m.W = make([]float32, m.lay.Total)
 	for _, s := range m.lay.Specs {
 		t, ok := tensors[s.Name]
 		if !ok {

@@ -48,8 +48,8 @@ func (c ModelConfig) withDefaults() ModelConfig {
 
 func (c ModelConfig) validate() error {
 	var errs []error
-	if c.Vocab < VocabSize {
-		errs = append(errs, fmt.Errorf("vocab %d is smaller than the tokenizer's %d", c.Vocab, VocabSize))
+	if c.Vocab < VocabSize || c.Vocab > 1<<20 {
+		errs = append(errs, fmt.Errorf("vocab %d must be in [%d, %d]", c.Vocab, VocabSize, 1<<20))
 	}
 	if c.Context < 2 || c.Context > 1<<16 {
 		errs = append(errs, fmt.Errorf("context %d must be in [2, 65536]", c.Context))
@@ -57,11 +57,11 @@ func (c ModelConfig) validate() error {
 	if c.Layers < 1 || c.Layers > 64 {
 		errs = append(errs, fmt.Errorf("layers %d must be in [1, 64]", c.Layers))
 	}
-	if c.DModel < 1 || c.Heads < 1 || c.DModel%c.Heads != 0 {
-		errs = append(errs, fmt.Errorf("heads %d must divide d_model %d", c.Heads, c.DModel))
+	if c.DModel < 1 || c.DModel > 1<<14 || c.Heads < 1 || c.DModel%c.Heads != 0 {
+		errs = append(errs, fmt.Errorf("heads %d must divide d_model %d (at most %d)", c.Heads, c.DModel, 1<<14))
 	}
-	if c.FFN < 1 {
-		errs = append(errs, fmt.Errorf("ffn %d must be positive", c.FFN))
+	if c.FFN < 1 || c.FFN > 1<<16 {
+		errs = append(errs, fmt.Errorf("ffn %d must be in [1, %d]", c.FFN, 1<<16))
 	}
 	return errors.Join(errs...)
 }

@@ -115,3 +115,25 @@ func TestCheckpointRoundTripAndImmutability(t *testing.T) {
 	_, _, _, err = DecodeCheckpoint(raw[:len(raw)-4])
 	require.Error(t, err)
 }
+
+func FuzzDecodeCheckpoint(f *testing.F) {
+	m, err := NewModel(ModelConfig{Context: 4, Layers: 1, Heads: 1, DModel: 2, FFN: 2}, 1)
+	if err != nil {
+		f.Fatal(err)
+	}
+	path := filepath.Join(f.TempDir(), "c.safetensors")
+	if err := SaveCheckpoint(path, m, 1, nil); err != nil {
+		f.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(raw)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, _, _, err := DecodeCheckpoint(data)
+		if err == nil {
+			require.Len(t, m.W, m.lay.Total)
+		}
+	})
+}
