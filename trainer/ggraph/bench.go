@@ -63,7 +63,8 @@ type BenchCase struct {
 	GraphGFLOPS     float64 `json:"graph_gflops"`
 	GraphOverHand   float64 `json:"graph_over_hand"`
 	// CPU seconds per step (all threads), less sensitive than wall time to
-	// other load on a shared machine, and their ratio.
+	// other load on a shared machine, and the speed ratio they give
+	// (hand CPU-s / graph CPU-s, like GraphOverHand: below 1 is slower).
 	HandCPUSeconds    float64 `json:"hand_cpu_seconds"`
 	GraphCPUSeconds   float64 `json:"graph_cpu_seconds"`
 	GraphOverHandCPU  float64 `json:"graph_over_hand_cpu"`
@@ -125,7 +126,7 @@ func RunBench(ctx context.Context, cfg BenchConfig, w io.Writer) (BenchResult, e
 		bc.Name = c.name
 		fmt.Fprintf(w, "%s: %d nodes in %d attention blocks of %d (waste %.2fx)\n", c.name, bc.Nodes, bc.AttentionBlocks, bc.AttentionBlockLen, bc.AttentionWaste)
 		fmt.Fprintf(w, "  hand-written %.0f tokens/s %.2f GFLOP/s %.3f CPU-s/step; gorgonia %.0f tokens/s %.2f GFLOP/s %.3f CPU-s/step; gorgonia/hand %.2fx wall, %.2fx CPU; graph build %.2fs\n",
-			bc.HandTokensPerS, bc.HandGFLOPS, bc.HandCPUSeconds, bc.GraphTokensPerS, bc.GraphGFLOPS, bc.GraphCPUSeconds, bc.GraphOverHand, 1/bc.GraphOverHandCPU, bc.GraphBuildSeconds)
+			bc.HandTokensPerS, bc.HandGFLOPS, bc.HandCPUSeconds, bc.GraphTokensPerS, bc.GraphGFLOPS, bc.GraphCPUSeconds, bc.GraphOverHand, bc.GraphOverHandCPU, bc.GraphBuildSeconds)
 		res.Cases = append(res.Cases, bc)
 	}
 	return res, nil
@@ -186,8 +187,8 @@ func benchCase(ctx context.Context, m *trainer.Model, b *trainer.Batch, unpack b
 	}
 	bc.GraphBuildSeconds = gg.eng.BuildTime.Seconds()
 	bc.HandCPUSeconds, bc.GraphCPUSeconds = handCPU, graphCPU
-	if handCPU > 0 {
-		bc.GraphOverHandCPU = graphCPU / handCPU
+	if graphCPU > 0 {
+		bc.GraphOverHandCPU = handCPU / graphCPU
 	}
 	tokens := float64(plan.Pack.NumSampleTokens())
 	bc.HandTokensPerS, bc.GraphTokensPerS = tokens/handSec, tokens/graphSec
