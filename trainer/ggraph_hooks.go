@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 )
 
 // Hooks for trainer/ggraph, the gorgonia training path of the same policy.
@@ -59,10 +60,17 @@ func (m *Model) ReferenceGrad(pk *Pack, targets []int, temp float32, dLogp []flo
 	return g
 }
 
-// Sgemm is the SGEMM the hand-written passes use (OpenBLAS under cgo, else
-// gonum), row-major, same arguments as gonum's blas.Float32.Sgemm.
-func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+// ParallelSgemm is the SGEMM the hand-written passes use (OpenBLAS under
+// cgo, else gonum), split across the SetParallelism workers; row-major,
+// same arguments as gonum's blas.Float32.Sgemm.
+func ParallelSgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	psgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// BenchBatch is the benchmark's batch: groups×size GRPO samples of n tokens
+// whose first shared tokens are common within a group.
+func BenchBatch(rng *rand.Rand, groups, size, n, shared int) *Batch {
+	return benchBatch(rng, groups, size, n, shared)
 }
 
 // Resolve applies the documented defaults and validates.

@@ -112,11 +112,11 @@ func RunBench(ctx context.Context, cfg BenchConfig, w io.Writer) (BenchResult, e
 		unpack bool
 	}{
 		{fmt.Sprintf("throughput %dx%d unpacked, %d params", cfg.Seqs, cfg.SeqLen, big.NumParams()), big,
-			benchBatch(rng, cfg.Seqs, 1, cfg.SeqLen, cfg.SeqLen/8), true},
+			trainer.BenchBatch(rng, cfg.Seqs, 1, cfg.SeqLen, cfg.SeqLen/8), true},
 		{fmt.Sprintf("demo policy %d params, GRPO 16 groups of 8, packed", demo.NumParams()), demo,
-			benchBatch(rng, 16, 8, 32, 24), false},
+			trainer.BenchBatch(rng, 16, 8, 32, 24), false},
 		{"demo policy, one GRPO group of 8, packed", demo,
-			benchBatch(rng, 1, 8, 64, 32), false},
+			trainer.BenchBatch(rng, 1, 8, 64, 32), false},
 	}
 	for _, c := range cases {
 		bc, err := benchCase(ctx, c.m, c.b, c.unpack, cfg.Steps)
@@ -208,29 +208,4 @@ func withAdvantages(s []trainer.Sample) []trainer.Sample {
 		}
 	}
 	return out
-}
-
-// benchBatch makes groups×size GRPO samples of length n whose first shared
-// tokens are common within a group; the rest is trained (as trainer's
-// benchmark does).
-func benchBatch(rng *rand.Rand, groups, size, n, shared int) *trainer.Batch {
-	b := &trainer.Batch{}
-	for g := 0; g < groups; g++ {
-		prefix := make([]int, shared)
-		for i := range prefix {
-			prefix[i] = rng.IntN(256)
-		}
-		for j := 0; j < size; j++ {
-			s := trainer.Sample{GroupID: fmt.Sprint(g), TokenIDs: append(make([]int, 0, n), prefix...),
-				LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n), Reward: float64(j % 2)}
-			for len(s.TokenIDs) < n {
-				s.TokenIDs = append(s.TokenIDs, rng.IntN(256))
-			}
-			for t := max(shared, 1); t < n; t++ {
-				s.LossMask[t], s.Logprobs[t] = 1, -5.5
-			}
-			b.Samples = append(b.Samples, s)
-		}
-	}
-	return b
 }

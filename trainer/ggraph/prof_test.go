@@ -16,7 +16,7 @@ import (
 func BenchmarkDemoStep(b *testing.B) {
 	m, err := trainer.NewModel(trainer.ModelConfig{}, 2)
 	require.NoError(b, err)
-	batch := benchBatch(rand.New(rand.NewPCG(1, 2)), 16, 8, 32, 24)
+	batch := trainer.BenchBatch(rand.New(rand.NewPCG(1, 2)), 16, 8, 32, 24)
 	gg, err := NewTrainer(m, 0, trainer.Config{MaxStaleness: -1}, nil)
 	require.NoError(b, err)
 	defer gg.Close()
