@@ -65,7 +65,7 @@ type graph struct {
 // temperature, and the log-prob of each target token.
 func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	c := m.Config
-	N, D, F, H, V := sh.nodes, c.DModel, c.FFN, c.Heads, c.Vocab
+	N, D, H, V := sh.nodes, c.DModel, c.Heads, c.Vocab
 	dh := D / H
 	gr := &graph{sh: sh, heads: H, g: G.NewGraph()}
 	g := gr.g
@@ -118,7 +118,6 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 		h2 := b.rmsNorm(x2, byName[p+"ln2"])
 		u := b.mul(h2, byName[p+"w1"])
 		x = b.add(x2, b.mul(b.gelu(u), byName[p+"w2"]))
-		_ = F
 	}
 	hf := b.rmsNorm(x, byName["ln_f"])
 	hr := b.gather("rows", hf, &gr.rows, sh.rows)                                         // R×D
