@@ -1,0 +1,304 @@
+package workflows_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/redact"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+const policyName = "flywheel-policy"
+
+// stack is the real thing on the real services: Postgres, a Temporal dev
+// server, a worker with Flywheel's workflows and activities, and the
+// gateway serving the in-process policy.
+type stack struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	tc     client.Client
+	engine *trainer.Engine
+	v1     *trainer.Model
+	url    string
+	key    string
+}
+
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	pool := testenv.Pool(t)
+	tc := testenv.Temporal(t)
+	ctx := context.Background()
+	logger := slog.New(slog.DiscardHandler)
+
+	m, err := trainer.NewModel(trainer.ModelConfig{Context: 128, Layers: 1, Heads: 2, DModel: 32}, 3)
+	require.NoError(t, err)
+	engine, err := trainer.NewEngine(m, 1, trainer.EngineConfig{Name: policyName, Logger: logger})
+	require.NoError(t, err)
+	v1 := store.VersionID(policyName, 1)
+	require.NoError(t, store.UpsertDeployment(ctx, pool, policyName, "policy", nil, v1))
+	_, err = pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'serving')`, v1, policyName)
+	require.NoError(t, err)
+
+	red, err := redact.New(redact.Options{})
+	require.NoError(t, err)
+	w := tworker.New(tc, workflows.TaskQueue, tworker.Options{})
+	register(w, pool, red, engine, tc)
+	require.NoError(t, w.Start())
+	t.Cleanup(w.Stop)
+
+	cfg := config.Default().Gateway
+	cfg.RateLimitRPS = 0
+	cfg.NotifyInterval = 50 * time.Millisecond
+	notifier := gateway.NewTemporalNotifier(tc, cfg.NotifyInterval, logger)
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: logger, Policy: engine, Notifier: notifier})
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { ts.Close(); srv.Close() })
+	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
+	key, err := store.CreateKey(ctx, pool, "acme", "", "test")
+	require.NoError(t, err)
+	return &stack{t: t, pool: pool, tc: tc, engine: engine, v1: m, url: ts.URL, key: key}
+}
+
+// register mirrors cmd/flywheel's registrations for the workflow queue.
+func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, tc client.Client) {
+	wf := func(fn any, name string) { r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name}) }
+	act := func(fn any, name string) { r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name}) }
+	session := &activities.Session{DB: pool, Redactor: red}
+	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
+	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
+	wf(workflows.SessionWorkflow, workflows.SessionWorkflowName)
+	act(session.AssembleTrajectory, workflows.AssembleTrajectoryActivity)
+	act(session.EnqueueSamples, workflows.EnqueueSamplesActivity)
+	act(session.EndSession, workflows.EndSessionActivity)
+	wf(workflows.ReleaseWorkflow, workflows.ReleaseWorkflowName)
+	act(release.BeginRelease, workflows.BeginReleaseActivity)
+	act(release.SetReleasePhase, workflows.SetPhaseActivity)
+	act(release.EvaluateGate, workflows.EvaluateGateActivity)
+	act(release.FinishRelease, workflows.FinishReleaseActivity)
+	wf(workflows.EvolutionWorkflow, workflows.EvolutionWorkflowName)
+	act(evolve.ComputeEvidence, workflows.ComputeEvidenceActivity)
+	act(evolve.RecordDecision, workflows.RecordDecisionActivity)
+	act(evolve.ProposeArtefact, workflows.ProposeArtefactActivity)
+	act(evolve.RequestTraining, workflows.RequestTrainingActivity)
+	act(evolve.RollbackVersion, workflows.RollbackVersionActivity)
+}
+
+// chat sends one call of a one-call session and returns the HTTP status
+// and the completion id.
+func (s *stack) chat(session string, done bool, content string) (int, string) {
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, policyName, content)
+	req, err := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(s.t, err)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Id", session)
+	if done {
+		req.Header.Set("X-Session-Done", "true")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	var out struct {
+		ID string `json:"id"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out.ID
+}
+
+func (s *stack) reward(session string, value float64) int {
+	req, err := http.NewRequest(http.MethodPost, s.url+"/v1/sessions/"+session+"/reward",
+		strings.NewReader(fmt.Sprintf(`{"value":%v,"final":true}`, value)))
+	require.NoError(s.t, err)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func (s *stack) versionOf(completionID string) string {
+	var v string
+	require.NoError(s.t, s.pool.QueryRow(context.Background(), `SELECT model_version FROM interactions WHERE completion_id = $1`, completionID).Scan(&v))
+	return v
+}
+
+// recordHistory writes a workflow's history into testdata when
+// FLYWHEEL_RECORD_HISTORIES=1, for the replay tests.
+func recordHistory(t *testing.T, tc client.Client, id, file string) {
+	if os.Getenv("FLYWHEEL_RECORD_HISTORIES") != "1" {
+		return
+	}
+	it := tc.GetWorkflowHistory(context.Background(), id, "", false, 0)
+	h := &historypb.History{}
+	for it.HasNext() {
+		ev, err := it.Next()
+		require.NoError(t, err)
+		h.Events = append(h.Events, ev)
+	}
+	raw, err := protojson.MarshalOptions{Indent: "  "}.Marshal(h)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join("testdata", file), raw, 0o644))
+}
+
+func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	const session = "int-session-1"
+	st, _ := s.chat(session, false, "hello, my email is ann@example.com")
+	require.Equal(t, http.StatusOK, st)
+	st, _ = s.chat(session, false, "and now?")
+	require.Equal(t, http.StatusOK, st)
+	require.Equal(t, http.StatusCreated, s.reward(session, 0.8))
+	st, _ = s.chat(session, true, "thanks, bye")
+	require.Equal(t, http.StatusOK, st)
+
+	var res workflows.SessionResult
+	require.Eventually(t, func() bool {
+		return s.tc.GetWorkflow(ctx, session, "").Get(ctx, &res) == nil
+	}, time.Minute, 100*time.Millisecond)
+	require.Equal(t, "done", res.State.Phase)
+	require.Equal(t, workflows.EndByClient, res.State.EndReason)
+	require.Equal(t, 3, res.State.Steps+0, "three calls were signalled")
+	require.Positive(t, res.State.Enqueued)
+
+	queued, err := store.QueuedSamplesOfSession(ctx, s.pool, "acme", session)
+	require.NoError(t, err)
+	require.Equal(t, res.State.Enqueued, queued)
+	var stepJSON string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT step::text FROM atdp_steps WHERE session_id = $1 ORDER BY step_index LIMIT 1`, session).Scan(&stepJSON))
+	require.NotContains(t, stepJSON, "ann@example.com", "stored steps are redacted")
+
+	// The state query answers after the end, from the closed workflow.
+	v, err := s.tc.QueryWorkflow(ctx, session, "", workflows.SessionStateQuery)
+	require.NoError(t, err)
+	var state workflows.SessionState
+	require.NoError(t, v.Get(&state))
+	require.Equal(t, "done", state.Phase)
+	recordHistory(t, s.tc, session, "session_history.json")
+}
+
+func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	// The candidate answers exactly like the serving version (so the
+	// offline gates tie), but users dislike what it serves: the steady
+	// client below rewards the candidate's sessions 0 and the serving
+	// version's 1. Only the live canary can tell them apart.
+	require.NoError(t, s.engine.Publish(s.v1.Clone(), 2))
+	v1, v2 := store.VersionID(policyName, 1), store.VersionID(policyName, 2)
+	_, err := s.pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ($1, $2, $3, 'candidate')`, v2, policyName, v1)
+	require.NoError(t, err)
+
+	var (
+		stop             atomic.Bool
+		requests, failed atomic.Int64
+		mu               sync.Mutex
+		servedBy         = map[string]int{}
+		wg               sync.WaitGroup
+	)
+	for c := 0; c < 2; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				session := fmt.Sprintf("steady-%d-%d", c, i)
+				st, id := s.chat(session, true, "what is two plus two?")
+				requests.Add(1)
+				if st != http.StatusOK {
+					failed.Add(1)
+					continue
+				}
+				v := s.versionOf(id)
+				mu.Lock()
+				servedBy[v]++
+				mu.Unlock()
+				r := 1.0
+				if v == v2 {
+					r = 0
+				}
+				if s.reward(session, r) != http.StatusCreated {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { stop.Store(true); wg.Wait() })
+
+	id := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.ReleaseWorkflowName,
+		workflows.ReleaseInput{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, Reason: "integration test",
+			Policy: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
+				CanaryChecks: 8, MinCanarySamples: 5, MaxRewardDrop: 0.05}})
+	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var res workflows.ReleaseResult
+	require.NoError(t, run.Get(rctx, &res))
+	// Serving goes on after the rollback.
+	time.Sleep(2 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+
+	require.Equal(t, workflows.ReleaseRolledBack, res.State.Status, res.State.Reason)
+	require.Contains(t, res.State.Reason, "canary gate failed")
+	require.Zero(t, failed.Load(), "a steady client sees no failed request (of %d)", requests.Load())
+	require.Positive(t, servedBy[v2], "the canary served some traffic")
+	require.Greater(t, servedBy[v1], servedBy[v2])
+	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, v1, serving)
+	var status string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = $1`, v2).Scan(&status))
+	require.Equal(t, "rolled_back", status)
+	rel, err := store.ReleaseByWorkflow(ctx, s.pool, id)
+	require.NoError(t, err)
+	gates, err := store.ReleaseGates(ctx, s.pool, rel.ID)
+	require.NoError(t, err)
+	names := []string{}
+	for _, g := range gates {
+		names = append(names, g.Gate)
+	}
+	require.Equal(t, []string{workflows.GateShadow, workflows.GateReplay, workflows.GateRegression, workflows.GateSafety, workflows.GateCanary}, names)
+	require.False(t, gates[4].Passed)
+	t.Logf("requests %d, served by %v, canary %v", requests.Load(), servedBy, gates[4].Metrics)
+
+	// After the rollback, new sessions are served by the baseline only.
+	for i := 0; i < 5; i++ {
+		st, cid := s.chat(fmt.Sprintf("after-%d", i), true, "hi")
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, v1, s.versionOf(cid))
+	}
+	recordHistory(t, s.tc, id, "release_rollback_history.json")
+}
