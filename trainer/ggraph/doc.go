@@ -15,12 +15,13 @@
 // which `flywheel bench ggraph` compares with trainer.Local.
 //
 // A packed batch (trainer.Pack) enters the graph as its unique tokens with
-// their depth as position ids. Attention runs batched over (head, block),
-// where a block is one prefix tree padded with zero rows to the largest
-// tree, or — when padding would cost more than the whole square — all
-// nodes as one sequence; an additive mask of 0 and −Inf lets each query see
-// exactly its ancestors and itself, so the numbers are the hand-written
-// path's.
+// their depth as position ids. Attention runs per head (column slices of
+// the fused QKV weight, row slices of the output projection, so no
+// activation is transposed) and batched over blocks, where a block is one
+// prefix tree padded with zero rows to the largest tree, or — when padding
+// would cost more than the whole square — all nodes as one sequence; an
+// additive mask of 0 and −Inf lets each query see exactly its ancestors and
+// itself, so the numbers are the hand-written path's.
 //
 // Finite-difference checks of the building blocks found two gorgonia
 // v0.9.18 defects, worked around here: InverseSqrt's symbolic derivative

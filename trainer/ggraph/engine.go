@@ -190,14 +190,8 @@ func (in *packInputs) layout(pk *trainer.Pack) {
 func (gr *graph) bindPack(in packInputs, temp float32) error {
 	gr.tok, gr.pos, gr.rows, gr.flat = in.tok, in.pos, in.rows, in.flat
 	gr.pad, gr.unpad = in.pad, in.unpad
-	// The same block mask for every head.
-	H, sz := gr.heads, len(in.mask)
-	mask := make([]float32, H*sz)
-	for h := 0; h < H; h++ {
-		copy(mask[h*sz:], in.mask)
-	}
 	return errors.Join(
-		letF32(gr.mask, mask, H*in.blocks, in.blockLen, in.blockLen),
+		letF32(gr.mask, in.mask, in.blocks, in.blockLen, in.blockLen),
 		G.Let(gr.invT, 1/temp),
 	)
 }

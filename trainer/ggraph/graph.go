@@ -33,10 +33,9 @@ const (
 // are bound to tensors backed by Model.W, so weight updates are seen by the
 // next run without copies; the per-batch inputs are rebound with Let.
 type graph struct {
-	sh    shape
-	heads int
-	g     *G.ExprGraph
-	vm    G.VM
+	sh shape
+	g  *G.ExprGraph
+	vm G.VM
 
 	weights []*G.Node // in ParamSpecs order
 	grads   G.Nodes   // d loss / d weights, same order
@@ -45,7 +44,7 @@ type graph struct {
 	tok, pos, rows, flat, occ []int
 	pad, unpad                []int // nodes ↔ padded attention blocks
 	// Inputs.
-	mask                  *G.Node // (H·blocks)×L×L additive: 0 or −Inf
+	mask                  *G.Node // blocks×L×L additive: 0 or −Inf
 	invT                  *G.Node // scalar 1/temperature
 	behav, adv, prox, ref *G.Node // per occurrence
 
@@ -67,7 +66,7 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	c := m.Config
 	N, D, H, V := sh.nodes, c.DModel, c.Heads, c.Vocab
 	dh := D / H
-	gr := &graph{sh: sh, heads: H, g: G.NewGraph()}
+	gr := &graph{sh: sh, g: G.NewGraph()}
 	g := gr.g
 	f32 := tensor.Float32
 
@@ -86,7 +85,7 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 		gr.weights = append(gr.weights, n)
 	}
 	NB, L := sh.blocks, sh.blockLen
-	gr.mask = G.NewTensor(g, f32, 3, G.WithShape(H*NB, L, L), G.WithName("mask"))
+	gr.mask = G.NewTensor(g, f32, 3, G.WithShape(NB, L, L), G.WithName("mask"))
 	gr.invT = G.NewScalar(g, f32, G.WithName("invT"))
 
 	b := &builder{}
@@ -95,26 +94,33 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	for l := 0; l < c.Layers; l++ {
 		p := fmt.Sprintf("layers.%d.", l)
 		h1 := b.rmsNorm(x, byName[p+"ln1"])
-		qkv := b.mul(h1, byName[p+"wqkv"]) // N×3D: [q | k | v], heads contiguous
-		// Attention batched over (head, block): the packed nodes are laid out
-		// as NB blocks of L (trees padded with zero rows, or the whole pack as
-		// one block), and the additive mask keeps each query on its ancestors.
-		pq := b.gather(p+"pad", qkv, &gr.pad, NB*L) // NB·L×3D
-		// (NB, L, 3H, dh) → (3H, NB, L, dh): batch entry (q|k|v)·H·NB + h·NB + block.
-		t := b.reshape(b.transpose(b.reshape(pq, NB, L, 3*H, dh), 2, 0, 1, 3), 3*H*NB, L, dh)
-		// The score scale goes on q (L×dh per batch entry) rather than on the
-		// L×L scores: the same product, fewer multiplies.
-		q := b.hadamard(b.slice(t, G.S(0, H*NB)), scale)
-		k := b.slice(t, G.S(H*NB, 2*H*NB))
-		v := b.slice(t, G.S(2*H*NB, 3*H*NB))
-		s := b.add(b.batched(q, k, false, true), gr.mask) // H·NB×L×L
-		pr := b.softmax(s, 2)
-		o := b.batched(pr, v, false, false) // H·NB×L×dh
-		// (H, NB·L, dh) → (NB·L, H, dh) → NB·L×D, heads side by side, then back
-		// to the packed nodes.
-		o = b.reshape(b.transpose(b.reshape(o, H, NB*L, dh), 1, 0, 2), NB*L, D)
-		att := b.gather(p+"unpad", o, &gr.unpad, N)
-		x2 := b.add(x, b.mul(att, byName[p+"wo"]))
+		// Attention per head, batched over blocks: the packed nodes are laid
+		// out as NB blocks of L (trees padded with zero rows, or the whole
+		// pack as one block), and the additive mask keeps each query on its
+		// ancestors. Heads take column slices of the fused QKV weight and row
+		// slices of the output projection, so no activation is transposed.
+		hp := b.gather(p+"pad", h1, &gr.pad, NB*L) // NB·L×D
+		wqkv, wo := byName[p+"wqkv"], byName[p+"wo"]
+		var proj *G.Node
+		for h := 0; h < H; h++ {
+			col := func(part int) *G.Node {
+				w := b.do(func() (*G.Node, error) { return G.Slice(wqkv, nil, G.S(part*D+h*dh, part*D+(h+1)*dh)) })
+				return b.reshape(b.mul(hp, w), NB, L, dh)
+			}
+			q := b.hadamard(col(0), scale) // scale on q: fewer multiplies than on the scores
+			k, v := col(1), col(2)
+			s := b.add(b.batched(q, k, false, true), gr.mask) // NB×L×L
+			o := b.batched(b.softmax(s, 2), v, false, false)  // NB×L×dh
+			woH := b.do(func() (*G.Node, error) { return G.Slice(wo, G.S(h*dh, (h+1)*dh)) })
+			ph := b.mul(b.reshape(o, NB*L, dh), woH) // NB·L×D
+			if proj == nil {
+				proj = ph
+			} else {
+				proj = b.add(proj, ph)
+			}
+		}
+		x2 := b.add(x, b.gather(p+"unpad", proj, &gr.unpad, N))
+
 		h2 := b.rmsNorm(x2, byName[p+"ln2"])
 		u := b.mul(h2, byName[p+"w1"])
 		x = b.add(x2, b.mul(b.gelu(u), byName[p+"w2"]))
