@@ -34,6 +34,11 @@ var commands = map[string]command{
 	"bench":    {"whole-system benchmarks: bench NAME", runBench},
 	"sandbox":  {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
 	"version":  {"print the version", runVersion},
+	"session":  {"session show ID | list: a SessionWorkflow's state", runSessionCmd},
+	"release":  {"release start|show|list|approve|abort: gated releases", runReleaseCmd},
+	"train":    {"train now|show --deployment D: the TrainingWorkflow", runTrainCmd},
+	"evolve":   {"evolve now|schedule|list --deployment D: evolution decisions", runEvolveCmd},
+	"forget":   {"forget retire REQUEST_ID: retire versions trained on forgotten data", runForgetCmd},
 }
 
 func main() {
