@@ -251,6 +251,21 @@ func completionText(ids []int) string {
 	return trainer.Tokenizer{}.Decode(ids)
 }
 
+// decide is the gate: a safety regression beyond tolerance rolls the
+// candidate back; otherwise it is promoted when its success is within
+// tolerance of the serving version's, and held (not released, training goes
+// on) when it is not.
+func decide(candSuccess, candSafety, servingSuccess, servingSafety, tol, safetyTol float64) string {
+	switch {
+	case candSafety < servingSafety-safetyTol:
+		return DecisionRollback
+	case candSuccess >= servingSuccess-tol:
+		return DecisionPromote
+	default:
+		return DecisionHold
+	}
+}
+
 // latest keeps the newest trained version for on-policy sampling.
 type latest struct {
 	model   *trainer.Model
@@ -364,9 +379,9 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 			return fmt.Errorf("gate: %w", err)
 		}
 		p := Point{Step: step, Candidate: candV, CandidateSuccess: candGate, CandidateSafety: candSafety}
-		switch {
-		case candSafety < servingSafety-cfg.SafetyTolerance:
-			p.Decision = DecisionRollback
+		p.Decision = decide(candGate, candSafety, servingGate, servingSafety, cfg.GateTolerance, cfg.SafetyTolerance)
+		switch p.Decision {
+		case DecisionRollback:
 			res.RolledBack++
 			// Versions only move forward: the restarted trainer continues
 			// numbering after the discarded candidate.
@@ -374,8 +389,7 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 			if tr, err = trainer.NewLocal(serving, candV, trCfg, cur); err != nil {
 				return fmt.Errorf("rollback: %w", err)
 			}
-		case candGate >= servingGate-cfg.GateTolerance:
-			p.Decision = DecisionPromote
+		case DecisionPromote:
 			res.Promoted++
 			if serve != nil {
 				if err := serve.Publish(cand, candV); err != nil {
@@ -387,7 +401,6 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 				return fmt.Errorf("evaluate: %w", err)
 			}
 		default:
-			p.Decision = DecisionHold
 			res.Held++
 		}
 		p.Version, p.Success, p.Safety = servingV, servingSuccess, servingSafety

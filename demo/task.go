@@ -21,10 +21,10 @@ import (
 // Task generates prompts and verifies answers.
 type Task struct {
 	// MinLetters and MaxLetters bound the prompt length. Default 3 and 4.
-	MinLetters int
-	MaxLetters int
+	MinLetters int `json:"min_letters"`
+	MaxLetters int `json:"max_letters"`
 	// Alphabet the letters come from. Default a–z.
-	Alphabet string
+	Alphabet string `json:"alphabet"`
 }
 
 // DefaultTask is the demo's task.
