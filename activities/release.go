@@ -47,10 +47,9 @@ type Release struct {
 
 // BeginRelease writes (or finds) the release row of this workflow.
 func (r *Release) BeginRelease(ctx context.Context, in workflows.ReleaseInput) (workflows.BeginReleaseOutput, error) {
-	info := activity.GetInfo(ctx)
 	rel, err := store.BeginRelease(ctx, r.DB, store.Release{
 		Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate, Baseline: in.Baseline,
-		WorkflowID: info.WorkflowExecution.ID, Reason: in.Reason,
+		WorkflowID: workflowID(ctx), Reason: in.Reason,
 	})
 	if err != nil {
 		return workflows.BeginReleaseOutput{}, err
@@ -364,6 +363,14 @@ func heartbeat(ctx context.Context, details ...any) {
 	if activity.IsActivity(ctx) {
 		activity.RecordHeartbeat(ctx, details...)
 	}
+}
+
+// workflowID is the calling workflow's id ("" outside an activity).
+func workflowID(ctx context.Context) string {
+	if activity.IsActivity(ctx) {
+		return activity.GetInfo(ctx).WorkflowExecution.ID
+	}
+	return ""
 }
 
 func rate(k, n int) float64 {
