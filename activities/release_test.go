@@ -199,9 +199,9 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.Len(t, gates, 4)
 
 	// A harness candidate is applied on top of what serves.
-	a, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system":"Always answer in French."}`), "k1")
+	a, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system_prompt":"Always answer in French."}`), "k1")
 	require.NoError(t, err)
-	a2, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system":"Always answer in French."}`), "k1")
+	a2, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system_prompt":"Always answer in French."}`), "k1")
 	require.NoError(t, err)
 	require.Equal(t, a.ID, a2.ID, "the same key returns the same artefact")
 	fb.seen = nil

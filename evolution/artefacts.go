@@ -31,9 +31,9 @@ type PlaybookItem struct {
 }
 
 // Harness is the system-prompt layer: text placed before the client's own
-// system prompt.
+// system prompt. The JSON field is the one the gateway's router reads.
 type Harness struct {
-	System string `json:"system"`
+	System string `json:"system_prompt"`
 }
 
 // ToolSchema overrides tool descriptions (and optionally parameters) by

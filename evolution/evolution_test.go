@@ -91,7 +91,7 @@ func TestGateScoring(t *testing.T) {
 
 func TestArtefactsApply(t *testing.T) {
 	var set ArtefactSet
-	require.NoError(t, set.Decode(KindHarness, []byte(`{"system":"Be brief."}`)))
+	require.NoError(t, set.Decode(KindHarness, []byte(`{"system_prompt":"Be brief."}`)))
 	require.NoError(t, set.Decode(KindPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units."}]}`)))
 	require.NoError(t, set.Decode(KindToolSchema, []byte(`{"tools":{"search":{"description":"Search the web. Query must be non-empty."}}}`)))
 	require.Error(t, set.Decode("kernel", []byte(`{}`)))
