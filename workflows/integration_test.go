@@ -93,6 +93,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	session := &activities.Session{DB: pool, Redactor: red}
 	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
 	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
+	training := &activities.Training{DB: pool}
 	wf(workflows.SessionWorkflow, workflows.SessionWorkflowName)
 	act(session.AssembleTrajectory, workflows.AssembleTrajectoryActivity)
 	act(session.EnqueueSamples, workflows.EnqueueSamplesActivity)
@@ -102,6 +103,9 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(release.SetReleasePhase, workflows.SetPhaseActivity)
 	act(release.EvaluateGate, workflows.EvaluateGateActivity)
 	act(release.FinishRelease, workflows.FinishReleaseActivity)
+	wf(workflows.TrainingWorkflow, workflows.TrainingWorkflowName)
+	act(training.CheckBatch, workflows.CheckBatchActivity)
+	act(training.ClaimBatch, workflows.ClaimBatchActivity)
 	wf(workflows.EvolutionWorkflow, workflows.EvolutionWorkflowName)
 	act(evolve.ComputeEvidence, workflows.ComputeEvidenceActivity)
 	act(evolve.RecordDecision, workflows.RecordDecisionActivity)
@@ -301,4 +305,64 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 		require.Equal(t, v1, s.versionOf(cid))
 	}
 	recordHistory(t, s.tc, id, "release_rollback_history.json")
+}
+
+// TestIntegrationTrainingLoop runs the loop on the real services: sessions
+// through the gateway become samples, the TrainingWorkflow trains them on a
+// trainer worker (its own task queue), records the candidate with lineage
+// and hands it to a ReleaseWorkflow, which rolls it back because no live
+// traffic reaches its canary.
+func TestIntegrationTrainingLoop(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	require.NoError(t, err)
+	tw := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
+	training := &activities.Training{DB: s.pool, Trainer: local, CheckpointDir: t.TempDir(), HeartbeatEvery: 200 * time.Millisecond}
+	tw.RegisterActivityWithOptions(training.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
+	require.NoError(t, tw.Start())
+	t.Cleanup(tw.Stop)
+
+	const n = 6
+	for i := 0; i < n; i++ {
+		session := fmt.Sprintf("train-%d", i)
+		st, _ := s.chat(session, false, "count to three")
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, http.StatusCreated, s.reward(session, float64(i%2)))
+		st, _ = s.chat(session, true, "again")
+		require.Equal(t, http.StatusOK, st)
+	}
+	require.Eventually(t, func() bool {
+		q, _, err := store.QueueStats(ctx, s.pool, policyName)
+		return err == nil && q >= n
+	}, time.Minute, 200*time.Millisecond, "every session's eligible steps are queued")
+
+	id := workflows.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
+		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
+	require.NoError(t, err)
+	v2 := store.VersionID(policyName, 2)
+	rid := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
+	var rel workflows.ReleaseResult
+	require.Eventually(t, func() bool {
+		return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil
+	}, 2*time.Minute, 500*time.Millisecond, "the candidate goes through a release")
+	require.Equal(t, workflows.ReleaseRolledBack, rel.State.Status, rel.State.Reason)
+	require.NoError(t, s.tc.TerminateWorkflow(ctx, id, "", "test done"))
+	recordHistory(t, s.tc, id, "training_history.json")
+
+	var lineage, used int
+	var parent, status string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT parent_version, status FROM model_versions WHERE id = $1`, v2).Scan(&parent, &status))
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = $1`, v2).Scan(&lineage))
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM training_samples WHERE status = 'used'`).Scan(&used))
+	require.Equal(t, store.VersionID(policyName, 1), parent)
+	require.Equal(t, "rolled_back", status)
+	require.GreaterOrEqual(t, lineage, n)
+	require.Equal(t, lineage, used)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
 }
