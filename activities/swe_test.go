@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent/sweagenttest"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
@@ -130,17 +130,8 @@ func (g *fakeGateway) snapshot() (rewards map[string][]float64, chats map[string
 
 func sweActivities(t *testing.T, gatewayURL string) (*activities.SWEActivities, *client.Client) {
 	t.Helper()
-	if os.Getenv("DOCKER_HOST") == "" {
-		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
-			t.Skip("no Docker engine socket; SWE activity tests need the real engine")
-		}
-	}
-	cli, err := sandbox.Connect(context.Background())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cli.Close() })
-	m, err := sandbox.NewManager(cli, sandbox.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, m.Close(context.Background())) })
+	cli := sandboxtest.Docker(t)
+	m := sandboxtest.Manager(t, cli, sandbox.Config{})
 	return &activities.SWEActivities{
 		Sandboxes:      m,
 		Images:         &tasks.Images{Client: cli},
@@ -174,6 +165,9 @@ func TestSWERolloutWithFixtureModel(t *testing.T) {
 			a, cli := sweActivities(t, srv.URL)
 			var suite testsuite.WorkflowTestSuite
 			env := suite.NewTestWorkflowEnvironment()
+			// Real activities: the first may build the task image (tens of
+			// seconds), far past the test environment's 3 s default.
+			env.SetTestTimeout(5 * time.Minute)
 			workflows.RegisterSWEWorkflows(env)
 			a.Register(env)
 			env.ExecuteWorkflow(workflows.SWERolloutWorkflow, workflows.SWERolloutInput{TaskID: tk.ID})

@@ -47,16 +47,9 @@ type DebianImageOptions struct {
 // It needs root on the host (for the bootstrap) and mmdebstrap or
 // debootstrap (apt-get install mmdebstrap).
 func EnsureDebianImage(ctx context.Context, cli *client.Client, opts DebianImageOptions) (Image, error) {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.RegistryImage != "" {
-		img, err := ensureRegistryImage(ctx, cli, opts.RegistryImage)
-		if err == nil {
-			return img, nil
-		}
-		log.Warn("registry image unavailable, building locally", "image", opts.RegistryImage, "error", err)
+	log := orDefault(opts.Logger)
+	if img, ok := preferRegistry(ctx, cli, opts.RegistryImage, log); ok {
+		return img, nil
 	}
 	if opts.Repository == "" {
 		opts.Repository = "flywheel-sandbox/python"

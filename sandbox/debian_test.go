@@ -1,32 +1,11 @@
 package sandbox_test
 
 import (
-	"context"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/flywheel-ai/flywheel/sandbox"
-	"github.com/moby/moby/client"
 	"github.com/stretchr/testify/require"
 )
-
-var (
-	pyOnce sync.Once
-	pyImg  sandbox.Image
-	pyErr  error
-)
-
-func pythonImage(t *testing.T, cli *client.Client) sandbox.Image {
-	t.Helper()
-	pyOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		pyImg, pyErr = sandbox.EnsureDebianImage(ctx, cli, sandbox.DebianImageOptions{})
-	})
-	require.NoError(t, pyErr)
-	return pyImg
-}
 
 func TestDebianImageHasGitPythonPytest(t *testing.T) {
 	cli := dockerClient(t)

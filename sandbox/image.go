@@ -75,16 +75,9 @@ type BaseImageOptions struct {
 // the agent added as a layer) and cached by content hash, so a second call
 // costs one image inspect.
 func EnsureBaseImage(ctx context.Context, cli *client.Client, opts BaseImageOptions) (Image, error) {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.RegistryImage != "" {
-		img, err := ensureRegistryImage(ctx, cli, opts.RegistryImage)
-		if err == nil {
-			return img, nil
-		}
-		log.Warn("registry image unavailable, building locally", "image", opts.RegistryImage, "error", err)
+	log := orDefault(opts.Logger)
+	if img, ok := preferRegistry(ctx, cli, opts.RegistryImage, log); ok {
+		return img, nil
 	}
 	repo := opts.Repository
 	if repo == "" {
@@ -336,6 +329,27 @@ func readJSONStream(r io.Reader) error {
 			return fmt.Errorf("%s (last output: %s)", m, strings.Join(tail, " | "))
 		}
 	}
+}
+
+func orDefault(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
+}
+
+// preferRegistry returns the configured registry image when it is there or
+// can be pulled; otherwise the caller builds locally.
+func preferRegistry(ctx context.Context, cli *client.Client, ref string, log *slog.Logger) (Image, bool) {
+	if ref == "" {
+		return Image{}, false
+	}
+	img, err := ensureRegistryImage(ctx, cli, ref)
+	if err != nil {
+		log.Warn("registry image unavailable, building locally", "image", ref, "error", err)
+		return Image{}, false
+	}
+	return img, true
 }
 
 // ensureRegistryImage uses a configured image, pulling it if it is not

@@ -57,3 +57,24 @@ func versionNumber(t *testing.T, v string) int {
 	require.NoError(t, err)
 	return a*1000 + b
 }
+
+func TestRegistryImageIsPreferredWhenPresent(t *testing.T) {
+	cli := dockerClient(t)
+	img := baseImage(t, cli)
+	ctx := context.Background()
+	// No registry here: a locally tagged image stands for one already pulled.
+	const ref = "flywheel-sandbox/registry-test:1"
+	_, err := cli.ImageTag(ctx, client.ImageTagOptions{Source: img.Ref, Target: ref})
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{}) })
+
+	got, err := sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{RegistryImage: ref})
+	require.NoError(t, err)
+	require.Equal(t, ref, got.Ref)
+	require.True(t, got.HasAgent, "the agent is detected from the image's command")
+
+	// An unreachable registry image falls back to the local build.
+	got, err = sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{RegistryImage: "127.0.0.1:1/nope:1"})
+	require.NoError(t, err)
+	require.Equal(t, img.Ref, got.Ref)
+}

@@ -137,12 +137,14 @@ func ReadFrame(r io.Reader, v any) error {
 	if n > MaxFrameBytes {
 		return fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
 	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
+	// Read, not allocate, up to the announced length: a short stream with a
+	// large header must not cost the whole allocation.
+	body, err := io.ReadAll(io.LimitReader(r, int64(n)))
+	if err != nil {
 		return fmt.Errorf("read frame body: %w", err)
+	}
+	if len(body) < int(n) {
+		return fmt.Errorf("read frame body: %w", io.ErrUnexpectedEOF)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return fmt.Errorf("decode frame: %w", err)

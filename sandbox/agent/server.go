@@ -27,8 +27,11 @@ const (
 	DefaultReadBytes = 4 << 20
 	MaxListEntries   = 10000
 	// strayDrain is how long output is still read after the command's shell
-	// exits, for children that keep its pipes open.
-	strayDrain = 50 * time.Millisecond
+	// exits when it keeps its background children (which hold the pipes).
+	strayDrain = 200 * time.Millisecond
+	// outputGrace bounds reading output after the shell and its process
+	// group are gone, for children that escaped the group.
+	outputGrace = 2 * time.Second
 )
 
 // Server answers requests read from in on out. It is safe for concurrent
@@ -197,12 +200,24 @@ func (s *Server) exec(req Request, resp *Response) error {
 	if !req.KeepStrays {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
-	// Children that outlive the shell may hold the pipes; read what they have
-	// written so far and stop.
-	deadline := time.Now().Add(strayDrain)
-	_ = outR.SetReadDeadline(deadline)
-	_ = errR.SetReadDeadline(deadline)
-	copies.Wait()
+	// Normally every writer is gone now and the copies end at EOF. Children
+	// that outlived the shell (kept, or escaped with setsid) may hold the
+	// pipes open: give them a grace period, then stop reading. A deadline
+	// is set only then, because under CPU pressure a copy may not yet have
+	// read output the shell wrote before exiting.
+	copied := make(chan struct{})
+	go func() { copies.Wait(); close(copied) }()
+	grace := outputGrace
+	if req.KeepStrays {
+		grace = strayDrain
+	}
+	select {
+	case <-copied:
+	case <-time.After(grace):
+		_ = outR.SetReadDeadline(time.Now())
+		_ = errR.SetReadDeadline(time.Now())
+		<-copied
+	}
 	outR.Close()
 	errR.Close()
 

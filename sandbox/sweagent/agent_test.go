@@ -2,12 +2,12 @@ package sweagent_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent/sweagenttest"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
@@ -16,27 +16,12 @@ import (
 
 func manager(t *testing.T) *sandbox.Manager {
 	t.Helper()
-	if os.Getenv("DOCKER_HOST") == "" {
-		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
-			t.Skip("no Docker engine socket; sweagent tests need the real engine")
-		}
-	}
-	cli, err := sandbox.Connect(context.Background())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cli.Close() })
-	m, err := sandbox.NewManager(cli, sandbox.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, m.Close(context.Background())) })
-	return m
+	return sandboxtest.Manager(t, sandboxtest.Docker(t), sandbox.Config{})
 }
 
 func baseSandbox(t *testing.T, m *sandbox.Manager) *sandbox.Sandbox {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	img, err := sandbox.EnsureBaseImage(ctx, m.Client(), sandbox.BaseImageOptions{})
-	require.NoError(t, err)
-	sb, err := m.Create(ctx, img)
+	sb, err := m.Create(context.Background(), sandboxtest.BaseImage(t, m.Client()))
 	require.NoError(t, err)
 	return sb
 }
@@ -55,9 +40,7 @@ func TestAgentSolvesShippedTaskThroughFixtureModel(t *testing.T) {
 	tk, err := tasks.Find("chunked")
 	require.NoError(t, err)
 	ctx := context.Background()
-	py, err := sandbox.EnsureDebianImage(ctx, m.Client(), sandbox.DebianImageOptions{})
-	require.NoError(t, err)
-	img, err := tasks.EnsureImage(ctx, m.Client(), py, tk, nil)
+	img, err := tasks.EnsureImage(ctx, m.Client(), sandboxtest.PythonImage(t, m.Client()), tk, nil)
 	require.NoError(t, err)
 	sb, err := m.Create(ctx, img)
 	require.NoError(t, err)

@@ -2,15 +2,14 @@ package tasks_test
 
 import (
 	"context"
-	"os"
 	"path"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/sandbox"
+	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
 	"github.com/moby/moby/client"
 	"github.com/stretchr/testify/require"
@@ -78,33 +77,10 @@ func TestLoadRejectsBadTasks(t *testing.T) {
 	}
 }
 
-var (
-	pyOnce sync.Once
-	pyImg  sandbox.Image
-	pyErr  error
-)
-
 func setup(t *testing.T) (*client.Client, *sandbox.Manager, sandbox.Image) {
 	t.Helper()
-	if os.Getenv("DOCKER_HOST") == "" {
-		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
-			t.Skip("no Docker engine socket; task tests need the real engine")
-		}
-	}
-	ctx := context.Background()
-	cli, err := sandbox.Connect(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cli.Close() })
-	pyOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-		defer cancel()
-		pyImg, pyErr = sandbox.EnsureDebianImage(ctx, cli, sandbox.DebianImageOptions{})
-	})
-	require.NoError(t, pyErr)
-	m, err := sandbox.NewManager(cli, sandbox.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, m.Close(context.Background())) })
-	return cli, m, pyImg
+	cli := sandboxtest.Docker(t)
+	return cli, sandboxtest.Manager(t, cli, sandbox.Config{}), sandboxtest.PythonImage(t, cli)
 }
 
 func startTask(t *testing.T, cli *client.Client, m *sandbox.Manager, base sandbox.Image, tk *tasks.Task) *sandbox.Sandbox {
@@ -205,5 +181,21 @@ func TestGradingDetectsTampering(t *testing.T) {
 		require.False(t, res.Tampered)
 		require.NotEmpty(t, res.Notes)
 		require.Equal(t, tasks.OutcomeFailed, res.Tests[tk.FailToPass[0]])
+	})
+}
+
+func FuzzLoadTaskYAML(f *testing.F) {
+	f.Add("id: t\nproblem_statement: x\ntest_command: pytest\nhidden_paths: [tests/test_a.py]\nfail_to_pass: [tests/test_a.py::test_x]\n")
+	f.Add("id: [")
+	f.Fuzz(func(t *testing.T, yml string) {
+		fsys := fstest.MapFS{
+			"t/task.yaml":            &fstest.MapFile{Data: []byte(yml)},
+			"t/repo/a.py":            &fstest.MapFile{Data: []byte("x = 1\n")},
+			"t/repo/tests/test_a.py": &fstest.MapFile{Data: []byte("def test_x(): pass\n")},
+		}
+		tk, err := tasks.Load(fsys, "t")
+		if err == nil {
+			require.NoError(t, tk.Validate(), "a loaded task is valid")
+		}
 	})
 }
