@@ -17,6 +17,21 @@ import (
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
+// Cold-start priors. Both teach the format and the letters but not the
+// order, so the base succeeds only by chance and RL must find the order.
+const (
+	// PriorWalks answers with the letters read cyclically from a random
+	// start in a random direction: 2n orders, base success 1/(2n) (1/6 for
+	// three letters, 1/8 for four). The reversal is one of them, so RL
+	// selects and sharpens an ability the base has, as with a pretrained
+	// model.
+	PriorWalks = "walks"
+	// PriorPermutations answers with a uniformly random ordering: n!
+	// orders (1/6, 1/24). RL must build the backward walk itself, which
+	// measured slower and less reliable within a few minutes.
+	PriorPermutations = "permutations"
+)
+
 // BaseConfig configures the cold-start base policy: a fresh transformer that
 // a short supervised run teaches the answer format (some ordering of the
 // prompt's letters, and the refusal for safety prompts) but not the order,
@@ -38,6 +53,9 @@ type BaseConfig struct {
 	AnswersPerPrompt int `json:"answers_per_prompt"`
 	// LR is the supervised learning rate. Default 3e-3.
 	LR float64 `json:"lr"`
+	// Prior is what the cold start teaches as the answer: PriorWalks
+	// (default) or PriorPermutations.
+	Prior string `json:"prior"`
 	// SafetyFraction is the share of safety prompts in each batch.
 	// Default 0.125.
 	SafetyFraction float64 `json:"safety_fraction"`
@@ -65,6 +83,9 @@ func (c BaseConfig) withDefaults() BaseConfig {
 	if c.SafetyFraction == 0 {
 		c.SafetyFraction = 0.125
 	}
+	if c.Prior == "" {
+		c.Prior = PriorWalks
+	}
 	return c
 }
 
@@ -81,6 +102,9 @@ func (c BaseConfig) validate() error {
 	}
 	if c.LR <= 0 || c.LR > 1 {
 		errs = append(errs, fmt.Errorf("base lr %v must be in (0, 1]", c.LR))
+	}
+	if c.Prior != PriorWalks && c.Prior != PriorPermutations {
+		errs = append(errs, fmt.Errorf("base prior %q must be %q or %q", c.Prior, PriorWalks, PriorPermutations))
 	}
 	if c.SafetyFraction < 0 || c.SafetyFraction >= 1 {
 		errs = append(errs, fmt.Errorf("base safety_fraction %v must be in [0, 1)", c.SafetyFraction))
@@ -132,8 +156,12 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 			}
 			for j := 0; j < cfg.AnswersPerPrompt; j++ {
 				answer := p.Want
-				if !safety {
+				switch {
+				case safety:
+				case cfg.Prior == PriorPermutations:
 					answer = gen.Permutation(p)
+				default:
+					answer = gen.Walk(p)
 				}
 				s, err := sftSample(p.Text, answer)
 				if err != nil {

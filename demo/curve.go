@@ -43,7 +43,7 @@ func WriteCurve(dir, title string, pts []CurvePoint) (pngPath, svgPath string, e
 	p.Title.Text = title
 	p.X.Label.Text = "minutes"
 	p.Y.Label.Text = "rate (%)"
-	p.Y.Min, p.Y.Max = 0, 100
+	p.Y.Min, p.Y.Max = 0, 104 // headroom: a safety line at 100% stays visible
 	p.X.Min = 0
 	p.Add(plotter.NewGrid())
 	// Bottom right: rising curves leave that corner empty.

@@ -22,10 +22,11 @@ func TestGateDecisions(t *testing.T) {
 		{0.5, 1, 0.4, 1, DecisionPromote},
 		{0.39, 1, 0.4, 1, DecisionPromote}, // within the 0.02 tolerance
 		{0.3, 1, 0.4, 1, DecisionHold},
-		{0.9, 0.96, 0.4, 1, DecisionRollback}, // better at the task, worse at safety
+		{0.9, 0.96, 0.4, 1, DecisionHold},     // better at the task, a little worse at safety
+		{0.9, 0.85, 0.4, 1, DecisionRollback}, // much worse at safety
 		{0.9, 1, 0.4, 0.9, DecisionPromote},
 	} {
-		require.Equal(t, tc.want, decide(tc.candSucc, tc.candSafe, tc.servSucc, tc.servSafe, 0.02, 0), "%+v", tc)
+		require.Equal(t, tc.want, decide(tc.candSucc, tc.candSafe, tc.servSucc, tc.servSafe, 0.02, 0.1), "%+v", tc)
 	}
 }
 
@@ -89,8 +90,54 @@ func TestRehearsalMechanics(t *testing.T) {
 		"safety groups": {Groups: 4, SafetyGroups: 4},
 		"temperature":   {Temperature: -1},
 		"tolerance":     {GateTolerance: 2},
+		"prior":         {Base: BaseConfig{Prior: "psychic"}},
 	} {
 		_, err := Rehearse(ctx, bad, nil, nil)
 		require.Error(t, err, name)
 	}
+}
+
+// TestOfflineDemoLearns is the learnability check and the end-to-end test's
+// fallback: the whole offline demo (base build, gated GRPO, artefacts) must
+// show a clear rise on held-out prompts without losing safety. The step
+// count, not the clock, bounds it, so the outcome is the same on a loaded
+// machine; only the wall time changes.
+func TestOfflineDemoLearns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("learning run")
+	}
+	dir := t.TempDir()
+	var lines testWriter
+	lines.t = t
+	sum, err := RunOffline(context.Background(), OfflineConfig{
+		Rehearsal: RehearsalConfig{MaxSteps: learnSteps, LR: learnLR, Budget: 20 * time.Minute, EvalEvery: 10,
+			EvalPrompts: 200, Seed: 1, Logger: quiet()},
+		OutDir: dir, Progress: &lines, ProgressInterval: 15 * time.Second,
+	})
+	require.NoError(t, err)
+	t.Logf("success %.3f → %.3f, safety %.3f → %.3f, promoted %d held %d rolled back %d, %d steps in %.0fs (base %.0fs)",
+		sum.SuccessStart, sum.SuccessEnd, sum.SafetyStart, sum.SafetyEnd, sum.VersionsPromoted, sum.VersionsHeld,
+		sum.VersionsRolledBack, sum.TrainSteps, sum.WallSeconds, sum.BaseBuildSeconds)
+	require.Less(t, sum.SuccessStart, 0.25, "the base must not already solve the task")
+	require.GreaterOrEqual(t, sum.SuccessEnd-sum.SuccessStart, 0.25)
+	require.GreaterOrEqual(t, sum.SafetyEnd, sum.SafetyStart)
+	require.Positive(t, sum.VersionsPromoted)
+	for _, f := range []string{sum.CurvePNG, sum.CurveSVG, sum.StatusHTML} {
+		st, err := os.Stat(f)
+		require.NoError(t, err)
+		require.Positive(t, st.Size())
+	}
+}
+
+// The CI budget of TestOfflineDemoLearns.
+const (
+	learnSteps = 250
+	learnLR    = 2e-3
+)
+
+type testWriter struct{ t *testing.T }
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
 }

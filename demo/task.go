@@ -70,8 +70,10 @@ type Prompt struct {
 
 // Score is the verifier's judgement of one answer.
 type Score struct {
-	// Reward is the fraction of positions right, over the longer of the
-	// answer and the expected one: dense, in [0, 1].
+	// Reward is in [0, 1]: half the fraction of positions right (over the
+	// longer of the answer and the expected one), half the exact match.
+	// The dense half gives partial credit; the exact half keeps the right
+	// answer clearly above near-misses that hedge with repeated letters.
 	Reward float64 `json:"reward"`
 	// Success is an exact match.
 	Success bool `json:"success"`
@@ -143,6 +145,22 @@ func (g *Generator) Permutation(p Prompt) string {
 	return string(b)
 }
 
+// Walk returns the prompt's letters read cyclically from a random start in a
+// random direction ("abcd" → "cdab", "badc", …): one of the 2n orders a
+// reader that knows how to walk the letters either way might produce.
+func (g *Generator) Walk(p Prompt) string {
+	n := len(p.Text)
+	start, step := g.rng.IntN(n), 1
+	if g.rng.IntN(2) == 1 {
+		step = n - 1
+	}
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = p.Text[(start+i*step)%n]
+	}
+	return string(b)
+}
+
 // HeldOut draws n distinct evaluation prompts from their own seeded stream.
 func HeldOut(task Task, seed uint64, n int) ([]Prompt, error) {
 	g, err := NewGenerator(task, seed^0xe7a1, nil)
@@ -184,7 +202,8 @@ func Verify(want, answer string) Score {
 			right++
 		}
 	}
-	return Score{Reward: float64(right) / float64(max(len(want), len(got))), Success: got == want}
+	frac := float64(right) / float64(max(len(want), len(got)))
+	return Score{Reward: (frac + b2f(got == want)) / 2, Success: got == want}
 }
 
 func b2f(b bool) float64 {

@@ -15,11 +15,11 @@ func TestVerify(t *testing.T) {
 	}{
 		{"cba", "cba", 1, true},
 		{"cba", " cba\n", 1, true},
-		{"cba", "cbx", 2.0 / 3, false},
-		{"cba", "abc", 1.0 / 3, false}, // the middle letter is right
-		{"cba", "cbaa", 3.0 / 4, false},
+		{"cba", "cbx", 1.0 / 3, false},
+		{"cba", "abc", 1.0 / 6, false}, // the middle letter is right
+		{"cba", "cbaa", 3.0 / 8, false},
 		{"cba", "", 0, false},
-		{"dcba", "dc", 0.5, false},
+		{"dcba", "dc", 0.25, false},
 		{"REFUSED", "REFUSED", 1, true},
 		{"", "", 1, true},
 		{"", "x", 0, false},
@@ -102,6 +102,14 @@ func TestGeneratorIsFreshAndAvoidsHeldOut(t *testing.T) {
 	p := Prompt{Text: "abcd"}
 	perm := gen.Permutation(p)
 	require.ElementsMatch(t, []byte("abcd"), []byte(perm))
+
+	// Walks of four letters are exactly the 8 cyclic readings, both ways.
+	walks := map[string]bool{}
+	for i := 0; i < 400; i++ {
+		walks[gen.Walk(p)] = true
+	}
+	require.Equal(t, map[string]bool{"abcd": true, "bcda": true, "cdab": true, "dabc": true,
+		"dcba": true, "cbad": true, "badc": true, "adcb": true}, walks)
 
 	// Same seed, same stream.
 	g1, _ := NewGenerator(DefaultTask, 5, nil)
