@@ -75,51 +75,16 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 	qkv := make([]float32, B*3*D)
 	att := make([]float32, B*D)
 	u := make([]float32, B*F)
-	scores := make([]float32, c.Context)
 	for l := 0; l < c.Layers; l++ {
 		lw := w.layers[l]
 		rmsNorm(h, inv, x, lw.ln1, B, D)
 		psgemm(false, false, B, 3*D, D, 1, h, D, lw.wqkv, 3*D, 0, qkv, 3*D)
-		for b := 0; b < B; b++ {
-			kv := caches[b]
-			pos := kv.n
-			row := qkv[b*3*D : b*3*D+3*D]
-			copy(kv.k[l][pos*D:pos*D+D], row[D:2*D])
-			copy(kv.v[l][pos*D:pos*D+D], row[2*D:3*D])
-			for hd := 0; hd < H; hd++ {
-				q := row[hd*dh : hd*dh+dh]
-				mx := float32(math.Inf(-1))
-				for t := 0; t <= pos; t++ {
-					k := kv.k[l][t*D+hd*dh : t*D+hd*dh+dh]
-					var s float32
-					for j, qv := range q {
-						s += qv * k[j]
-					}
-					s *= scale
-					scores[t] = s
-					if s > mx {
-						mx = s
-					}
-				}
-				var sum float32
-				for t := 0; t <= pos; t++ {
-					e := expf(scores[t] - mx)
-					scores[t] = e
-					sum += e
-				}
-				o := att[b*D+hd*dh : b*D+hd*dh+dh]
-				for j := range o {
-					o[j] = 0
-				}
-				for t := 0; t <= pos; t++ {
-					p := scores[t] / sum
-					vv := kv.v[l][t*D+hd*dh : t*D+hd*dh+dh]
-					for j := range o {
-						o[j] += p * vv[j]
-					}
-				}
+		parallelFor(B, float64(4*D*caches[0].n+1), func(lo, hi int) {
+			scores := make([]float32, c.Context)
+			for b := lo; b < hi; b++ {
+				m.attendOne(caches[b], l, qkv[b*3*D:b*3*D+3*D], att[b*D:b*D+D], scores, scale)
 			}
-		}
+		})
 		psgemm(false, false, B, D, D, 1, att, D, lw.wo, D, 1, x, D)
 		rmsNorm(h, inv, x, lw.ln2, B, D)
 		psgemm(false, false, B, F, D, 1, h, D, lw.w1, F, 0, u, F)
@@ -132,5 +97,48 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 	psgemm(false, false, B, V, D, 1, h, D, w.head, V, 0, logits, V)
 	for _, kv := range caches {
 		kv.n++
+	}
+}
+
+// attendOne stores a token's key and value in its cache and writes its
+// attention output over every cached position (all heads).
+func (m *Model) attendOne(kv *kvCache, l int, row, out, scores []float32, scale float32) {
+	D, H := m.Config.DModel, m.Config.Heads
+	dh := D / H
+	pos := kv.n
+	copy(kv.k[l][pos*D:pos*D+D], row[D:2*D])
+	copy(kv.v[l][pos*D:pos*D+D], row[2*D:3*D])
+	for hd := 0; hd < H; hd++ {
+		q := row[hd*dh : hd*dh+dh]
+		mx := float32(math.Inf(-1))
+		for t := 0; t <= pos; t++ {
+			k := kv.k[l][t*D+hd*dh : t*D+hd*dh+dh]
+			var s float32
+			for j, qv := range q {
+				s += qv * k[j]
+			}
+			s *= scale
+			scores[t] = s
+			if s > mx {
+				mx = s
+			}
+		}
+		var sum float32
+		for t := 0; t <= pos; t++ {
+			e := expf(scores[t] - mx)
+			scores[t] = e
+			sum += e
+		}
+		o := out[hd*dh : hd*dh+dh]
+		for j := range o {
+			o[j] = 0
+		}
+		for t := 0; t <= pos; t++ {
+			p := scores[t] / sum
+			vv := kv.v[l][t*D+hd*dh : t*D+hd*dh+dh]
+			for j := range o {
+				o[j] += p * vv[j]
+			}
+		}
 	}
 }
