@@ -18,7 +18,7 @@ type BenchConfig struct {
 	Model ModelConfig
 	// Seqs×SeqLen tokens form the throughput batch. Default 8×256.
 	Seqs, SeqLen int
-	// Steps timed per measurement (after one warm-up). Default 3.
+	// Steps timed per measurement (after one warm-up). Default 5.
 	Steps int
 	// Groups of GroupSize samples of PackLen tokens sharing PackShare of
 	// them measure packing. Default 2 groups of 8, 128 tokens, 0.75.
@@ -50,7 +50,7 @@ func (c BenchConfig) withDefaults() BenchConfig {
 	}
 	c.Model = c.Model.withDefaults()
 	if c.Steps == 0 {
-		c.Steps = 3
+		c.Steps = 5
 	}
 	if c.Groups == 0 {
 		c.Groups = 2

@@ -19,7 +19,7 @@ func init() {
 		fs.IntVar(&cfg.Model.FFN, "ffn", 0, "MLP width (default 4·d-model)")
 		fs.IntVar(&cfg.Seqs, "seqs", 0, "sequences per training batch (default 8)")
 		fs.IntVar(&cfg.SeqLen, "seq-len", 0, "tokens per sequence (default 256)")
-		fs.IntVar(&cfg.Steps, "steps", 0, "timed steps per measurement (default 3)")
+		fs.IntVar(&cfg.Steps, "steps", 0, "timed steps per measurement (default 5)")
 		if err := fs.Parse(args); err != nil {
 			return err
 		}
