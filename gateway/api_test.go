@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/store"
 )
 
 func chatBody(text string) map[string]any {
@@ -82,6 +84,16 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	require.Equal(t, exported[0].Metadata.StepID, exported[1].Metadata.ParentStepID)
 	require.NotEmpty(t, exported[0].Action.Tokens.CompletionIDs)
 	require.Len(t, exported[0].Action.Tokens.Logprobs, len(exported[0].Action.Tokens.CompletionIDs))
+
+	// `flywheel export` writes the same bytes as the HTTP export.
+	var cli bytes.Buffer
+	n, err := gateway.Export(context.Background(), e.pool, e.cfg, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "acme", SessionID: sid}}, &cli)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, string(body), cli.String())
+	n, err = gateway.Export(context.Background(), e.pool, e.cfg, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "globex"}}, &cli)
+	require.NoError(t, err)
+	require.Zero(t, n, "another tenant's export is empty")
 }
 
 func TestHeaderAndPathIdentityAndDone(t *testing.T) {

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 
@@ -138,9 +140,32 @@ func (s *Server) reusePromptIDs(cl *call, cont *store.Continuation) {
 	cl.reuse = true
 }
 
-// fillToolCallIDs gives every tool call an id the client can answer to.
+// validUTF8 replaces each invalid byte with U+FFFD, exactly as
+// encoding/json does when it writes the reply, so the stored text is the
+// text the client sees and later sends back (stitching hashes it).
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// fillToolCallIDs gives every tool call an id the client can answer to and
+// makes the reply's text valid UTF-8.
 func fillToolCallIDs(protocol string, m *inference.Message) {
+	m.Content, m.Reasoning = validUTF8(m.Content), validUTF8(m.Reasoning)
 	for i := range m.ToolCalls {
+		m.ToolCalls[i].Arguments = validUTF8(m.ToolCalls[i].Arguments)
 		if m.ToolCalls[i].ID == "" {
 			if protocol == protoAnthropic {
 				m.ToolCalls[i].ID = newID("toolu_")

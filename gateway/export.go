@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -12,7 +13,9 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -31,15 +34,32 @@ type sessionSteps struct {
 // view the session workflow writes to atdp_steps when the session ends;
 // where it has, its eligibility verdict wins).
 func (s *Server) buildSteps(ctx context.Context, info *store.SessionInfo) (*sessionSteps, error) {
-	rows, err := store.SessionInteractions(ctx, s.deps.DB, info.TenantID, info.ID)
+	return s.exporter().buildSteps(ctx, info)
+}
+
+// exporter turns stored interactions into ATDP steps; the HTTP export and
+// `flywheel export` share it.
+type exporter struct {
+	db       store.DBTX
+	weights  map[string]float64
+	discount float64
+	redactor *redact.Redactor
+}
+
+func (s *Server) exporter() *exporter {
+	return &exporter{db: s.deps.DB, weights: s.cfg.RewardWeights, discount: s.cfg.Discount, redactor: s.redactor}
+}
+
+func (s *exporter) buildSteps(ctx context.Context, info *store.SessionInfo) (*sessionSteps, error) {
+	rows, err := store.SessionInteractions(ctx, s.db, info.TenantID, info.ID)
 	if err != nil {
 		return nil, err
 	}
-	rewards, err := store.SessionRewards(ctx, s.deps.DB, info.TenantID, info.ID)
+	rewards, err := store.SessionRewards(ctx, s.db, info.TenantID, info.ID)
 	if err != nil {
 		return nil, err
 	}
-	assembled, err := store.AssembledSteps(ctx, s.deps.DB, info.TenantID, info.ID)
+	assembled, err := store.AssembledSteps(ctx, s.db, info.TenantID, info.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -47,8 +67,8 @@ func (s *Server) buildSteps(ctx context.Context, info *store.SessionInfo) (*sess
 	for i, r := range rows {
 		ids[i] = r.ID
 	}
-	per, merged := stepRewards(ids, rewards, s.cfg.RewardWeights)
-	returns := discountedReturns(merged, s.cfg.Discount)
+	per, merged := stepRewards(ids, rewards, s.weights)
+	returns := discountedReturns(merged, s.discount)
 	out := &sessionSteps{info: info, rows: rows}
 	for i, r := range rows {
 		var req storedRequest
@@ -253,28 +273,59 @@ func (s *Server) exportTrajectories(c *gin.Context) {
 	}
 	c.Header("Content-Type", "application/x-ndjson")
 	c.Status(http.StatusOK)
-	w := bufio.NewWriterSize(c.Writer, 64<<10)
+	if _, err := s.exporter().write(c.Request.Context(), sessions, eligibleOnly, c.Writer, c.Writer.Flush); err != nil {
+		_ = c.Error(err) // the status already went out: the client sees a truncated body
+	}
+}
+
+// write encodes the sessions' steps as JSONL, flushing after each session.
+func (s *exporter) write(ctx context.Context, sessions []store.SessionInfo, eligibleOnly bool, out io.Writer, flush func()) (int, error) {
+	w := bufio.NewWriterSize(out, 64<<10)
 	enc := json.NewEncoder(w)
+	n := 0
 	for i := range sessions {
-		ss, err := s.buildSteps(c.Request.Context(), &sessions[i])
+		ss, err := s.buildSteps(ctx, &sessions[i])
 		if err != nil {
-			_ = c.Error(err)
-			break // the client sees a truncated body: the status already went out
+			return n, err
 		}
 		for _, st := range ss.steps {
 			if eligibleOnly && !st.Metadata.Eligibility.Trainable {
 				continue
 			}
 			if err := enc.Encode(st); err != nil {
-				return
+				return n, err
 			}
+			n++
 		}
-		if w.Flush() != nil {
-			return
+		if err := w.Flush(); err != nil {
+			return n, err
 		}
-		c.Writer.Flush()
+		if flush != nil {
+			flush()
+		}
 	}
-	_ = w.Flush()
+	return n, w.Flush()
+}
+
+// ExportOptions select what Export writes.
+type ExportOptions struct {
+	Filter       store.SessionFilter
+	EligibleOnly bool
+}
+
+// Export writes a tenant's steps as ATDP JSONL to w, as GET
+// /v1/trajectories does (`flywheel export`); it returns the step count.
+func Export(ctx context.Context, db store.DBTX, cfg config.GatewayConfig, opts ExportOptions, w io.Writer) (int, error) {
+	red, err := redact.New(redact.Options{Patterns: cfg.RedactPatterns})
+	if err != nil {
+		return 0, err
+	}
+	sessions, err := store.ListSessions(ctx, db, opts.Filter)
+	if err != nil {
+		return 0, err
+	}
+	e := &exporter{db: db, weights: cfg.RewardWeights, discount: cfg.Discount, redactor: red}
+	return e.write(ctx, sessions, opts.EligibleOnly, w, nil)
 }
 
 type forgetRequest struct {

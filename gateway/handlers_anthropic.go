@@ -81,8 +81,10 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 		index++
 		return err
 	}
+	var carry utf8Carry
 	emit := func(d inference.Delta) error {
 		err := begin()
+		d.Text = carry.next(d.Text)
 		if err == nil && d.Text != "" {
 			if err = openText(); err == nil {
 				err = w.event("content_block_delta", gin.H{"type": "content_block_delta", "index": index,
@@ -115,6 +117,9 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 			return
 		}
 		_ = w.event("error", errorBody(protoAnthropic, asAPIError(genErr)))
+		return
+	}
+	if err := emit(inference.Delta{Text: carry.flush()}); err != nil {
 		return
 	}
 	steps := []func() error{begin}

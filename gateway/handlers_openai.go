@@ -78,11 +78,13 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		return w.event("", chunk(&oaRespMsg{Role: inference.RoleAssistant, Content: &empty}, nil, nil))
 	}
 	clientGone := false
+	var textCarry, reasonCarry utf8Carry
 	emit := func(d inference.Delta) error {
 		if err := begin(); err != nil {
 			clientGone = true
 			return err
 		}
+		d.Text, d.Reasoning = textCarry.next(d.Text), reasonCarry.next(d.Reasoning)
 		if d.Text == "" && d.Reasoning == "" {
 			return nil
 		}
@@ -136,6 +138,11 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 	}
 	if err := begin(); err != nil {
 		return
+	}
+	if rest, r := textCarry.flush(), reasonCarry.flush(); rest != "" || r != "" {
+		if err := w.event("", chunk(&oaRespMsg{Content: &rest, ReasoningContent: r}, nil, nil)); err != nil {
+			return
+		}
 	}
 	if len(resp.Message.ToolCalls) > 0 {
 		if err := w.event("", chunk(&oaRespMsg{ToolCalls: oaToolCalls(resp.Message.ToolCalls, true)}, nil, nil)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 )
@@ -61,3 +62,29 @@ func (w *sseWriter) raw(s string) error {
 }
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
+
+// utf8Carry holds back an incomplete UTF-8 sequence at the end of a
+// streamed increment until the next one completes it, so no character is
+// split across two events (each would be mangled on its own).
+type utf8Carry struct{ pending string }
+
+func (u *utf8Carry) next(s string) string {
+	s = u.pending + s
+	cut := len(s)
+	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	u.pending = s[cut:]
+	return validUTF8(s[:cut])
+}
+
+func (u *utf8Carry) flush() string {
+	p := u.pending
+	u.pending = ""
+	return validUTF8(p)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -80,30 +81,133 @@ func (n *NewInteraction) args() []any {
 		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID}
 }
 
-// InsertInteractions inserts rows in one pipelined round trip. Call it in a
-// transaction: the whole batch commits (one WAL flush) or none of it does.
-// The error is per row: ErrSessionClosed for a row whose session refused it.
+// insertBatchSQL inserts a whole batch in one statement: it upserts each
+// distinct session once, advancing its step counter by the number of its
+// rows (under the row lock, so concurrent gateways agree on seq), and
+// numbers the rows of a session in batch order. Token arrays travel as
+// array literals because Postgres cannot unnest ragged 2-D arrays. Rows
+// whose session belongs to another tenant or is no longer open find no
+// session row and are not inserted.
+const insertBatchSQL = `
+WITH r AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+		$8::bool[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
+		$15::int[], $16::int[], $17::text[], $18::text[], $19::text[], $20::float8[], $21::bytea[], $22::text[])
+		WITH ORDINALITY AS r(session_id, tenant_id, deployment, end_user, identity_mode, completion_id, protocol,
+			stream, model_version, request, response, prompt_ids, completion_ids, logprobs,
+			prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, continuation_hash, request_id, ord)
+), per AS (
+	SELECT DISTINCT ON (session_id) session_id, tenant_id, deployment, end_user, identity_mode,
+		count(*) OVER (PARTITION BY session_id) AS n
+	FROM r ORDER BY session_id, ord
+), s AS (
+	INSERT INTO sessions (id, tenant_id, deployment, end_user, identity_mode, next_seq)
+	SELECT session_id, tenant_id, deployment, end_user, identity_mode, n FROM per
+	ON CONFLICT (id) DO UPDATE SET next_seq = sessions.next_seq + EXCLUDED.next_seq, last_active_at = now(),
+		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
+	WHERE sessions.tenant_id = EXCLUDED.tenant_id AND sessions.status = 'open'
+	RETURNING id, next_seq
+), numbered AS (
+	SELECT r.*, s.next_seq - count(*) OVER (PARTITION BY r.session_id)
+		+ row_number() OVER (PARTITION BY r.session_id ORDER BY r.ord) - 1 AS seq
+	FROM r JOIN s ON s.id = r.session_id
+)
+INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
+	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
+	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
+	continuation_hash, request_id)
+SELECT tenant_id, session_id, seq, completion_id, protocol, stream, deployment, model_version,
+	request::jsonb, response::jsonb, prompt_ids::int[], completion_ids::int[], logprobs::real[],
+	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, continuation_hash, request_id
+FROM numbered
+RETURNING completion_id, id, seq`
+
+func intLiteral(xs []int32) *string {
+	if xs == nil {
+		return nil
+	}
+	b := make([]byte, 0, len(xs)*4+2)
+	b = append(b, '{')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	s := string(append(b, '}'))
+	return &s
+}
+
+func floatLiteral(xs []float32) *string {
+	if xs == nil {
+		return nil
+	}
+	b := make([]byte, 0, len(xs)*8+2)
+	b = append(b, '{')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, float64(x), 'g', -1, 32)
+	}
+	s := string(append(b, '}'))
+	return &s
+}
+
+// InsertInteractions inserts rows in one statement; call it in a
+// transaction so the batch commits with one WAL flush. errs[i] is
+// ErrSessionClosed for a row whose session refused it.
 func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([]Captured, []error, error) {
-	b := &pgx.Batch{}
-	for _, r := range rows {
-		b.Queue(insertInteractionSQL, r.args()...)
-	}
-	res := db.SendBatch(ctx, b)
-	out := make([]Captured, len(rows))
-	errs := make([]error, len(rows))
-	for i := range rows {
-		err := res.QueryRow().Scan(&out[i].ID, &out[i].Seq)
-		if errors.Is(err, pgx.ErrNoRows) {
-			errs[i] = ErrSessionClosed
-			continue
+	n := len(rows)
+	var (
+		sid, tenant, dep, user, mode, cid, proto = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		stream                                   = make([]bool, n)
+		version, finish, status, errText, reqID  = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		req, resp, pids, cids, lps               = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+		ptok, ctok                               = make([]int32, n), make([]int32, n)
+		lat                                      = make([]float64, n)
+		hash                                     = make([][]byte, n)
+	)
+	index := make(map[string]int, n)
+	for i, r := range rows {
+		sid[i], tenant[i], dep[i], user[i], mode[i], cid[i], proto[i] = r.SessionID, r.TenantID, r.Deployment, r.EndUser, r.IdentityMode, r.CompletionID, r.Protocol
+		stream[i], version[i], finish[i], status[i], errText[i], reqID[i] = r.Stream, r.ModelVersion, r.FinishReason, r.Status, r.Error, r.RequestID
+		rq := string(r.Request)
+		req[i] = &rq
+		if len(r.Response) > 0 {
+			rs := string(r.Response)
+			resp[i] = &rs
 		}
-		if err != nil {
-			res.Close()
-			return nil, nil, fmt.Errorf("insert interaction %d of %d: %w", i+1, len(rows), err)
-		}
+		pids[i], cids[i], lps[i] = intLiteral(r.PromptTokenIDs), intLiteral(r.CompletionTokenIDs), floatLiteral(r.Logprobs)
+		ptok[i], ctok[i], lat[i], hash[i] = int32(r.PromptTokens), int32(r.CompletionTokens), r.LatencyMS, r.ContinuationHash
+		index[r.CompletionID] = i
 	}
-	if err := res.Close(); err != nil {
+	res, err := db.Query(ctx, insertBatchSQL, sid, tenant, dep, user, mode, cid, proto, stream, version, req, resp,
+		pids, cids, lps, ptok, ctok, finish, status, errText, lat, hash, reqID)
+	if err != nil {
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
+	}
+	defer res.Close()
+	out := make([]Captured, n)
+	errs := make([]error, n)
+	got := make([]bool, n)
+	for res.Next() {
+		var c string
+		var cap Captured
+		if err := res.Scan(&c, &cap.ID, &cap.Seq); err != nil {
+			return nil, nil, fmt.Errorf("insert interactions: %w", err)
+		}
+		if i, ok := index[c]; ok {
+			out[i], got[i] = cap, true
+		}
+	}
+	if err := res.Err(); err != nil {
+		return nil, nil, fmt.Errorf("insert interactions: %w", err)
+	}
+	for i := range rows {
+		if !got[i] {
+			errs[i] = ErrSessionClosed
+		}
 	}
 	return out, errs, nil
 }

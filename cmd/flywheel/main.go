@@ -32,6 +32,7 @@ var commands = map[string]command{
 	"keys":     {"manage API keys: keys create --tenant NAME", runKeys},
 	"temporal": {"temporal setup: register the namespace and search attributes", runTemporal},
 	"bench":    {"whole-system benchmarks: bench NAME", runBench},
+	"export":   {"export a tenant's trajectories as ATDP JSONL: export --tenant NAME [--out FILE]", runExport},
 	"sandbox":  {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
 	"version":  {"print the version", runVersion},
 	"session":  {"session show ID | list: a SessionWorkflow's state", runSessionCmd},

@@ -1,0 +1,276 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// BenchConfig sizes `flywheel bench gateway`.
+type BenchConfig struct {
+	// Pool is a migrated database the benchmark may write to.
+	Pool *pgxpool.Pool
+	// UpstreamLatency is the fixture upstream's fixed latency.
+	UpstreamLatency time.Duration
+	// RPS and Duration are the fixed-rate phase.
+	RPS      int
+	Duration time.Duration
+	// Concurrency and MaxDuration are the maximum-throughput phase.
+	Concurrency int
+	MaxDuration time.Duration
+	// CaptureWriters and CaptureDuration are the capture phase.
+	CaptureWriters  int
+	CaptureDuration time.Duration
+	Out             io.Writer
+}
+
+// BenchResult is the benchmark's figures; the JSON is its last line.
+type BenchResult struct {
+	AddedP50ms      float64 `json:"added_p50_ms"`
+	AddedP99ms      float64 `json:"added_p99_ms"`
+	ThroughputRatio float64 `json:"throughput_ratio"`
+	CaptureRatio    float64 `json:"capture_ratio"`
+
+	BaselineP50ms        float64 `json:"baseline_p50_ms"`
+	BaselineP99ms        float64 `json:"baseline_p99_ms"`
+	GatewayP50ms         float64 `json:"gateway_p50_ms"`
+	GatewayP99ms         float64 `json:"gateway_p99_ms"`
+	BaselineMaxRPS       float64 `json:"baseline_max_rps"`
+	GatewayMaxRPS        float64 `json:"gateway_max_rps"`
+	BaselineErrors       int64   `json:"baseline_errors"`
+	GatewayErrors        int64   `json:"gateway_errors"`
+	CaptureBatchedRowsPS float64 `json:"capture_batched_rows_per_s"`
+	CapturePerRowRowsPS  float64 `json:"capture_per_row_rows_per_s"`
+	CaptureMeanBatch     float64 `json:"capture_mean_batch"`
+	UpstreamLatencyMS    float64 `json:"upstream_latency_ms"`
+	RPS                  int     `json:"rps"`
+	Concurrency          int     `json:"concurrency"`
+}
+
+// RunBench runs, in one process: a fixed-latency vLLM-like upstream, a bare
+// Go reverse proxy to it (the baseline), and the gateway with capture on;
+// first at a fixed rate (added latency), then closed-loop at maximum
+// throughput; then group commit against per-row INSERTs.
+func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(bc.Out, format+"\n", args...) }
+	res := &BenchResult{RPS: bc.RPS, Concurrency: bc.Concurrency, UpstreamLatencyMS: float64(bc.UpstreamLatency) / 1e6}
+
+	fx := &vllmfixture.Fixture{Latency: bc.UpstreamLatency}
+	upURL, stopUp, err := serveLocal(fx)
+	if err != nil {
+		return nil, err
+	}
+	defer stopUp()
+	target, _ := url.Parse(upURL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
+	baseURL, stopBase, err := serveLocal(proxy)
+	if err != nil {
+		return nil, err
+	}
+	defer stopBase()
+
+	if err := store.EnsureTenant(ctx, bc.Pool, "bench"); err != nil {
+		return nil, err
+	}
+	key, err := store.CreateKey(ctx, bc.Pool, "bench", "", "flywheel bench gateway")
+	if err != nil {
+		return nil, err
+	}
+	cfg := config.Default().Gateway
+	cfg.UpstreamURL = upURL + "/v1"
+	cfg.UpstreamModels = []string{"fixture-model"}
+	cfg.RateLimitRPS = 0
+	srv, err := New(cfg, Deps{DB: bc.Pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	gwURL, stopGW, err := serveLocal(srv.Handler())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { stopGW(); srv.Close() }()
+
+	body := []byte(`{"model":"fixture-model","messages":[{"role":"system","content":"You are a helpful agent."},{"role":"user","content":"Summarise the build log in one line."}],"max_tokens":32}`)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: time.Minute}}
+	send := func(base string) (time.Duration, bool) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return time.Since(start), resp.StatusCode == http.StatusOK
+	}
+
+	// Warm both paths (connections, caches, the JIT-less Go runtime's pools).
+	for range 200 {
+		send(baseURL)
+		send(gwURL)
+	}
+	// Interleave the two systems in short rounds so drift in machine load
+	// hits both equally.
+	var baseLat, gwLat []time.Duration
+	rounds := 4
+	for r := 0; r < rounds; r++ {
+		d := bc.Duration / time.Duration(rounds)
+		l, e := fixedRate(ctx, bc.RPS, d, func() (time.Duration, bool) { return send(baseURL) })
+		baseLat, res.BaselineErrors = append(baseLat, l...), res.BaselineErrors+e
+		l, e = fixedRate(ctx, bc.RPS, d, func() (time.Duration, bool) { return send(gwURL) })
+		gwLat, res.GatewayErrors = append(gwLat, l...), res.GatewayErrors+e
+	}
+	res.BaselineP50ms, res.BaselineP99ms = pct(baseLat, 0.50), pct(baseLat, 0.99)
+	res.GatewayP50ms, res.GatewayP99ms = pct(gwLat, 0.50), pct(gwLat, 0.99)
+	res.AddedP50ms, res.AddedP99ms = res.GatewayP50ms-res.BaselineP50ms, res.GatewayP99ms-res.BaselineP99ms
+	logf("fixed %d rps: baseline p50 %.3f ms p99 %.3f ms (%d errors); gateway p50 %.3f ms p99 %.3f ms (%d errors)",
+		bc.RPS, res.BaselineP50ms, res.BaselineP99ms, res.BaselineErrors, res.GatewayP50ms, res.GatewayP99ms, res.GatewayErrors)
+
+	res.BaselineMaxRPS = closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(baseURL); return ok })
+	res.GatewayMaxRPS = closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok })
+	if res.BaselineMaxRPS > 0 {
+		res.ThroughputRatio = res.GatewayMaxRPS / res.BaselineMaxRPS
+	}
+	logf("max throughput (%d concurrent): baseline %.0f rps, gateway %.0f rps", bc.Concurrency, res.BaselineMaxRPS, res.GatewayMaxRPS)
+
+	if err := benchCapture(ctx, bc, res); err != nil {
+		return nil, err
+	}
+	logf("capture (%d writers): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s",
+		bc.CaptureWriters, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS)
+	return res, nil
+}
+
+// benchCapture compares the committer with one autocommitted INSERT per
+// row, both fed by the same number of concurrent writers.
+func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
+	var seq atomic.Int64
+	row := func() *store.NewInteraction {
+		n := seq.Add(1)
+		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n%256), IdentityMode: modeHeader,
+			CompletionID: fmt.Sprintf("bench-cap-%d-%d", time.Now().UnixNano(), n), Protocol: protoOpenAI, Deployment: "fixture-model",
+			ModelVersion: "fixture-model", Request: json.RawMessage(`{"model":"fixture-model","messages":[{"role":"user","content":"hello"}]}`),
+			Response:       json.RawMessage(`{"message":{"role":"assistant","content":"echo: hello"},"finish_reason":"stop"}`),
+			PromptTokenIDs: []int32{1, 2, 3, 4, 5, 6, 7, 8}, CompletionTokenIDs: []int32{9, 10, 11, 12}, Logprobs: []float32{-.1, -.2, -.3, -.4},
+			PromptTokens: 8, CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
+	}
+	var failed atomic.Int64
+	perRow := closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, func() bool {
+		_, err := store.InsertInteraction(ctx, bc.Pool, row())
+		if err != nil {
+			failed.Add(1)
+		}
+		return err == nil
+	})
+	m := newMetrics(prometheusRegistry())
+	c := newCommitter(bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
+	batched := closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, func() bool {
+		_, err := c.Submit(ctx, row())
+		if err != nil {
+			failed.Add(1)
+		}
+		return err == nil
+	})
+	c.Close()
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("capture bench: %d inserts failed", n)
+	}
+	res.CapturePerRowRowsPS, res.CaptureBatchedRowsPS = perRow, batched
+	if perRow > 0 {
+		res.CaptureRatio = batched / perRow
+	}
+	res.CaptureMeanBatch = histogramMean(m)
+	return nil
+}
+
+// fixedRate sends at rps for d (open loop: a slow answer does not delay
+// the next send) and returns the latencies of successful requests.
+func fixedRate(ctx context.Context, rps int, d time.Duration, send func() (time.Duration, bool)) ([]time.Duration, int64) {
+	n := int(d.Seconds() * float64(rps))
+	interval := time.Second / time.Duration(rps)
+	lat := make([]time.Duration, n)
+	ok := make([]bool, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat[i], ok[i] = send()
+		}()
+	}
+	wg.Wait()
+	var out []time.Duration
+	var errs int64
+	for i := range lat {
+		if ok[i] {
+			out = append(out, lat[i])
+		} else {
+			errs++
+		}
+	}
+	return out, errs
+}
+
+// closedLoop runs workers calling f back to back for d; successes per s.
+func closedLoop(ctx context.Context, workers int, d time.Duration, f func() bool) float64 {
+	var done atomic.Int64
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				if f() {
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+func pct(xs []time.Duration, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), xs...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[int(p*float64(len(s)-1))]) / 1e6
+}
+
+func serveLocal(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("bench listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}

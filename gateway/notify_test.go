@@ -1,0 +1,107 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// flakyStarter is the real Temporal client with an outage in front: its
+// first `fail` calls error, as they would while the frontend is down.
+type flakyStarter struct {
+	client.Client
+	fail atomic.Int64
+}
+
+func (f *flakyStarter) SignalWithStartWorkflow(ctx context.Context, id, signal string, arg any,
+	opts client.StartWorkflowOptions, wf any, args ...any) (client.WorkflowRun, error) {
+	if f.fail.Add(-1) >= 0 {
+		return nil, errors.New("frontend unavailable")
+	}
+	return f.Client.SignalWithStartWorkflow(ctx, id, signal, arg, opts, wf, args...)
+}
+
+// signals returns the session-events payloads a workflow received, in order.
+func signals(t *testing.T, c client.Client, workflowID string) []workflows.SessionEvents {
+	t.Helper()
+	it := c.GetWorkflowHistory(context.Background(), workflowID, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	var out []workflows.SessionEvents
+	for it.HasNext() {
+		ev, err := it.Next()
+		if err != nil {
+			return nil
+		}
+		if a := ev.GetWorkflowExecutionSignaledEventAttributes(); a != nil && a.SignalName == workflows.SessionEventsSignal {
+			var se workflows.SessionEvents
+			require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(a.Input, &se))
+			out = append(out, se)
+		}
+	}
+	return out
+}
+
+// TestNotifierDeliversBatchedNoticesThroughOutage runs the gateway with
+// the real Temporal dev server: steps and rewards reach the session's
+// workflow as batched signals with ids only, after an outage too, while
+// the model calls themselves never waited.
+func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
+	tc := testenv.Temporal(t)
+	starter := &flakyStarter{Client: tc}
+	starter.fail.Store(2)
+	n := gateway.NewTemporalNotifier(starter, 50*time.Millisecond, slog.New(slog.DiscardHandler))
+	e := newEnv(t, envOpts{notifier: n})
+
+	st, created := e.doJSON("POST", "/v1/sessions", e.keyA, map[string]any{"model": fixtureModel, "group_size": 2, "task_id": "task-9"})
+	require.Equal(t, 201, st)
+	sid := created["id"].(string)
+	var ids []string
+	for range 3 {
+		_, c := e.doJSON("POST", "/v1/chat/completions", created["api_key"].(string), chatBody("go"))
+		ids = append(ids, c["id"].(string))
+	}
+	e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": ids[0], "value": 1})
+	e.doJSON("POST", "/v1/sessions/"+sid+"/end", e.keyA, nil)
+
+	var got []workflows.SessionEvent
+	eventually(t, func() bool {
+		got = got[:0]
+		for _, s := range signals(t, tc, sid) {
+			got = append(got, s.Events...)
+		}
+		return len(got) == 5
+	}, "3 steps, 1 reward and the end arrive despite the outage")
+	kinds := []string{}
+	for _, ev := range got {
+		kinds = append(kinds, ev.Kind)
+	}
+	require.Equal(t, []string{"step", "step", "step", "reward", "end"}, kinds)
+	require.NotZero(t, got[0].InteractionID)
+	require.NotZero(t, got[3].RewardID)
+	raw, _ := json.Marshal(got)
+	require.NotContains(t, string(raw), "go", "notices carry ids, never content")
+
+	desc, err := tc.DescribeWorkflowExecution(context.Background(), sid, "")
+	require.NoError(t, err)
+	require.Equal(t, workflows.SessionWorkflowName, desc.WorkflowExecutionInfo.Type.Name)
+	require.Equal(t, workflows.TaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
+	var input workflows.SessionInput
+	hist := tc.GetWorkflowHistory(context.Background(), sid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	first, err := hist.Next()
+	require.NoError(t, err)
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(first.GetWorkflowExecutionStartedEventAttributes().Input, &input))
+	require.Equal(t, "task-9", input.TaskID)
+	require.Equal(t, 2, input.GroupSize, "an explicit session starts its workflow with its group")
+}

@@ -1,0 +1,87 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+const policyModel = "flywheel-policy"
+
+func newPolicy(t *testing.T) *trainer.Engine {
+	t.Helper()
+	m, err := trainer.NewModel(trainer.ModelConfig{}, 7)
+	require.NoError(t, err)
+	e, err := trainer.NewEngine(m, 1, trainer.EngineConfig{Name: policyModel, DefaultMaxTokens: 4})
+	require.NoError(t, err)
+	m2, err := trainer.NewModel(trainer.ModelConfig{}, 8)
+	require.NoError(t, err)
+	require.NoError(t, e.Publish(m2, 2))
+	return e
+}
+
+// TestPolicyPromptIDsReusedAcrossTurns: turn 2's prompt ids begin with
+// turn 1's prompt and completion ids exactly as stored, not re-tokenised.
+func TestPolicyPromptIDsReusedAcrossTurns(t *testing.T) {
+	e := newEnv(t, envOpts{policy: newPolicy(t)})
+	body := map[string]any{"model": policyModel, "max_tokens": 4, "messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+	st, c1 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body)
+	require.Equal(t, 200, st, c1)
+	first := e.captured(c1["id"].(string))
+	require.Equal(t, "flywheel-policy@v2", first.Version, "the engine's serving version is stamped")
+	require.NotEmpty(t, first.CompletionIDs)
+	require.Len(t, first.Logprobs, len(first.CompletionIDs))
+
+	reply := c1["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	body["messages"] = []any{
+		map[string]any{"role": "user", "content": "hi"},
+		map[string]any{"role": "assistant", "content": reply["content"]},
+		map[string]any{"role": "user", "content": "more"},
+	}
+	st, c2 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body)
+	require.Equal(t, 200, st, c2)
+	second := e.captured(c2["id"].(string))
+	require.Equal(t, first.SessionID, second.SessionID)
+	prefix := append(append([]int32{}, first.PromptIDs...), first.CompletionIDs...)
+	require.GreaterOrEqual(t, len(second.PromptIDs), len(prefix))
+	require.Equal(t, prefix, second.PromptIDs[:len(prefix)])
+}
+
+// TestCanaryRoutingAndPlaybookInjection: a running weights release sends
+// its share of sessions to the candidate; the serving playbook reaches
+// the system prompt.
+func TestCanaryRoutingAndPlaybookInjection(t *testing.T) {
+	e := newEnv(t, envOpts{policy: newPolicy(t)})
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend, serving_version) VALUES ($1, 'policy', 'flywheel-policy@v1')`, policyModel)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status)
+		VALUES ($1, 'playbook', 1, '{"items":[{"id":"p1","content":"check units"}]}', 'serving')`, policyModel)
+	require.NoError(t, err)
+	body := func(s string) map[string]any {
+		return map[string]any{"model": policyModel, "max_tokens": 2, "messages": []any{map[string]any{"role": "user", "content": s}}}
+	}
+	_, c := e.doJSON("POST", "/v1/chat/completions", e.keyA, body("a"))
+	row := e.captured(c["id"].(string))
+	require.Equal(t, "flywheel-policy@v1", row.Version, "the deployment's serving version wins over the engine's newest")
+	var req struct {
+		Messages []struct{ Role, Content string }
+		Injected string `json:"injected_system"`
+	}
+	require.NoError(t, json.Unmarshal(row.Request, &req))
+	require.Equal(t, "system", req.Messages[0].Role)
+	require.Contains(t, req.Messages[0].Content, "[p1] check units")
+
+	_, err = e.pool.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, canary_share) VALUES ($1, 'weights', 'flywheel-policy@v2', 0.5)`, policyModel)
+	require.NoError(t, err)
+	versions := map[string]int{}
+	eventually(t, func() bool {
+		_, c := e.doJSON("POST", "/v1/chat/completions", e.keyA, body("x"))
+		versions[e.captured(c["id"].(string)).Version]++
+		return versions["flywheel-policy@v2"] > 0 && versions["flywheel-policy@v1"] > 0
+	}, "about half of new sessions go to the canary once the route cache refreshes")
+}
