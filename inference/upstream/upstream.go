@@ -99,22 +99,21 @@ type wireTool struct {
 }
 
 type wireRequest struct {
-	Model         string          `json:"model"`
-	Messages      []wireMessage   `json:"messages"`
-	Tools         []wireTool      `json:"tools,omitempty"`
-	ToolChoice    any             `json:"tool_choice,omitempty"`
-	MaxTokens     int             `json:"max_tokens,omitempty"`
-	Temperature   *float64        `json:"temperature,omitempty"`
-	TopP          *float64        `json:"top_p,omitempty"`
-	Stop          []string        `json:"stop,omitempty"`
-	Seed          *int64          `json:"seed,omitempty"`
-	Logprobs      bool            `json:"logprobs"`
-	TopLogprobs   int             `json:"top_logprobs,omitempty"`
-	Stream        bool            `json:"stream,omitempty"`
-	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
-	ReturnTokenID *bool           `json:"return_token_ids,omitempty"`
-	TokensAsIDs   *bool           `json:"return_tokens_as_token_ids,omitempty"`
-	Extra         json.RawMessage `json:"-"`
+	Model         string         `json:"model"`
+	Messages      []wireMessage  `json:"messages"`
+	Tools         []wireTool     `json:"tools,omitempty"`
+	ToolChoice    any            `json:"tool_choice,omitempty"`
+	MaxTokens     int            `json:"max_tokens,omitempty"`
+	Temperature   *float64       `json:"temperature,omitempty"`
+	TopP          *float64       `json:"top_p,omitempty"`
+	Stop          []string       `json:"stop,omitempty"`
+	Seed          *int64         `json:"seed,omitempty"`
+	Logprobs      bool           `json:"logprobs"`
+	TopLogprobs   int            `json:"top_logprobs,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	ReturnTokenID *bool          `json:"return_token_ids,omitempty"`
+	TokensAsIDs   *bool          `json:"return_tokens_as_token_ids,omitempty"`
 }
 
 type streamOptions struct {
