@@ -203,7 +203,7 @@ func TestSWEGroupOnTemporalDevServer(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-group-test-" + fmt.Sprint(time.Now().UnixNano()), TaskQueue: workflows.SWETaskQueue},
+	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-group-it", TaskQueue: workflows.SWETaskQueue},
 		workflows.SWEGroupWorkflowName, workflows.SWEGroupInput{TaskID: tk.ID, GroupSize: 2})
 	require.NoError(t, err)
 	var out workflows.SWEGroupResult
@@ -218,4 +218,5 @@ func TestSWEGroupOnTemporalDevServer(t *testing.T) {
 		require.Equal(t, []float64{1}, rewards[r.SessionID])
 		requireRemoved(t, cli, r.SandboxID)
 	}
+	recordSWEHistory(t, tc, run.GetID(), "swe_group.history.json")
 }

@@ -73,7 +73,7 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 		for {
 			select {
 			case sb := <-p.ready:
-				if sb.alive() {
+				if sb.responsive(ctx) {
 					return sb, nil
 				}
 				m.log.Warn("discarding dead warm sandbox", "container", short(sb.ID))
@@ -147,7 +147,9 @@ func (p *pool) drain() []*Sandbox {
 	}
 }
 
-func (sb *Sandbox) alive() bool {
+// responsive checks a warm sandbox before handing it out: its stream is
+// open and the agent answers a ping (one round trip, about a millisecond).
+func (sb *Sandbox) responsive(ctx context.Context) bool {
 	if sb.conn == nil {
 		return true
 	}
@@ -155,6 +157,9 @@ func (sb *Sandbox) alive() bool {
 	case <-sb.conn.done:
 		return false
 	default:
-		return true
 	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := sb.Ping(ctx)
+	return err == nil
 }
