@@ -3,6 +3,7 @@ package activities
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -157,6 +158,14 @@ func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs
 	})
 }
 
+// rejected reports whether the backend refused the request itself (a 4xx
+// other than 429): the side that got it cannot answer that prompt, which
+// is a verdict on that side, not a fault to retry.
+func rejected(err error) bool {
+	var ie *inference.Error
+	return errors.As(err, &ie) && ie.Status >= 400 && ie.Status < 500 && ie.Status != 429
+}
+
 func (r *Release) maxPrompts() int {
 	if r.MaxPrompts <= 0 {
 		return 20
@@ -198,8 +207,8 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 		start := time.Now()
 		resp, err := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools)
 		latency += time.Since(start)
-		if err != nil && ctx.Err() != nil {
-			return workflows.GateResult{}, ctx.Err()
+		if err != nil && !rejected(err) {
+			return workflows.GateResult{}, fmt.Errorf("shadow on candidate %s: %w", in.Candidate, err)
 		}
 		if err != nil || resp.FinishReason == inference.FinishError {
 			candErr++
@@ -232,30 +241,49 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 		return workflows.GateResult{}, err
 	}
 	var cs, bs []float64
+	var candErrs, baseErrs int
 	for _, p := range prompts {
 		var req capturedRequest
 		var rec capturedResponse
 		if json.Unmarshal(p.Request, &req) != nil || json.Unmarshal(p.Response, &rec) != nil || p.Reward == nil {
 			continue
 		}
-		ca, err := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools)
-		if err != nil {
-			return workflows.GateResult{}, fmt.Errorf("replay on candidate %s: %w", in.Candidate, err)
+		ca, cerr := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools)
+		if cerr != nil && !rejected(cerr) {
+			return workflows.GateResult{}, fmt.Errorf("replay on candidate %s: %w", in.Candidate, cerr)
 		}
-		ba, err := r.answer(ctx, in.Deployment, base, req.Messages, req.Tools)
-		if err != nil {
-			return workflows.GateResult{}, fmt.Errorf("replay on baseline %s: %w", in.Baseline, err)
+		ba, berr := r.answer(ctx, in.Deployment, base, req.Messages, req.Tools)
+		if berr != nil && !rejected(berr) {
+			return workflows.GateResult{}, fmt.Errorf("replay on baseline %s: %w", in.Baseline, berr)
 		}
-		cs = append(cs, evolution.ReplayScore(ca.Message.Content, rec.Message.Content, *p.Reward))
-		bs = append(bs, evolution.ReplayScore(ba.Message.Content, rec.Message.Content, *p.Reward))
+		if cerr != nil && berr != nil {
+			continue // neither side can take this prompt: it says nothing
+		}
+		var c, b float64
+		if cerr != nil {
+			candErrs++
+		} else {
+			c = evolution.ReplayScore(ca.Message.Content, rec.Message.Content, *p.Reward)
+		}
+		if berr != nil {
+			baseErrs++
+		} else {
+			b = evolution.ReplayScore(ba.Message.Content, rec.Message.Content, *p.Reward)
+		}
+		cs, bs = append(cs, c), append(bs, b)
 	}
 	if len(cs) == 0 {
 		return notEvaluated("no recorded prompt could be decoded"), nil
 	}
 	c, b := evolution.Mean(cs), evolution.Mean(bs)
+	n := float64(len(cs))
+	m := map[string]float64{"evaluated": n, "candidate_score": c, "baseline_score": b,
+		"candidate_error_rate": float64(candErrs) / n, "baseline_error_rate": float64(baseErrs) / n}
+	if ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise); !ok {
+		return workflows.GateResult{Passed: false, Reason: "requests the candidate cannot take: " + why, Metrics: m}, nil
+	}
 	ok, why := evolution.Verdict(c, b, in.Policy.MaxRewardDrop)
-	return workflows.GateResult{Passed: ok, Reason: why,
-		Metrics: map[string]float64{"evaluated": float64(len(cs)), "candidate_score": c, "baseline_score": b}}, nil
+	return workflows.GateResult{Passed: ok, Reason: why, Metrics: m}, nil
 }
 
 // suite runs the regression suite (answers must keep their expected
@@ -300,18 +328,19 @@ func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.
 	}
 	var cp, bp int
 	for _, it := range items {
+		// A side that cannot take a prompt fails it.
 		ca, err := r.answer(ctx, in.Deployment, cand, it.msgs, nil)
-		if err != nil {
+		if err != nil && !rejected(err) {
 			return workflows.GateResult{}, fmt.Errorf("%s suite on candidate: %w", in.Gate, err)
 		}
-		ba, err := r.answer(ctx, in.Deployment, base, it.msgs, nil)
-		if err != nil {
-			return workflows.GateResult{}, fmt.Errorf("%s suite on baseline: %w", in.Gate, err)
-		}
-		if pass(ca.Message.Content, it.expect) {
+		if err == nil && pass(ca.Message.Content, it.expect) {
 			cp++
 		}
-		if pass(ba.Message.Content, it.expect) {
+		ba, err := r.answer(ctx, in.Deployment, base, it.msgs, nil)
+		if err != nil && !rejected(err) {
+			return workflows.GateResult{}, fmt.Errorf("%s suite on baseline: %w", in.Gate, err)
+		}
+		if err == nil && pass(ba.Message.Content, it.expect) {
 			bp++
 		}
 	}

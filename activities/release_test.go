@@ -24,11 +24,16 @@ import (
 // integration test runs the gates on the in-process policy instead.
 type fakeBackend struct {
 	refuse map[string]bool
+	// reject answers 400 to these versions (a prompt they cannot take).
+	reject map[string]bool
 	seen   []*inference.Request
 }
 
 func (f *fakeBackend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
 	f.seen = append(f.seen, req)
+	if f.reject[req.Version] {
+		return nil, &inference.Error{Status: 400, Message: "prompt exceeds the context"}
+	}
 	last := req.Messages[len(req.Messages)-1].Content
 	text := "Sure: " + last
 	if f.refuse[req.Version] {
@@ -197,6 +202,21 @@ func TestReleaseOfflineGates(t *testing.T) {
 	gates, err := store.ReleaseGates(ctx, db, in.ReleaseID)
 	require.NoError(t, err)
 	require.Len(t, gates, 4)
+
+	// A candidate that cannot take the prompts fails replay and safety,
+	// instead of retrying forever.
+	fb.reject = map[string]bool{"dep@v2": true}
+	in.Gate = workflows.GateReplay
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.Equal(t, 1.0, res.Metrics["candidate_error_rate"])
+	require.Contains(t, res.Reason, "cannot take")
+	in.Gate = workflows.GateRegression
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
+	fb.reject = nil
 
 	// A harness candidate is applied on top of what serves.
 	a, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system_prompt":"Always answer in French."}`), "k1")

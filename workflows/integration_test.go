@@ -26,6 +26,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
@@ -56,7 +57,7 @@ func newStack(t *testing.T) *stack {
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
 
-	m, err := trainer.NewModel(trainer.ModelConfig{Context: 128, Layers: 1, Heads: 2, DModel: 32}, 3)
+	m, err := trainer.NewModel(trainer.ModelConfig{Context: 512, Layers: 1, Heads: 2, DModel: 32}, 3)
 	require.NoError(t, err)
 	engine, err := trainer.NewEngine(m, 1, trainer.EngineConfig{Name: policyName, Logger: logger})
 	require.NoError(t, err)
@@ -365,4 +366,75 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
+}
+
+// TestIntegrationEvolutionPlaybookLoop: users correct the agent, the
+// EvolutionWorkflow decides "memory", writes a playbook from the
+// corrections, releases it through the gates, and the gateway injects it
+// into the next requests of that deployment.
+func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	const n = 12
+	for i := 0; i < n; i++ {
+		session := fmt.Sprintf("corrected-%d", i)
+		st, cid := s.chat(session, false, "What is the capital of France?")
+		require.Equal(t, http.StatusOK, st)
+		var iid int64
+		require.NoError(t, s.pool.QueryRow(ctx, `SELECT id FROM interactions WHERE completion_id = $1`, cid).Scan(&iid))
+		req, err := http.NewRequest(http.MethodPost, s.url+"/v1/sessions/"+session+"/reward",
+			strings.NewReader(fmt.Sprintf(`{"value":-1,"step_id":"%d","source":"user"}`, iid)))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		st, _ = s.chat(session, true, "No, the capital of France is Paris.")
+		require.Equal(t, http.StatusOK, st)
+	}
+
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "evolution-it", TaskQueue: workflows.TaskQueue}, workflows.EvolutionWorkflowName,
+		workflows.EvolutionInput{Deployment: policyName, Window: time.Hour, Trigger: "test",
+			Thresholds: evolution.Thresholds{MinSessions: n},
+			// The tiny random policy answers noise, so replay scores are
+			// noise too: this test is about the loop (the gates have their
+			// own tests), hence a drop allowance wider than the score range.
+			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, MaxRewardDrop: 2}})
+	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var res workflows.EvolutionResult
+	if err := run.Get(rctx, &res); err != nil {
+		for _, id := range []string{"evolution-it", workflows.ReleaseWorkflowID(policyName, workflows.LayerPlaybook, "1")} {
+			d, derr := s.tc.DescribeWorkflowExecution(ctx, id, "")
+			if derr != nil {
+				t.Logf("describe %s: %v", id, derr)
+				continue
+			}
+			for _, pa := range d.GetPendingActivities() {
+				t.Logf("%s pending %s attempt %d: %v", id, pa.GetActivityType().GetName(), pa.GetAttempt(), pa.GetLastFailure())
+			}
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind, res.Decision.Reason)
+	require.InDelta(t, 1, res.Evidence.CorrectionRate, 1e-9)
+	require.Equal(t, workflows.ReleasePromoted, res.Release, res.Action)
+	rows, err := store.ListDecisions(ctx, s.pool, policyName, 5)
+	require.NoError(t, err)
+	require.Equal(t, res.DecisionID, rows[0].ID)
+
+	// Routes refresh every second; then every request carries the playbook.
+	require.Eventually(t, func() bool {
+		st, cid := s.chat(fmt.Sprintf("after-playbook-%d", time.Now().UnixNano()), true, "What is the capital of France?")
+		if st != http.StatusOK {
+			return false
+		}
+		var stored string
+		require.NoError(t, s.pool.QueryRow(ctx, `SELECT request::text FROM interactions WHERE completion_id = $1`, cid).Scan(&stored))
+		return strings.Contains(stored, "Playbook") && strings.Contains(stored, "Paris")
+	}, 30*time.Second, 300*time.Millisecond, "the promoted playbook is injected by the gateway")
+	recordHistory(t, s.tc, "evolution-it", "evolution_history.json")
 }
