@@ -315,3 +315,65 @@ func (g *SWEGatewayHTTP) CreateSessions(ctx context.Context, taskID, model strin
 func (g *SWEGatewayHTTP) RecordReward(ctx context.Context, sessionID string, value float64, source string, final bool) error {
 	return g.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(sessionID)+"/reward", map[string]any{"value": value, "source": source, "final": final}, nil)
 }
+
+// SWEConfig is what a worker needs to serve workflows.SWETaskQueue.
+type SWEConfig struct {
+	// GatewayURL is the gateway root the agent and the reward calls use,
+	// e.g. http://127.0.0.1:8080. Required.
+	GatewayURL string
+	// APIKey is a tenant key (sessions are created and rewarded with it).
+	APIKey string
+	// Model is the default deployment the agent asks for. Required.
+	Model string
+	// PoolSize warm sandboxes per task image; default 2, -1 disables.
+	PoolSize int
+	// Limits for every sandbox; see sandbox.Limits.
+	Limits sandbox.Limits
+	Logger *slog.Logger
+}
+
+// NewSWEActivities connects to the Docker engine, removes sandboxes left
+// behind by crashed workers, and returns the activities and a close function
+// that removes this worker's sandboxes.
+func NewSWEActivities(ctx context.Context, cfg SWEConfig) (*SWEActivities, func(context.Context) error, error) {
+	if cfg.GatewayURL == "" || cfg.Model == "" {
+		return nil, nil, errors.New("swe activities: GatewayURL and Model are required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	switch {
+	case cfg.PoolSize == 0:
+		cfg.PoolSize = 2
+	case cfg.PoolSize < 0:
+		cfg.PoolSize = 0
+	}
+	cli, err := sandbox.Connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := sandbox.Janitor(ctx, cli, sandbox.JanitorOptions{Logger: log}); err != nil {
+		log.Warn("sandbox janitor failed", "error", err)
+	}
+	m, err := sandbox.NewManager(cli, sandbox.Config{Limits: cfg.Limits, Logger: log})
+	if err != nil {
+		_ = cli.Close()
+		return nil, nil, err
+	}
+	base := strings.TrimRight(cfg.GatewayURL, "/")
+	a := &SWEActivities{
+		Sandboxes: m,
+		Images:    &tasks.Images{Client: cli, Logger: log},
+		Gateway:   &SWEGatewayHTTP{BaseURL: base, APIKey: cfg.APIKey},
+		Agent:     sweagent.Config{BaseURL: base + "/v1", APIKey: cfg.APIKey, Model: cfg.Model, Logger: log},
+		PoolSize:  cfg.PoolSize,
+		Logger:    log,
+	}
+	closeFn := func(ctx context.Context) error {
+		err := m.Close(ctx)
+		_ = cli.Close()
+		return err
+	}
+	return a, closeFn, nil
+}

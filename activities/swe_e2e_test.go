@@ -19,7 +19,6 @@ import (
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
-	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent/sweagenttest"
@@ -60,12 +59,10 @@ func TestSWERolloutEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 
 	cli := sandboxtest.Docker(t)
-	a := &activities.SWEActivities{
-		Sandboxes: sandboxtest.Manager(t, cli, sandbox.Config{}),
-		Images:    &tasks.Images{Client: cli},
-		Gateway:   &activities.SWEGatewayHTTP{BaseURL: gwSrv.URL, APIKey: key},
-		Agent:     sweagent.Config{BaseURL: gwSrv.URL + "/v1", APIKey: key, Model: "fixture", MaxToolCalls: 20},
-	}
+	// Built the way a worker builds it.
+	a, closeSWE, err := activities.NewSWEActivities(ctx, activities.SWEConfig{GatewayURL: gwSrv.URL, APIKey: key, Model: "fixture", PoolSize: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, closeSWE(context.Background())) })
 	w := worker.New(tc, workflows.SWETaskQueue, worker.Options{})
 	workflows.RegisterSWEWorkflows(w)
 	a.Register(w)
