@@ -29,6 +29,7 @@ const (
 type TrainStepper interface {
 	TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error)
 	Snapshot() *trainer.Model
+	Version() int64
 }
 
 // Training implements TrainingWorkflow's activities. CheckBatch and
@@ -110,9 +111,22 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		batch.Samples = append(batch.Samples, toTrainerSample(s, adv.Advantages[i]))
 	}
 
-	stop := t.heartbeatWhile(ctx, in.RunID)
-	res, err := t.Trainer.TrainStep(ctx, batch)
-	stop()
+	// An earlier attempt may have trained this run and saved its
+	// checkpoint but died before the commit: commit that step instead of
+	// training the same samples twice.
+	var res trainer.StepResult
+	resumed := false
+	if t.CheckpointDir != "" {
+		v := t.Trainer.Version()
+		if _, _, meta, err := trainer.LoadCheckpoint(t.checkpointPath(in.Deployment, v)); err == nil && meta["training_run"] == strconv.FormatInt(run.ID, 10) {
+			res, resumed = trainer.StepResult{Version: v, Samples: len(live)}, true
+		}
+	}
+	if !resumed {
+		stop := t.heartbeatWhile(ctx, in.RunID)
+		res, err = t.Trainer.TrainStep(ctx, batch)
+		stop()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return workflows.TrainStepOutput{}, ctx.Err()
@@ -125,7 +139,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	version := store.VersionID(in.Deployment, res.Version)
 	path := ""
 	if t.CheckpointDir != "" {
-		path = filepath.Join(t.CheckpointDir, in.Deployment, "v"+strconv.FormatInt(res.Version, 10)+".safetensors")
+		path = t.checkpointPath(in.Deployment, res.Version)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return workflows.TrainStepOutput{}, fmt.Errorf("train step: checkpoint dir: %w", err)
 		}
@@ -142,6 +156,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		"trained_tokens": res.TrainedTokens, "mean_reward": res.MeanReward, "groups": adv.Groups,
 		"baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
 		"no_baseline_samples": adv.NoBaseline, "training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
+		"resumed": resumed,
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
 		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: run.BaseVersion, Checkpoint: path,
@@ -154,6 +169,10 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		"samples", res.Samples, "baseline_samples", adv.BaselineSamples)
 	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
 		Baseline: adv.BaselineSamples, Stale: res.DroppedStale}, nil
+}
+
+func (t *Training) checkpointPath(deployment string, version int64) string {
+	return filepath.Join(t.CheckpointDir, deployment, "v"+strconv.FormatInt(version, 10)+".safetensors")
 }
 
 // heartbeatWhile heartbeats until the returned stop is called, so a long

@@ -124,6 +124,21 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 	require.Equal(t, int64(2), local.Version())
 	_, err = os.Stat(ckpt)
 	require.NoError(t, err)
+
+	// The commit was lost (the worker died after saving the checkpoint):
+	// the retry commits the saved step instead of training again.
+	_, err = db.Exec(ctx, `UPDATE training_runs SET status = 'claimed', version_id = NULL WHERE id = $1`, claim.RunID)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE training_samples SET status = 'queued' WHERE status = 'used'`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `DELETE FROM model_versions WHERE id = 'dep@v2'`)
+	require.NoError(t, err)
+	out3, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", out3.Version)
+	require.Equal(t, int64(2), local.Version(), "the samples are not trained twice")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = 'dep@v2'`).Scan(&lineage))
+	require.Equal(t, 4, lineage)
 }
 
 func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
