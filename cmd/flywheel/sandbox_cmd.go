@@ -11,13 +11,16 @@ import (
 	"sync"
 	"time"
 
+	"go.temporal.io/sdk/client"
+
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
+	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // runSandbox implements `flywheel sandbox SUBCOMMAND`.
 func runSandbox(ctx context.Context, args []string) error {
-	const usage = "usage: flywheel sandbox {build|tasks|janitor} [flags]"
+	const usage = "usage: flywheel sandbox {build|tasks|janitor|rollout} [flags]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -29,6 +32,8 @@ func runSandbox(ctx context.Context, args []string) error {
 		return runSandboxTasks()
 	case "janitor":
 		return runSandboxJanitor(ctx, args[1:], log)
+	case "rollout":
+		return runSandboxRollout(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown sandbox subcommand %q; %s", args[0], usage)
 	}
@@ -141,4 +146,48 @@ func runSandboxJanitor(ctx context.Context, args []string, log *slog.Logger) err
 	rep, err := sandbox.Janitor(ctx, cli, sandbox.JanitorOptions{All: *all, MaxAge: *maxAge, Logger: log})
 	fmt.Printf("removed %d containers, %d snapshots\n", rep.Containers, rep.Snapshots)
 	return err
+}
+
+// runSandboxRollout starts SWEGroupWorkflow for one shipped task: G
+// rollouts (1 by default) by the built-in agent on a worker serving
+// workflows.SWETaskQueue.
+func runSandboxRollout(ctx context.Context, args []string) error {
+	var group, maxCalls int
+	var model string
+	var wait bool
+	e, pos, err := openWF(ctx, "sandbox rollout", args, false, func(fs *flag.FlagSet) {
+		fs.IntVar(&group, "group", 1, "rollouts of the task (a GRPO group)")
+		fs.StringVar(&model, "model", "", "deployment the agent asks the gateway for (default: the worker's)")
+		fs.IntVar(&maxCalls, "max-tool-calls", 0, "cap on tool calls per rollout (default: the agent's)")
+		fs.BoolVar(&wait, "wait", false, "wait for the result and print it")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	taskID, err := one(pos, "task id (see flywheel sandbox tasks)")
+	if err != nil {
+		return err
+	}
+	if _, err := tasks.Find(taskID); err != nil {
+		return err
+	}
+	if group < 1 || group > workflows.SWEMaxGroupSize {
+		return fmt.Errorf("sandbox rollout: -group %d: want 1..%d", group, workflows.SWEMaxGroupSize)
+	}
+	id := fmt.Sprintf("swe-%s-%d", taskID, time.Now().UnixNano())
+	run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.SWETaskQueue}, workflows.SWEGroupWorkflowName,
+		workflows.SWEGroupInput{TaskID: taskID, GroupSize: group, Model: model, MaxToolCalls: maxCalls})
+	if err != nil {
+		return fmt.Errorf("start %s: %w", workflows.SWEGroupWorkflowName, err)
+	}
+	fmt.Printf("started %s (run %s) on task queue %s\n", run.GetID(), run.GetRunID(), workflows.SWETaskQueue)
+	if !wait {
+		return nil
+	}
+	var out workflows.SWEGroupResult
+	if err := run.Get(ctx, &out); err != nil {
+		return err
+	}
+	return printJSON(out)
 }
