@@ -364,7 +364,8 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 		sampled, succeeded, rewardSum = 0, 0, 0
 		p.Elapsed = time.Since(loopStart)
 		res.Points = append(res.Points, p)
-		cfg.Logger.Info("demo rehearsal point", "step", p.Step, "decision", p.Decision, "serving", p.Version,
+		// Debug: the progress bar shows the same on the terminal.
+		cfg.Logger.Debug("demo rehearsal point", "step", p.Step, "decision", p.Decision, "serving", p.Version,
 			"success", p.Success, "safety", p.Safety, "candidate", p.Candidate, "candidate_success", p.CandidateSuccess,
 			"sampled_success", p.SampledSuccess, "elapsed", p.Elapsed.Round(time.Millisecond))
 		if onPoint != nil {
