@@ -65,30 +65,46 @@ func (st *fwdState) backward(dLogp []float32, grad []float32) {
 		datt := make([]float32, N*D)
 		psgemm(false, true, N, D, D, 1, dx2, D, lw.wo, D, 0, datt, D)
 		dqkv := make([]float32, N*3*D)
-		parallelFor(len(pk.Trees)*H, 2*attnCost(pk, D, H), func(lo, hi int) {
-			for task := lo; task < hi; task++ {
-				t, h := pk.Trees[task/H], task%H
-				n, base := t.N, t.Start*3*D
-				dp := make([]float32, n*n)
-				p := lc.probs[task]
-				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
-				do := datt[t.Start*D+h*dh:]
-				// dP = dO·Vᵀ; dV = Pᵀ·dO.
-				sgemm(false, true, n, n, dh, 1, do, D, v, 3*D, 0, dp, n)
-				sgemm(true, false, n, dh, n, 1, p, n, do, D, 0, dqkv[base+2*D+h*dh:], 3*D)
-				// dS = P ⊙ (dP − rowsum(dP ⊙ P)), times the score scale.
-				for i := 0; i < n; i++ {
-					pr, dr := p[i*n:i*n+n], dp[i*n:i*n+n]
-					var s float32
-					for j := range pr {
-						s += pr[j] * dr[j]
+		// One task per head: every segment adds into the keys and values
+		// of its ancestors, so segments of one head run in turn, while
+		// heads own disjoint columns.
+		parallelFor(H, 2*attnCost(pk, D, H)*float64(len(pk.Segs)), func(lo, hi int) {
+			for h := lo; h < hi; h++ {
+				for si, sg := range pk.Segs {
+					L, P := sg.L, sg.P
+					p := lc.probs[si*H+h]
+					dp := make([]float32, L*P)
+					dkp, dvp := make([]float32, P*dh), make([]float32, P*dh)
+					q := lc.qkv[sg.Start*3*D+h*dh:]
+					do := datt[sg.Start*D+h*dh:]
+					// dP = dO·Vᵀ; dV = Pᵀ·dO.
+					sgemm(false, true, L, P, dh, 1, do, D, lc.vpath[si][h*dh:], D, 0, dp, P)
+					sgemm(true, false, P, dh, L, 1, p, P, do, D, 0, dvp, dh)
+					// dS = P ⊙ (dP − rowsum(dP ⊙ P)), times the score scale;
+					// hidden keys have P = 0 and get nothing.
+					for i := 0; i < L; i++ {
+						pr, dr := p[i*P:i*P+P], dp[i*P:i*P+P]
+						var s float32
+						for j := range pr {
+							s += pr[j] * dr[j]
+						}
+						for j := range pr {
+							dr[j] = pr[j] * (dr[j] - s) * scale
+						}
 					}
-					for j := range pr {
-						dr[j] = pr[j] * (dr[j] - s) * scale
-					}
+					sgemm(false, false, L, dh, P, 1, dp, P, lc.kpath[si][h*dh:], D, 0, dqkv[sg.Start*3*D+h*dh:], 3*D)
+					sgemm(true, false, P, dh, L, 1, dp, P, q, 3*D, 0, dkp, dh)
+					r := 0
+					forPath(sg, func(n int) {
+						dk := dqkv[n*3*D+D+h*dh : n*3*D+D+h*dh+dh]
+						dv := dqkv[n*3*D+2*D+h*dh : n*3*D+2*D+h*dh+dh]
+						for j := 0; j < dh; j++ {
+							dk[j] += dkp[r*dh+j]
+							dv[j] += dvp[r*dh+j]
+						}
+						r++
+					})
 				}
-				sgemm(false, false, n, dh, n, 1, dp, n, k, 3*D, 0, dqkv[base+h*dh:], 3*D)
-				sgemm(true, false, n, dh, n, 1, dp, n, q, 3*D, 0, dqkv[base+D+h*dh:], 3*D)
 			}
 		})
 		psgemm(true, false, D, 3*D, N, 1, lc.h1, D, dqkv, 3*D, 1, lg.wqkv, 3*D)

@@ -5,7 +5,8 @@ import "math"
 // layerCache keeps what the backward pass of one block needs.
 type layerCache struct {
 	x, inv1, h1, qkv []float32
-	probs            [][]float32 // [tree*heads+head] n×n
+	probs            [][]float32 // [segment*heads+head] L×P
+	kpath, vpath     [][]float32 // [segment] P×D: keys and values it sees
 	att, x2          []float32
 	inv2, h2, u, g   []float32
 	tg               []float32 // tanh inside GELU
@@ -57,18 +58,20 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		lc.qkv = make([]float32, N*3*D)
 		psgemm(false, false, N, 3*D, D, 1, lc.h1, D, lw.wqkv, 3*D, 0, lc.qkv, 3*D)
 		lc.att = make([]float32, N*D)
-		lc.probs = make([][]float32, len(pk.Trees)*H)
-		parallelFor(len(pk.Trees)*H, attnCost(pk, D, H), func(lo, hi int) {
+		lc.probs = make([][]float32, len(pk.Segs)*H)
+		lc.kpath, lc.vpath = gatherPaths(pk, lc.qkv, D)
+		parallelFor(len(pk.Segs)*H, attnCost(pk, D, H), func(lo, hi int) {
 			for task := lo; task < hi; task++ {
-				t, h := pk.Trees[task/H], task%H
-				n, base := t.N, t.Start*3*D
-				p := make([]float32, n*n)
-				q, k, v := lc.qkv[base+h*dh:], lc.qkv[base+D+h*dh:], lc.qkv[base+2*D+h*dh:]
-				sgemm(false, true, n, n, dh, scale, q, 3*D, k, 3*D, 0, p, n)
-				for i := 0; i < n; i++ {
-					softmaxMasked(p[i*n:i*n+n], t.Anc[i*n:i*n+n])
+				si, h := task/H, task%H
+				sg := pk.Segs[si]
+				L, P := sg.L, sg.P
+				p := make([]float32, L*P)
+				q := lc.qkv[sg.Start*3*D+h*dh:]
+				sgemm(false, true, L, P, dh, scale, q, 3*D, lc.kpath[si][h*dh:], D, 0, p, P)
+				for i := 0; i < L; i++ {
+					softmaxPrefix(p[i*P:i*P+P], P-L+i+1)
 				}
-				sgemm(false, false, n, dh, n, 1, p, n, v, 3*D, 0, lc.att[t.Start*D+h*dh:], D)
+				sgemm(false, false, L, dh, P, 1, p, P, lc.vpath[si][h*dh:], D, 0, lc.att[sg.Start*D+h*dh:], D)
 				lc.probs[task] = p
 			}
 		})
@@ -127,11 +130,40 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 	return st
 }
 
-// attnCost is the rough flops of one (tree, head) attention task.
+// attnCost is the rough flops of one (segment, head) attention task.
 func attnCost(pk *Pack, D, H int) float64 {
-	var sq float64
-	for _, t := range pk.Trees {
-		sq += float64(t.N) * float64(t.N)
+	var lp float64
+	for _, sg := range pk.Segs {
+		lp += float64(sg.L) * float64(sg.P)
 	}
-	return 4 * sq * float64(D/H) / float64(len(pk.Trees))
+	return 4 * lp * float64(D/H) / float64(len(pk.Segs))
+}
+
+// gatherPaths copies, for every segment, the keys and values of the nodes
+// it attends to (its ancestor segments, then itself) into P×D blocks.
+func gatherPaths(pk *Pack, qkv []float32, D int) (kp, vp [][]float32) {
+	kp, vp = make([][]float32, len(pk.Segs)), make([][]float32, len(pk.Segs))
+	for si, sg := range pk.Segs {
+		k, v := make([]float32, sg.P*D), make([]float32, sg.P*D)
+		r := 0
+		forPath(sg, func(n int) {
+			copy(k[r*D:r*D+D], qkv[n*3*D+D:n*3*D+2*D])
+			copy(v[r*D:r*D+D], qkv[n*3*D+2*D:n*3*D+3*D])
+			r++
+		})
+		kp[si], vp[si] = k, v
+	}
+	return kp, vp
+}
+
+// forPath calls fn for every node a segment attends to, in key order.
+func forPath(sg segment, fn func(n int)) {
+	for _, rg := range sg.Path {
+		for n := rg[0]; n < rg[1]; n++ {
+			fn(n)
+		}
+	}
+	for n := sg.Start; n < sg.Start+sg.L; n++ {
+		fn(n)
+	}
 }

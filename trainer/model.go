@@ -188,16 +188,17 @@ func (m *Model) Clone() *Model {
 func (m *Model) NumParams() int { return len(m.W) }
 
 // forwardFLOPs counts the multiply-adds ×2 of one forward pass: the dense
-// layers per node, the output layer per logits row and attention over each
-// tree's full square. Backward costs twice as much.
+// layers per node, the output layer per logits row and attention of each
+// segment's rows over its path (causal halves included, as computed).
+// Backward costs twice as much.
 func (st *fwdState) forwardFLOPs() float64 {
 	c := st.m.Config
 	d, f := float64(c.DModel), float64(c.FFN)
 	dense := 2 * float64(c.Layers) * (3*d*d + d*d + 2*d*f) * float64(st.pk.NumNodes())
 	head := 2 * d * float64(c.Vocab) * float64(len(st.rows))
 	var att float64
-	for _, t := range st.pk.Trees {
-		att += 4 * float64(t.N) * float64(t.N) * d * float64(c.Layers)
+	for _, sg := range st.pk.Segs {
+		att += 4 * float64(sg.L) * float64(sg.P) * d * float64(c.Layers)
 	}
 	return dense + head + att
 }

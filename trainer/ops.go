@@ -92,3 +92,27 @@ func softmaxMasked(row []float32, allow []bool) {
 		row[j] *= inv
 	}
 }
+
+// softmaxPrefix turns the first k scores of row into probabilities and
+// zeroes the rest (keys a query may not see).
+func softmaxPrefix(row []float32, k int) {
+	mx := float32(math.Inf(-1))
+	for _, v := range row[:k] {
+		if v > mx {
+			mx = v
+		}
+	}
+	var s float32
+	for j, v := range row[:k] {
+		e := expf(v - mx)
+		row[j] = e
+		s += e
+	}
+	inv := 1 / s
+	for j := range row[:k] {
+		row[j] *= inv
+	}
+	for j := k; j < len(row); j++ {
+		row[j] = 0
+	}
+}

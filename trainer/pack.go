@@ -15,6 +15,21 @@ type Pack struct {
 	Trees  []tree
 	// SampleNodes[s][t] is the node holding token t of sample s.
 	SampleNodes [][]int
+	// Segs cut the forest into chains that attention handles one at a
+	// time: a segment's nodes see all of their ancestor segments and,
+	// causally, each other, so no score is computed for a node that is not
+	// an ancestor (a full square per tree would compute every branch
+	// against every other branch).
+	Segs []segment
+}
+
+// segment is a run of nodes [Start, Start+L) in which each node is the only
+// child of the one before. Path lists the ancestor segments' node ranges,
+// root first; all of them are wholly visible to every node of the segment.
+type segment struct {
+	Start, L int
+	Path     [][2]int
+	P        int // keys per query row: ancestor nodes + L
 }
 
 // tree is one connected component, stored contiguously, parents first.
@@ -95,7 +110,43 @@ func BuildPack(seqs [][]int, share bool) (*Pack, error) {
 			sampleNodes[s][t] = newID[n]
 		}
 	}
+	pk.Segs = buildSegments(pk.Parent)
 	return pk, nil
+}
+
+func buildSegments(parent []int) []segment {
+	nchild := make([]int, len(parent))
+	for _, p := range parent {
+		if p >= 0 {
+			nchild[p]++
+		}
+	}
+	var segs []segment
+	segOf := make([]int, len(parent))
+	for i, p := range parent {
+		if p >= 0 && p == i-1 && nchild[p] == 1 {
+			segs[len(segs)-1].L++
+			segOf[i] = len(segs) - 1
+			continue
+		}
+		sg := segment{Start: i, L: 1}
+		if p >= 0 {
+			// p ends its segment (it branches, or its only child is i and
+			// DFS order put it right after p); that segment's path plus the
+			// segment itself is ours.
+			ps := segs[segOf[p]]
+			sg.Path = append(append([][2]int{}, ps.Path...), [2]int{ps.Start, ps.Start + ps.L})
+		}
+		segOf[i] = len(segs)
+		segs = append(segs, sg)
+	}
+	for i := range segs {
+		segs[i].P = segs[i].L
+		for _, r := range segs[i].Path {
+			segs[i].P += r[1] - r[0]
+		}
+	}
+	return segs
 }
 
 // NumNodes is the number of tokens the passes compute.

@@ -98,6 +98,13 @@ func TestBuildPackSharesPrefixes(t *testing.T) {
 			require.Equal(t, i, pk.Pos[n], "sample %d token %d", s, i)
 		}
 	}
+	// Segments: the shared 1,2; then 3,9 and 4 below it; the lone 5.
+	require.Equal(t, []segment{
+		{Start: 0, L: 2, P: 2},
+		{Start: 2, L: 2, Path: [][2]int{{0, 2}}, P: 4},
+		{Start: 4, L: 1, Path: [][2]int{{0, 2}}, P: 3},
+		{Start: 5, L: 1, P: 1},
+	}, pk.Segs)
 	_, err = BuildPack([][]int{{}}, true)
 	require.Error(t, err)
 }
