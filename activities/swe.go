@@ -146,6 +146,13 @@ func (a *SWEActivities) Acquire(ctx context.Context, in workflows.SWEAcquireInpu
 	if err != nil {
 		return workflows.SWEAcquireOutput{}, err
 	}
+	if sb.HasAgent() {
+		// A rollout is long; one round trip now rules out a hung agent.
+		if _, err := sb.Ping(ctx); err != nil {
+			_ = a.Sandboxes.Release(context.WithoutCancel(ctx), sb)
+			return workflows.SWEAcquireOutput{}, fmt.Errorf("acquired sandbox does not answer: %w", err)
+		}
+	}
 	a.log().Info(msgSWEAcquired, "task", in.TaskID, "sandbox", sb.ID[:12], "image", img.Ref)
 	return workflows.SWEAcquireOutput{SandboxID: sb.ID, Image: img.Ref}, nil
 }

@@ -35,21 +35,20 @@ type BenchConfig struct {
 
 // BenchResult is the JSON line of `flywheel bench sandbox`.
 type BenchResult struct {
-	AcquireP50MS     float64 `json:"acquire_p50_ms"`
-	AcquireP99MS     float64 `json:"acquire_p99_ms"`
-	AcquireSamples   int     `json:"acquire_samples"`
-	ProvisionP50MS   float64 `json:"provision_p50_ms"`
-	ProvisionP99MS   float64 `json:"provision_p99_ms"`
-	SandboxesPerS    float64 `json:"sandboxes_per_s"`
-	ExecAgentP50MS   float64 `json:"exec_agent_p50_ms"`
-	ExecAgentP99MS   float64 `json:"exec_agent_p99_ms"`
-	ExecDockerP50MS  float64 `json:"exec_docker_p50_ms"`
-	ExecDockerP99MS  float64 `json:"exec_docker_p99_ms"`
-	ExecSpeedup      float64 `json:"exec_speedup"`
-	ForkMS           float64 `json:"fork_ms"`
-	Forks            int     `json:"forks"`
-	MaxConcurrent    int     `json:"max_concurrent"`
-	AcquireVsCreateX float64 `json:"acquire_speedup"`
+	AcquireP50MS    float64 `json:"acquire_p50_ms"`
+	AcquireP99MS    float64 `json:"acquire_p99_ms"`
+	AcquireSamples  int     `json:"acquire_samples"`
+	ProvisionP50MS  float64 `json:"provision_p50_ms"`
+	ProvisionP99MS  float64 `json:"provision_p99_ms"`
+	SandboxesPerS   float64 `json:"sandboxes_per_s"`
+	ExecAgentP50MS  float64 `json:"exec_agent_p50_ms"`
+	ExecAgentP99MS  float64 `json:"exec_agent_p99_ms"`
+	ExecDockerP50MS float64 `json:"exec_docker_p50_ms"`
+	ExecDockerP99MS float64 `json:"exec_docker_p99_ms"`
+	ExecSpeedup     float64 `json:"exec_speedup"`
+	ForkMS          float64 `json:"fork_ms"`
+	Forks           int     `json:"forks"`
+	MaxConcurrent   int     `json:"max_concurrent"`
 }
 
 func (c *BenchConfig) fill() {
@@ -213,9 +212,6 @@ func RunBench(ctx context.Context, cli *client.Client, cfg BenchConfig) (BenchRe
 	}
 	releases.Wait()
 	res.AcquireP50MS, res.AcquireP99MS, res.AcquireSamples = pct(acq, 50), pct(acq, 99), len(acq)
-	if res.AcquireP50MS > 0 {
-		res.AcquireVsCreateX = res.ProvisionP50MS / res.AcquireP50MS
-	}
 	fmt.Fprintf(out, "acquire (warm pool of %d): p50 %.3f ms, p99 %.3f ms over %d\n", cfg.PoolSize, res.AcquireP50MS, res.AcquireP99MS, len(acq))
 	return res, nil
 }

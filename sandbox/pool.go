@@ -73,7 +73,7 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 		for {
 			select {
 			case sb := <-p.ready:
-				if sb.responsive(ctx) {
+				if sb.alive() {
 					return sb, nil
 				}
 				m.log.Warn("discarding dead warm sandbox", "container", short(sb.ID))
@@ -147,9 +147,12 @@ func (p *pool) drain() []*Sandbox {
 	}
 }
 
-// responsive checks a warm sandbox before handing it out: its stream is
-// open and the agent answers a ping (one round trip, about a millisecond).
-func (sb *Sandbox) responsive(ctx context.Context) bool {
+// alive reports whether a warm sandbox's attach stream is still open: the
+// daemon closes it when the container's main process (the agent) exits, so
+// a killed or crashed sandbox is never handed out. A ping would also catch a
+// hung agent but costs a round trip through a busy host on every acquire;
+// callers that want it call Ping (the SWE activities do).
+func (sb *Sandbox) alive() bool {
 	if sb.conn == nil {
 		return true
 	}
@@ -157,9 +160,6 @@ func (sb *Sandbox) responsive(ctx context.Context) bool {
 	case <-sb.conn.done:
 		return false
 	default:
+		return true
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	_, err := sb.Ping(ctx)
-	return err == nil
 }

@@ -138,3 +138,32 @@ func crashingChild(t *testing.T) {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {}
 }
+
+func TestWarmPoolNeverHandsOutADeadSandbox(t *testing.T) {
+	cli := dockerClient(t)
+	img := baseImage(t, cli)
+	m := newManager(t, cli, sandbox.Config{})
+	require.NoError(t, m.StartPool(img, 1))
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 1 }, time.Minute, 50*time.Millisecond)
+
+	// Kill the warm container behind the pool's back.
+	ctx := context.Background()
+	list, err := cli.ContainerList(ctx, client.ContainerListOptions{Filters: make(client.Filters).Add("label", sandbox.LabelOwner+"="+m.Owner())})
+	require.NoError(t, err)
+	require.Len(t, list.Items, 1)
+	_, err = cli.ContainerKill(ctx, list.Items[0].ID, client.ContainerKillOptions{Signal: "KILL"})
+	require.NoError(t, err)
+
+	// The stream closes a moment after the kill; from then on the dead
+	// sandbox is discarded and a working one comes back.
+	require.Eventually(t, func() bool {
+		sb, err := m.Acquire(ctx, img)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, m.Release(ctx, sb)) }()
+		if sb.ID == list.Items[0].ID {
+			return false
+		}
+		_, err = sb.Ping(ctx)
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond)
+}
