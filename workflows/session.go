@@ -43,6 +43,10 @@ type SessionCarry struct {
 	LastEventAt time.Time
 	// Runs counts continue-as-new hand-offs so far.
 	Runs int
+	// Generation counts assemblies: events that arrive while a session is
+	// being assembled (a late reward) start the next generation, which
+	// assembles again (a new trajectory) when it ends.
+	Generation int `json:",omitempty"`
 }
 
 // SessionState answers the "state" query.
@@ -128,8 +132,9 @@ func SessionWorkflow(ctx workflow.Context, in SessionInput) (SessionResult, erro
 }
 
 type sessionRun struct {
-	in    SessionInput
-	state SessionState
+	in         SessionInput
+	generation int
+	state      SessionState
 	// events handled by this run (the continue-as-new budget).
 	events int
 }
@@ -145,6 +150,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 		Steps: c.Steps, Rewards: c.Rewards, FinalReward: c.FinalReward,
 		LastEventAt: c.LastEventAt, Phase: "open", Runs: c.Runs,
 	}
+	s.generation = c.Generation
 	if s.state.LastEventAt.IsZero() {
 		s.state.LastEventAt = workflow.Now(ctx)
 	}
@@ -208,7 +214,24 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 			return SessionResult{}, workflow.NewContinueAsNewError(ctx, SessionWorkflow, next)
 		}
 	}
-	return s.finish(ctx)
+	res, err := s.finish(ctx)
+	if err != nil {
+		return res, err
+	}
+	// Events that arrived while assembling (a late reward, a step of a
+	// client that went on) belong to a next generation of the session.
+	late := s.events
+	s.drain(ctx, ch)
+	if s.events > late {
+		next := in
+		next.Carry = &SessionCarry{
+			Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
+			LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1, Generation: s.generation + 1,
+		}
+		workflow.GetLogger(ctx).Info("session events after assembly; next generation", "session_id", in.SessionID, "events", s.events-late)
+		return res, workflow.NewContinueAsNewError(ctx, SessionWorkflow, next)
+	}
+	return res, nil
 }
 
 // drain applies every signal already buffered without blocking.
@@ -269,9 +292,12 @@ func (s *sessionRun) finish(ctx workflow.Context) (SessionResult, error) {
 	if discount <= 0 {
 		discount = DefaultDiscount
 	}
-	// The key is the first run's id, stable across continue-as-new
-	// hand-offs and activity retries.
+	// The key is the first run's id (stable across continue-as-new
+	// hand-offs and activity retries) and the generation.
 	key := info.WorkflowExecution.ID + "/" + info.FirstRunID
+	if s.generation > 0 {
+		key += fmt.Sprintf("/%d", s.generation)
+	}
 	var asm AssembleOutput
 	err := workflow.ExecuteActivity(ctx, AssembleTrajectoryActivity, AssembleInput{
 		SessionID: s.in.SessionID, TenantID: s.in.TenantID, Key: key, Discount: discount,

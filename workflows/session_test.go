@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,11 +22,17 @@ type sessionActs struct {
 	ended     []EndSessionInput
 	// failAssemble fails this many first attempts.
 	failAssemble int
+	// duringAssemble runs inside the assemble activity.
+	duringAssemble func()
 }
 
 func (a *sessionActs) register(env *testsuite.TestWorkflowEnvironment) {
 	env.RegisterActivityWithOptions(func(ctx context.Context, in AssembleInput) (AssembleOutput, error) {
 		a.assembled = append(a.assembled, in)
+		if a.duringAssemble != nil {
+			a.duringAssemble()
+			a.duringAssemble = nil
+		}
 		if len(a.assembled) <= a.failAssemble {
 			return AssembleOutput{}, errors.New("postgres went away")
 		}
@@ -211,4 +218,25 @@ func TestSessionIgnoresUnknownEventKinds(t *testing.T) {
 	var res SessionResult
 	require.NoError(t, env.GetWorkflowResult(&res))
 	require.Equal(t, 1, res.State.Steps)
+}
+
+func TestSessionLateRewardDuringAssemblyStartsTheNextGeneration(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	acts.duringAssemble = func() {
+		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 5, Final: true}}})
+	}
+	signalAt(env, time.Minute, append(steps(2), SessionEvent{Kind: EventEnd})...)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
+	next := continueAsNewInput(t, env.GetWorkflowError())
+	require.Len(t, acts.ended, 1, "the first generation was assembled and ended")
+	require.Equal(t, 1, next.Carry.Generation)
+	require.Equal(t, 1, next.Carry.Rewards)
+	require.Equal(t, 2, next.Carry.Steps)
+
+	env2, acts2 := newSessionEnv(t)
+	env2.ExecuteWorkflow(SessionWorkflow, next)
+	require.NoError(t, env2.GetWorkflowError())
+	require.Len(t, acts2.assembled, 1)
+	require.NotEqual(t, acts.assembled[0].Key, acts2.assembled[0].Key, "the next generation assembles a new trajectory")
+	require.True(t, strings.HasSuffix(acts2.assembled[0].Key, "/1"))
 }
