@@ -167,3 +167,15 @@ func forPath(sg segment, fn func(n int)) {
 		fn(n)
 	}
 }
+
+// rowEntropy is the entropy of the next-token distribution at node n (one
+// of the rows whose logits were computed).
+func (st *fwdState) rowEntropy(n int) float64 {
+	V := st.m.Config.Vocab
+	r := st.rowOf[n]
+	var h float64
+	for _, lp := range st.logp[r*V : r*V+V] {
+		h -= math.Exp(float64(lp)) * float64(lp)
+	}
+	return h
+}

@@ -39,9 +39,13 @@ type StepResult struct {
 	KPopMasked    int `json:"kpop_masked"`
 	Clipped       int `json:"clipped"`
 	// MeanKL is the mean KL estimate to the reference (0 when off).
-	MeanKL     float64        `json:"mean_kl"`
-	MeanReward float64        `json:"mean_reward"`
-	Advantages AdvantageStats `json:"advantages"`
+	MeanKL float64 `json:"mean_kl"`
+	// MeanEntropy is the policy's mean entropy (nats) where it predicted a
+	// trained token, before the update: a collapse to near 0 means it has
+	// stopped exploring.
+	MeanEntropy float64        `json:"mean_entropy"`
+	MeanReward  float64        `json:"mean_reward"`
+	Advantages  AdvantageStats `json:"advantages"`
 	// TotalTokens over all samples and UniqueTokens actually computed after
 	// prefix sharing.
 	TotalTokens int `json:"total_tokens"`
@@ -215,7 +219,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 			prox[i] = l.model.forward(packs[i].pk, packs[i].targets, temp).TargetLogp
 		}
 	}
-	var loss, kl, gradNorm float64
+	var loss, kl, gradNorm, entropy float64
 	for i, p := range parts {
 		part := StepResult{}
 		grad, err := l.lossAndGrad(ctx, p, packs[i], prox[i], temp, sft, &part)
@@ -240,9 +244,11 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 		res.KPopMasked += part.KPopMasked
 		res.Clipped += part.Clipped
 		res.FLOPs += part.FLOPs
+		entropy += part.MeanEntropy * n
 	}
 	res.Loss = loss / float64(res.TrainedTokens)
 	res.MeanKL = kl / float64(res.TrainedTokens)
+	res.MeanEntropy = entropy / float64(res.TrainedTokens)
 	res.GradNorm = gradNorm
 	l.version++
 	res.Version = l.version
@@ -377,6 +383,13 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBat
 		}
 	}
 	res.MeanKL = klSum * inv
+	for s, smp := range samples {
+		for t, mk := range smp.LossMask {
+			if mk == 1 {
+				res.MeanEntropy += st.rowEntropy(pk.Parent[pk.SampleNodes[s][t]]) * inv
+			}
+		}
+	}
 	grad := make([]float32, len(l.model.W))
 	st.backward(dLogp, grad)
 	res.FLOPs = 3 * st.forwardFLOPs()

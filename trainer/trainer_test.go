@@ -202,3 +202,14 @@ func TestMiniBatchesUseProximalPolicy(t *testing.T) {
 	_, err = NewLocal(m, 0, Config{MiniBatches: -1}, nil)
 	require.ErrorContains(t, err, "mini_batches")
 }
+
+func TestStepReportsEntropy(t *testing.T) {
+	m, err := NewModel(ModelConfig{Context: 16, Layers: 1, Heads: 1, DModel: 8, FFN: 8}, 1)
+	require.NoError(t, err)
+	l, err := NewLocal(m, 0, Config{}, nil)
+	require.NoError(t, err)
+	res, err := l.TrainStep(context.Background(), &Batch{Samples: []Sample{validSample(8, 0)}})
+	require.NoError(t, err)
+	// A fresh model is close to uniform over the vocabulary.
+	require.InDelta(t, math.Log(VocabSize), res.MeanEntropy, 0.05)
+}
