@@ -3,7 +3,11 @@ package trainer
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/flywheel-ai/flywheel/inference"
 )
 
 // go test -bench . -run XXX ./trainer/ — per-op figures; `flywheel bench
@@ -50,4 +54,38 @@ func BenchmarkGenerate64(b *testing.B) {
 		tokens += tps
 	}
 	b.ReportMetric(tokens/float64(b.N), "tokens/s")
+}
+
+// BenchmarkEngineConcurrent16 is 16 agents calling Complete at once with a
+// short chat prompt, as the demo's fleet does through the gateway.
+func BenchmarkEngineConcurrent16(b *testing.B) {
+	m, err := NewModel(ModelConfig{}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, err := NewEngine(m, 1, EngineConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var tokens atomic.Int64
+	for i := 0; i < b.N; i++ {
+		var wg sync.WaitGroup
+		for a := 0; a < 16; a++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := e.Complete(context.Background(), &inference.Request{
+					Messages: []inference.Message{{Role: "user", Content: "reverse: abcd"}}, MaxTokens: 8})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				tokens.Add(int64(len(resp.CompletionTokenIDs)))
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(16*b.N)/b.Elapsed().Seconds(), "requests/s")
+	b.ReportMetric(float64(tokens.Load())/b.Elapsed().Seconds(), "tokens/s")
 }
