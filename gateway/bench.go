@@ -38,7 +38,9 @@ type BenchConfig struct {
 	// CaptureWriters and CaptureDuration are the capture phase.
 	CaptureWriters  int
 	CaptureDuration time.Duration
-	Out             io.Writer
+	// CaptureOnly skips the HTTP phases.
+	CaptureOnly bool
+	Out         io.Writer
 }
 
 // BenchResult is the benchmark's figures; the JSON is its last line.
@@ -58,10 +60,15 @@ type BenchResult struct {
 	GatewayErrors        int64   `json:"gateway_errors"`
 	CaptureBatchedRowsPS float64 `json:"capture_batched_rows_per_s"`
 	CapturePerRowRowsPS  float64 `json:"capture_per_row_rows_per_s"`
-	CaptureMeanBatch     float64 `json:"capture_mean_batch"`
-	UpstreamLatencyMS    float64 `json:"upstream_latency_ms"`
-	RPS                  int     `json:"rps"`
-	Concurrency          int     `json:"concurrency"`
+	// CaptureSerialRowsPS is one writer committing one row at a time, the
+	// fsync-bound floor; CaptureRatioSerial is batched ÷ that.
+	CaptureSerialRowsPS float64 `json:"capture_serial_rows_per_s"`
+	CaptureRatioSerial  float64 `json:"capture_ratio_vs_serial"`
+	CaptureWriters      int     `json:"capture_writers"`
+	CaptureMeanBatch    float64 `json:"capture_mean_batch"`
+	UpstreamLatencyMS   float64 `json:"upstream_latency_ms"`
+	RPS                 int     `json:"rps"`
+	Concurrency         int     `json:"concurrency"`
 }
 
 // RunBench runs, in one process: a fixed-latency vLLM-like upstream, a bare
@@ -72,10 +79,28 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(bc.Out, format+"\n", args...) }
 	res := &BenchResult{RPS: bc.RPS, Concurrency: bc.Concurrency, UpstreamLatencyMS: float64(bc.UpstreamLatency) / 1e6}
 
+	if err := store.EnsureTenant(ctx, bc.Pool, "bench"); err != nil {
+		return nil, err
+	}
+	if !bc.CaptureOnly {
+		if err := benchHTTP(ctx, bc, res, logf); err != nil {
+			return nil, err
+		}
+	}
+	if err := benchCapture(ctx, bc, res); err != nil {
+		return nil, err
+	}
+	logf("capture (%d writers, same pool): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
+		bc.CaptureWriters, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
+	return res, nil
+}
+
+// benchHTTP measures the baseline proxy and the gateway.
+func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
 	fx := &vllmfixture.Fixture{Latency: bc.UpstreamLatency}
 	upURL, stopUp, err := serveLocal(fx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer stopUp()
 	target, _ := url.Parse(upURL)
@@ -83,16 +108,13 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
 	baseURL, stopBase, err := serveLocal(proxy)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer stopBase()
 
-	if err := store.EnsureTenant(ctx, bc.Pool, "bench"); err != nil {
-		return nil, err
-	}
 	key, err := store.CreateKey(ctx, bc.Pool, "bench", "", "flywheel bench gateway")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cfg := config.Default().Gateway
 	cfg.UpstreamURL = upURL + "/v1"
@@ -100,11 +122,11 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	cfg.RateLimitRPS = 0
 	srv, err := New(cfg, Deps{DB: bc.Pool, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	gwURL, stopGW, err := serveLocal(srv.Handler())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { stopGW(); srv.Close() }()
 
@@ -152,22 +174,19 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 		res.ThroughputRatio = res.GatewayMaxRPS / res.BaselineMaxRPS
 	}
 	logf("max throughput (%d concurrent): baseline %.0f rps, gateway %.0f rps", bc.Concurrency, res.BaselineMaxRPS, res.GatewayMaxRPS)
-
-	if err := benchCapture(ctx, bc, res); err != nil {
-		return nil, err
-	}
-	logf("capture (%d writers): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s",
-		bc.CaptureWriters, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS)
-	return res, nil
+	return nil
 }
 
 // benchCapture compares the committer with one autocommitted INSERT per
 // row, both fed by the same number of concurrent writers.
 func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
 	var seq atomic.Int64
+	// Each row opens its own session, as single-turn traffic does: an
+	// agent session has one call in flight at a time, so concurrent
+	// batches rarely wait on each other's session row locks.
 	row := func() *store.NewInteraction {
 		n := seq.Add(1)
-		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n%256), IdentityMode: modeHeader,
+		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n), IdentityMode: modeHeader,
 			CompletionID: fmt.Sprintf("bench-cap-%d-%d", time.Now().UnixNano(), n), Protocol: protoOpenAI, Deployment: "fixture-model",
 			ModelVersion: "fixture-model", Request: json.RawMessage(`{"model":"fixture-model","messages":[{"role":"user","content":"hello"}]}`),
 			Response:       json.RawMessage(`{"message":{"role":"assistant","content":"echo: hello"},"finish_reason":"stop"}`),
@@ -175,6 +194,13 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
 			PromptTokens: 8, CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
 	}
 	var failed atomic.Int64
+	serial := closedLoop(ctx, 1, bc.CaptureDuration, func() bool {
+		_, err := store.InsertInteraction(ctx, bc.Pool, row())
+		if err != nil {
+			failed.Add(1)
+		}
+		return err == nil
+	})
 	perRow := closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, func() bool {
 		_, err := store.InsertInteraction(ctx, bc.Pool, row())
 		if err != nil {
@@ -195,9 +221,13 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("capture bench: %d inserts failed", n)
 	}
-	res.CapturePerRowRowsPS, res.CaptureBatchedRowsPS = perRow, batched
+	res.CapturePerRowRowsPS, res.CaptureBatchedRowsPS, res.CaptureSerialRowsPS = perRow, batched, serial
+	res.CaptureWriters = bc.CaptureWriters
 	if perRow > 0 {
 		res.CaptureRatio = batched / perRow
+	}
+	if serial > 0 {
+		res.CaptureRatioSerial = batched / serial
 	}
 	res.CaptureMeanBatch = histogramMean(m)
 	return nil

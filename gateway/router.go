@@ -49,10 +49,11 @@ type router struct {
 	logger *slog.Logger
 	cfg    config.GatewayConfig
 
-	mu       sync.Mutex
-	routes   map[string]*store.Route
-	loadedAt time.Time
-	dynamic  map[string]inference.Backend // upstream backends built from deployments rows, by config
+	mu         sync.Mutex
+	routes     map[string]*store.Route
+	loadedAt   time.Time
+	refreshing bool
+	dynamic    map[string]inference.Backend // upstream backends built from deployments rows, by config
 }
 
 // deploymentConfig is the deployments.config JSON of an upstream row.
@@ -106,16 +107,37 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 	return r, nil
 }
 
-// load returns the routing rows, refreshed at most every routeTTL.
+// load returns the routing rows. The first call reads them; later calls
+// return what is cached and, when it is older than routeTTL, refresh it in
+// the background, so no request ever waits on the refresh.
 func (r *router) load(ctx context.Context) map[string]*store.Route {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.db == nil || time.Since(r.loadedAt) < routeTTL {
-		return r.routes
+	if r.db == nil {
+		return nil
 	}
+	r.mu.Lock()
+	routes, loaded, stale := r.routes, !r.loadedAt.IsZero(), time.Since(r.loadedAt) >= routeTTL
+	if loaded && stale && !r.refreshing {
+		r.refreshing = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			r.refresh(ctx)
+		}()
+	}
+	r.mu.Unlock()
+	if !loaded {
+		return r.refresh(ctx)
+	}
+	return routes
+}
+
+func (r *router) refresh(ctx context.Context) map[string]*store.Route {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	routes, err := store.LoadRoutes(ctx, r.db)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refreshing = false
 	r.loadedAt = time.Now()
 	if err != nil {
 		r.logger.Warn(msgRoutesRefreshFailed, "err", err)

@@ -24,7 +24,8 @@ func init() {
 			fs.DurationVar(&bc.Duration, "duration", 8*time.Second, "length of the fixed-rate phase per system")
 			fs.IntVar(&bc.Concurrency, "concurrency", 64, "clients in the maximum-throughput phase")
 			fs.DurationVar(&bc.MaxDuration, "max-duration", 4*time.Second, "length of the maximum-throughput phase per system")
-			fs.IntVar(&bc.CaptureWriters, "capture-writers", 64, "concurrent writers in the capture phase")
+			fs.IntVar(&bc.CaptureWriters, "capture-writers", 256, "concurrent writers in the capture phase (both methods share one 64-connection pool)")
+			fs.BoolVar(&bc.CaptureOnly, "capture-only", false, "run only the capture phase")
 			fs.DurationVar(&bc.CaptureDuration, "capture-duration", 3*time.Second, "length of each capture measurement")
 		})
 		if err != nil {
