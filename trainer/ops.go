@@ -69,30 +69,6 @@ func logSoftmaxRow(out, z []float32, invT float32) {
 	}
 }
 
-// softmaxMasked turns row scores into probabilities over the allowed columns.
-func softmaxMasked(row []float32, allow []bool) {
-	mx := float32(math.Inf(-1))
-	for j, v := range row {
-		if allow[j] && v > mx {
-			mx = v
-		}
-	}
-	var s float32
-	for j, v := range row {
-		if allow[j] {
-			e := expf(v - mx)
-			row[j] = e
-			s += e
-		} else {
-			row[j] = 0
-		}
-	}
-	inv := 1 / s
-	for j := range row {
-		row[j] *= inv
-	}
-}
-
 // softmaxPrefix turns the first k scores of row into probabilities and
 // zeroes the rest (keys a query may not see).
 func softmaxPrefix(row []float32, k int) {

@@ -32,7 +32,9 @@ type segment struct {
 	P        int // keys per query row: ancestor nodes + L
 }
 
-// tree is one connected component, stored contiguously, parents first.
+// tree is one connected component, stored contiguously, parents first. The
+// passes work per segment; the ancestor matrix is the dense view of the same
+// pattern (Pack.AncestorMask, for the gorgonia graph).
 type tree struct {
 	Start, N int
 	// Anc[i*N+j] reports whether node Start+j is node Start+i or an ancestor.
