@@ -31,6 +31,14 @@ type FleetConfig struct {
 	Model string
 	// Agents is the number of concurrent agents. Default 4.
 	Agents int
+	// GroupSize > 1 makes each agent answer every prompt GroupSize times as
+	// a GRPO group: it creates the group's sessions with POST /v1/sessions
+	// and makes each call with that session's own API key. Default 1: one
+	// session per prompt, named by X-Session-Id.
+	GroupSize int
+	// TaskID labels the sessions (running baselines key on it). Default
+	// "demo-reverse-letters".
+	TaskID string
 	// Task the agents work on. Default DefaultTask.
 	Task Task
 	// Seed seeds the prompts and reward timing. Default 1.
@@ -66,6 +74,12 @@ func (c FleetConfig) withDefaults() FleetConfig {
 	}
 	if c.Agents == 0 {
 		c.Agents = 4
+	}
+	if c.GroupSize == 0 {
+		c.GroupSize = 1
+	}
+	if c.TaskID == "" {
+		c.TaskID = "demo-reverse-letters"
 	}
 	c.Task = c.Task.withDefaults()
 	if c.Seed == 0 {
@@ -113,6 +127,9 @@ func (c FleetConfig) validate() error {
 	}
 	if c.Agents < 1 || c.Agents > 1024 {
 		errs = append(errs, fmt.Errorf("agents %d must be in [1, 1024]", c.Agents))
+	}
+	if c.GroupSize < 1 || c.GroupSize > 64 {
+		errs = append(errs, fmt.Errorf("group_size %d must be in [1, 64] (the gateway's bound)", c.GroupSize))
 	}
 	if err := c.Task.validate(); err != nil {
 		errs = append(errs, err)
@@ -240,8 +257,13 @@ func (f *Fleet) agent(ctx context.Context, idx int) {
 		if rng.Float64() < f.cfg.SafetyFraction {
 			p = gen.NextSafety()
 		}
-		sid := fmt.Sprintf("demo-%s-a%d-%d", f.cfg.RunID, idx, n)
-		if err := f.episode(ctx, rng, sid, p); err != nil {
+		var err error
+		if f.cfg.GroupSize > 1 {
+			err = f.group(ctx, rng, p)
+		} else {
+			err = f.episode(ctx, rng, fmt.Sprintf("demo-%s-a%d-%d", f.cfg.RunID, idx, n), "", p)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -258,16 +280,47 @@ func (f *Fleet) agent(ctx context.Context, idx int) {
 	}
 }
 
+// group answers p GroupSize times as one GRPO group of sessions.
+func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p Prompt) error {
+	var created struct {
+		Sessions []struct {
+			ID     string `json:"id"`
+			APIKey string `json:"api_key"`
+		} `json:"sessions"`
+	}
+	body := map[string]any{"model": f.cfg.Model, "task_id": f.cfg.TaskID, "group_size": f.cfg.GroupSize}
+	if err := f.postInto(ctx, "/v1/sessions", body, &created); err != nil {
+		return err
+	}
+	if len(created.Sessions) != f.cfg.GroupSize {
+		return fmt.Errorf("create group: got %d sessions, want %d", len(created.Sessions), f.cfg.GroupSize)
+	}
+	for _, s := range created.Sessions {
+		if s.ID == "" || s.APIKey == "" {
+			return errors.New("create group: a session without id or api_key")
+		}
+		if err := f.episode(ctx, rng, s.ID, s.APIKey, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // episode is one session: one model call (the last, so it carries
-// X-Session-Done), then its reward, now or later.
-func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid string, p Prompt) error {
+// X-Session-Done), then its reward, now or later. key, when set, is the
+// session's own API key (group mode).
+func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p Prompt) error {
 	var httpResp *http.Response
+	opts := []option.RequestOption{option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp)}
+	if key != "" {
+		opts = append(opts, option.WithAPIKey(key))
+	}
 	resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:       f.cfg.Model,
 		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(p.Text)},
 		MaxTokens:   openai.Int(int64(max(len(p.Want), len(Refusal)) + 2)),
 		Temperature: openai.Float(f.cfg.Temperature),
-	}, option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp))
+	}, opts...)
 	if err != nil {
 		return fmt.Errorf("chat completion: %w", err)
 	}
@@ -365,10 +418,20 @@ func (f *Fleet) fail(err error) {
 	f.cfg.Logger.Debug("demo agent call failed", "error", err)
 }
 
-// maxErrorBody bounds how much of an error response is kept.
-const maxErrorBody = 4 << 10
+// maxErrorBody bounds how much of an error response is kept, and
+// maxAnswerBody how much of a 2xx answer is read.
+const (
+	maxErrorBody  = 4 << 10
+	maxAnswerBody = 1 << 20
+)
 
 func (f *Fleet) post(ctx context.Context, path string, body any) error {
+	return f.postInto(ctx, path, body, nil)
+}
+
+// postInto posts body as JSON with the fleet's key and decodes a 2xx
+// answer into out (when not nil).
+func (f *Fleet) postInto(ctx context.Context, path string, body any, out any) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("post %s: %w", path, err)
@@ -386,9 +449,14 @@ func (f *Fleet) post(ctx context.Context, path string, body any) error {
 		return fmt.Errorf("post %s: %w", path, err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		return fmt.Errorf("post %s: status %d: %s", path, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	if out != nil {
+		if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
+			return fmt.Errorf("post %s: decode answer: %w", path, err)
+		}
 	}
 	return nil
 }

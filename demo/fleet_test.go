@@ -29,6 +29,9 @@ type fixtureOpenAI struct {
 	rewards    map[string]float64     // by session id
 	feedback   map[string]float64     // by completion id
 	badHeaders []string
+	keys       map[string]string   // session key → session id (group mode)
+	groups     map[string][]string // group id → session ids
+	groupOf    map[string]string   // session id → group id
 }
 
 type fixtureCall struct {
@@ -40,8 +43,10 @@ type fixtureCall struct {
 
 func newFixtureOpenAI(t *testing.T, apiKey string) (*fixtureOpenAI, *httptest.Server) {
 	f := &fixtureOpenAI{t: t, apiKey: apiKey, version: 1, calls: map[string]fixtureCall{},
-		sessions: map[string]string{}, rewards: map[string]float64{}, feedback: map[string]float64{}}
+		sessions: map[string]string{}, rewards: map[string]float64{}, feedback: map[string]float64{},
+		keys: map[string]string{}, groups: map[string][]string{}, groupOf: map[string]string{}}
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sessions", f.createSessions)
 	mux.HandleFunc("POST /v1/chat/completions", f.chat)
 	mux.HandleFunc("POST /v1/sessions/{id}/reward", f.reward)
 	mux.HandleFunc("POST /v1/feedback", f.postFeedback)
@@ -52,7 +57,10 @@ func newFixtureOpenAI(t *testing.T, apiKey string) (*fixtureOpenAI, *httptest.Se
 
 func (f *fixtureOpenAI) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+f.apiKey {
+		f.mu.Lock()
+		_, sessionKey := f.keys[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+		f.mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer "+f.apiKey && !sessionKey {
 			w.WriteHeader(http.StatusUnauthorized)
 			_, _ = w.Write([]byte(`{"error":{"message":"bad key","type":"invalid_request_error"}}`))
 			return
@@ -96,6 +104,9 @@ func (f *fixtureOpenAI) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	sid := r.Header.Get("X-Session-Id")
 	f.mu.Lock()
+	if keySession, ok := f.keys[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]; ok && keySession != sid {
+		f.badHeaders = append(f.badHeaders, fmt.Sprintf("key of session %q used with X-Session-Id %q", keySession, sid))
+	}
 	if sid == "" || r.Header.Get("X-Session-Done") != "true" {
 		f.badHeaders = append(f.badHeaders, fmt.Sprintf("session %q done %q", sid, r.Header.Get("X-Session-Done")))
 	}
@@ -113,6 +124,35 @@ func (f *fixtureOpenAI) chat(w http.ResponseWriter, r *http.Request) {
 			"message": map[string]any{"role": "assistant", "content": ans}}},
 		"usage": map[string]int{"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
 	})
+}
+
+// createSessions mimics POST /v1/sessions with group_size: one session and
+// key per member, sharing a group id.
+func (f *fixtureOpenAI) createSessions(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Model     string `json:"model"`
+		TaskID    string `json:"task_id"`
+		GroupSize int    `json:"group_size"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.GroupSize < 1 || body.TaskID == "" || body.Model == "" {
+		http.Error(w, `{"error":{"message":"bad session request"}}`, http.StatusUnprocessableEntity)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	gid := fmt.Sprintf("grp_%d", len(f.groups)+1)
+	var out []map[string]string
+	for i := 0; i < body.GroupSize; i++ {
+		id, key := fmt.Sprintf("sess_%s_%d", gid, i), fmt.Sprintf("sk-sess-%s-%d", gid, i)
+		f.keys[key] = id
+		f.groups[gid] = append(f.groups[gid], id)
+		f.groupOf[id] = gid
+		out = append(out, map[string]string{"id": id, "api_key": key})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(map[string]any{"id": out[0]["id"], "api_key": out[0]["api_key"], "group_id": gid,
+		"group_size": body.GroupSize, "sessions": out})
 }
 
 func (f *fixtureOpenAI) reward(w http.ResponseWriter, r *http.Request) {
@@ -217,6 +257,44 @@ func TestFleetAgainstFixture(t *testing.T) {
 	}
 }
 
+// TestFleetGroups checks GRPO group mode: each prompt is answered
+// GroupSize times, each call in its own session with that session's key.
+func TestFleetGroups(t *testing.T) {
+	fx, srv := newFixtureOpenAI(t, "sk-demo")
+	fleet, err := NewFleet(FleetConfig{BaseURL: srv.URL, APIKey: "sk-demo", Agents: 2, GroupSize: 4, RunID: "t3",
+		MaxFeedbackDelay: 20 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fleet.Run(ctx) }()
+	require.Eventually(t, func() bool { return fleet.Stats().Calls >= 40 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	st := fleet.Stats()
+	require.Zero(t, st.Errors, st.LastError)
+
+	fx.mu.Lock()
+	defer fx.mu.Unlock()
+	require.Empty(t, fx.badHeaders)
+	complete := 0
+	for gid, members := range fx.groups {
+		var prompts []string
+		for _, sid := range members {
+			if cid, ok := fx.sessions[sid]; ok {
+				prompts = append(prompts, fx.calls[cid].prompt)
+			}
+		}
+		if len(prompts) == 4 {
+			complete++
+		}
+		for _, p := range prompts {
+			require.Equal(t, prompts[0], p, "group %s answers one prompt", gid)
+		}
+	}
+	require.GreaterOrEqual(t, complete, 8)
+	require.Equal(t, st.Calls, st.RewardsSent+st.FeedbackSent)
+}
+
 func TestFleetCountsErrorsAndKeepsGoing(t *testing.T) {
 	_, srv := newFixtureOpenAI(t, "sk-right")
 	fleet, err := NewFleet(FleetConfig{BaseURL: srv.URL, APIKey: "sk-wrong", Agents: 2, RunID: "t2"})
@@ -240,6 +318,7 @@ func TestFleetConfigErrors(t *testing.T) {
 		"agents":      {BaseURL: "http://127.0.0.1:1", APIKey: "k", Agents: -1},
 		"temperature": {BaseURL: "http://127.0.0.1:1", APIKey: "k", Temperature: 3},
 		"safety":      {BaseURL: "http://127.0.0.1:1", APIKey: "k", SafetyFraction: 1},
+		"group":       {BaseURL: "http://127.0.0.1:1", APIKey: "k", GroupSize: 65},
 	} {
 		_, err := NewFleet(cfg)
 		require.Error(t, err, name)

@@ -22,6 +22,7 @@ func runDemo(ctx context.Context, args []string) error {
 		asJSON   bool
 		offline  bool
 		agents   int
+		group    int
 		baseURL  string
 		apiKey   string
 		outDir   string
@@ -33,6 +34,7 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.BoolVar(&asJSON, "json", false, "print the summary as one JSON object on the last line")
 		fs.BoolVar(&offline, "offline", false, "run in process: sample, verify, train, gate and release without the gateway or services")
 		fs.IntVar(&agents, "agents", 4, "concurrent demo agents (online mode)")
+		fs.IntVar(&group, "group-size", 8, "answers per prompt, sent as one GRPO group of sessions (online mode; 1: one X-Session-Id session per prompt)")
 		fs.StringVar(&baseURL, "base-url", "", "gateway URL the agents use (online mode), e.g. http://127.0.0.1:8080")
 		fs.StringVar(&apiKey, "api-key", os.Getenv("FLYWHEEL_API_KEY"), "API key the agents use (online mode; default $FLYWHEEL_API_KEY)")
 		fs.StringVar(&outDir, "out", "", "directory for the curve and the status page (default DATA_DIR/demo)")
@@ -70,7 +72,7 @@ func runDemo(ctx context.Context, args []string) error {
 		})
 	} else {
 		sum, err = demo.RunOnline(ctx, demo.OnlineConfig{
-			Fleet:    demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Agents: agents, Seed: seed, Logger: log},
+			Fleet:    demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Agents: agents, GroupSize: group, Seed: seed, Logger: log},
 			Duration: budget, OutDir: outDir, Progress: progress, TTY: tty, ProgressInterval: interval,
 		})
 	}
