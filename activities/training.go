@@ -191,6 +191,11 @@ func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
 			select {
 			case <-done:
 				return
+			case <-ctx.Done():
+				// Cancelled (the worker is stopping): heartbeats stop, so
+				// the server hands the step to another worker even if
+				// this one never returns.
+				return
 			case <-tick.C:
 				heartbeat(ctx, runID)
 			}

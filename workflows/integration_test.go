@@ -325,18 +325,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	t.Cleanup(tw.Stop)
 
 	const n = 6
-	for i := 0; i < n; i++ {
-		session := fmt.Sprintf("train-%d", i)
-		st, _ := s.chat(session, false, "count to three")
-		require.Equal(t, http.StatusOK, st)
-		require.Equal(t, http.StatusCreated, s.reward(session, float64(i%2)))
-		st, _ = s.chat(session, true, "again")
-		require.Equal(t, http.StatusOK, st)
-	}
-	require.Eventually(t, func() bool {
-		q, _, err := store.QueueStats(ctx, s.pool, policyName)
-		return err == nil && q >= n
-	}, time.Minute, 200*time.Millisecond, "every session's eligible steps are queued")
+	s.queueSamples(n)
 
 	id := workflows.TrainingWorkflowID(policyName)
 	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
@@ -437,4 +426,84 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 		return strings.Contains(stored, "Playbook") && strings.Contains(stored, "Paris")
 	}, 30*time.Second, 300*time.Millisecond, "the promoted playbook is injected by the gateway")
 	recordHistory(t, s.tc, "evolution-it", "evolution_history.json")
+}
+
+// queueSamples runs n rewarded two-call sessions through the gateway and
+// waits until their steps are queued for training.
+func (s *stack) queueSamples(n int) {
+	s.t.Helper()
+	for i := 0; i < n; i++ {
+		session := fmt.Sprintf("train-%d", i)
+		st, _ := s.chat(session, false, "count to three")
+		require.Equal(s.t, http.StatusOK, st)
+		require.Equal(s.t, http.StatusCreated, s.reward(session, float64(i%2)))
+		st, _ = s.chat(session, true, "again")
+		require.Equal(s.t, http.StatusOK, st)
+	}
+	require.Eventually(s.t, func() bool {
+		q, _, err := store.QueueStats(context.Background(), s.pool, policyName)
+		return err == nil && q >= n
+	}, time.Minute, 200*time.Millisecond, "every session's eligible steps are queued")
+}
+
+// hangingTrainer is a trainer worker that dies mid-step: its step never
+// returns (until the test ends), like a process that was killed.
+type hangingTrainer struct {
+	activities.TrainStepper
+	entered, release chan struct{}
+}
+
+func (h *hangingTrainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error) {
+	close(h.entered)
+	<-h.release
+	return trainer.StepResult{}, fmt.Errorf("this worker was dead")
+}
+
+func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	s.queueSamples(4)
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	hang := &hangingTrainer{TrainStepper: local, entered: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { close(hang.release) })
+	startTrainer := func(tr activities.TrainStepper) tworker.Worker {
+		w := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
+		a := &activities.Training{DB: s.pool, Trainer: tr, CheckpointDir: dir, HeartbeatEvery: 100 * time.Millisecond}
+		w.RegisterActivityWithOptions(a.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
+		require.NoError(t, w.Start())
+		return w
+	}
+	a := startTrainer(hang)
+
+	id := workflows.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
+		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+			StepHeartbeatTimeout: 2 * time.Second, NoRelease: true}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
+	select {
+	case <-hang.entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the train step never reached the first trainer worker")
+	}
+	start := time.Now()
+	a.Stop() // the worker dies with the step in flight
+	b := startTrainer(local)
+	t.Cleanup(b.Stop)
+
+	v2 := store.VersionID(policyName, 2)
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v2).Scan(&n)
+		return err == nil && n == 1
+	}, time.Minute, 200*time.Millisecond, "another trainer worker finishes the step")
+	t.Logf("step resumed on the second worker %v after the first died", time.Since(start).Round(100*time.Millisecond))
+	var runs, trained int
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'trained') FROM training_runs`).Scan(&runs, &trained))
+	require.Equal(t, 1, runs, "the retry resumed the claimed run instead of claiming another")
+	require.Equal(t, 1, trained)
+	require.Equal(t, int64(2), local.Version(), "the batch trained once")
 }

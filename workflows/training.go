@@ -64,6 +64,9 @@ type TrainingPolicy struct {
 	MaxStaleness int
 	// StepTimeout bounds one train step. Default 30m.
 	StepTimeout time.Duration
+	// StepHeartbeatTimeout is how long a train step may go without a
+	// heartbeat before it is handed to another trainer worker. Default 1m.
+	StepHeartbeatTimeout time.Duration
 	// StepsPerRun is how many steps one run makes before it continues as
 	// new. Default 50.
 	StepsPerRun int
@@ -88,6 +91,9 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 	}
 	if p.StepTimeout <= 0 {
 		p.StepTimeout = 30 * time.Minute
+	}
+	if p.StepHeartbeatTimeout <= 0 {
+		p.StepHeartbeatTimeout = time.Minute
 	}
 	if p.StepsPerRun <= 0 {
 		p.StepsPerRun = 50
@@ -185,7 +191,7 @@ func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, er
 	train := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		TaskQueue:           TrainerTaskQueue,
 		StartToCloseTimeout: p.StepTimeout,
-		HeartbeatTimeout:    time.Minute,
+		HeartbeatTimeout:    p.StepHeartbeatTimeout,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData"}},
 	})
 
