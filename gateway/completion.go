@@ -72,6 +72,9 @@ func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *infer
 	if err := s.resolveSession(c, cl); err != nil {
 		return nil, err
 	}
+	// Before any byte of a stream goes out: the client learns its session
+	// (useful in stitched mode) from the response headers.
+	c.Header("X-Session-Id", cl.sessionID)
 	t, err := s.router.resolve(c.Request.Context(), req.Model, cl.sessionID)
 	if err != nil {
 		return nil, err
@@ -271,7 +274,6 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) err
 			s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
 		}
 	}
-	c.Header("X-Session-Id", cl.sessionID)
 	return nil
 }
 

@@ -27,7 +27,7 @@ const fixtureModel = "fixture-model"
 // env is a real gateway on a real Postgres, in front of the vLLM-like
 // fixture upstream, with two tenants.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	pool    *pgxpool.Pool
 	fixture *vllmfixture.Fixture
 	srv     *gateway.Server
@@ -43,7 +43,11 @@ type envOpts struct {
 	notifier gateway.Notifier
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t *testing.T, o envOpts) *env { return newEnvTB(t, o) }
+
+func newEnvB(b *testing.B) *env { return newEnvTB(b, envOpts{}) }
+
+func newEnvTB(t testing.TB, o envOpts) *env {
 	t.Helper()
 	pool := testenv.Pool(t)
 	fx := &vllmfixture.Fixture{}
