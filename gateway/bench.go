@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -106,6 +107,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	target, _ := url.Parse(upURL)
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
+	proxy.ErrorLog = log.New(io.Discard, "", 0) // overload shows up as latency and errors in the figures
 	baseURL, stopBase, err := serveLocal(proxy)
 	if err != nil {
 		return err
