@@ -34,6 +34,7 @@ var commands = map[string]command{
 	"bench":    {"whole-system benchmarks: bench NAME", runBench},
 	"export":   {"export a tenant's trajectories as ATDP JSONL: export --tenant NAME [--out FILE]", runExport},
 	"sandbox":  {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
+	"demo":     {"demo agents on the built-in task (--offline: in process)", runDemo},
 	"version":  {"print the version", runVersion},
 	"session":  {"session show ID | list: a SessionWorkflow's state", runSessionCmd},
 	"release":  {"release start|show|list|approve|abort: gated releases", runReleaseCmd},
