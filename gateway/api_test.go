@@ -180,12 +180,22 @@ func TestForgetSessionAndEndUser(t *testing.T) {
 		st, _ := e.doJSON("POST", "/v1/chat/completions", created["api_key"].(string), chatBody("carol's data"))
 		require.Equal(t, 200, st)
 	}
+	// A version trained on carol's first session: forgetting must name it.
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `INSERT INTO model_versions (id, deployment) VALUES ('flywheel-policy@v9', 'flywheel-policy')`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO model_version_lineage (version_id, sample_id, tenant_id, session_id) VALUES ('flywheel-policy@v9', 1, 'acme', $1)`, sids[0])
+	require.NoError(t, err)
 	st, res := e.doJSON("POST", "/v1/forget", e.keyA, map[string]any{"end_user": "carol"})
 	require.Equal(t, 200, st, res)
 	require.ElementsMatch(t, sids, res["sessions"])
+	require.Equal(t, []any{"flywheel-policy@v9"}, res["affected_versions"])
+	var recorded []string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT affected_versions FROM forget_requests`).Scan(&recorded))
+	require.Equal(t, []string{"flywheel-policy@v9"}, recorded, "the request is kept for lineage")
 	require.Equal(t, 0, e.countInteractions())
 	var subject string
-	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT subject FROM forget_requests`).Scan(&subject))
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT subject FROM forget_requests`).Scan(&subject))
 	require.True(t, strings.HasPrefix(subject, "sha256:"), "the record does not keep the forgotten identifier")
 	st, _, _ = e.do("GET", "/v1/sessions/"+sids[0], e.keyA, nil)
 	require.Equal(t, 200, st, "the emptied session remains, marked forgotten")
