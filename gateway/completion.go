@@ -256,7 +256,9 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 // commit captures the interaction and, once it is in Postgres, queues the
 // session notices. Its error is what the client must see instead of 2xx.
 func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) error {
-	captured, err := s.capture.Submit(c.Request.Context(), row)
+	// A client that went away still gets its call recorded (as cancelled):
+	// the capture must not depend on the connection staying open.
+	captured, err := s.capture.Submit(context.WithoutCancel(c.Request.Context()), row)
 	if errors.Is(err, store.ErrSessionClosed) {
 		return s.closedSessionError(c.Request.Context(), cl)
 	}

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -137,4 +138,22 @@ func TestOpenAIStreamUpstreamBreaksEndsWithErrorEvent(t *testing.T) {
 	var status string
 	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT status FROM interactions`).Scan(&status))
 	require.Equal(t, "upstream_error", status)
+}
+
+func TestClientGoneMidStreamIsCapturedAsCancelled(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.fixture.Latency = 2 * time.Second // ~10 chunks, 0.2 s apart
+	ctx, cancel := context.WithCancel(context.Background())
+	c := e.openai(e.keyA)
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: fixtureModel,
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a prompt long enough for many chunks")}})
+	require.True(t, stream.Next())
+	cancel()
+	for stream.Next() {
+	}
+	var status string
+	eventually(t, func() bool {
+		return e.pool.QueryRow(context.Background(), `SELECT status FROM interactions`).Scan(&status) == nil
+	}, "the abandoned call is still recorded")
+	require.Equal(t, "client_cancelled", status)
 }
