@@ -274,3 +274,25 @@ func TestAdminKeysAndDefaultKeyRefusal(t *testing.T) {
 	_, err := newServer(cfg)
 	require.ErrorContains(t, err, "default admin key")
 }
+
+func TestToolSchemaOverrideApplied(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES ($1, 'tool_schema', 3,
+		'{"tools":{"search":{"description":"Search the web. Quote exact phrases."}}}', 'serving')`, fixtureModel)
+	require.NoError(t, err)
+	body := chatBody("find it")
+	body["tools"] = []any{map[string]any{"type": "function", "function": map[string]any{"name": "search", "description": "old",
+		"parameters": map[string]any{"type": "object"}}}}
+	st, c1 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body, "X-Session-Id", "tools-1")
+	require.Equal(t, 200, st, c1)
+	sent := e.fixture.LastRequest()["tools"].([]any)[0].(map[string]any)["function"].(map[string]any)
+	require.Equal(t, "Search the web. Quote exact phrases.", sent["description"])
+	_, _, out := e.do("GET", "/v1/trajectories?session_id=tools-1", e.keyA, nil)
+	step, err := atdp.Decode(bytes.TrimSpace(out))
+	require.NoError(t, err)
+	require.Equal(t, "3", step.Observation.Tools[0].Version)
+	require.Equal(t, map[string]string{"search": "3"}, step.Metadata.ToolVersions)
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -62,6 +63,8 @@ type call struct {
 	// under reuseSystem.
 	reuse       bool
 	reuseSystem string
+	// toolVersions names the tool-schema version applied to each tool.
+	toolVersions map[string]string
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
@@ -82,6 +85,12 @@ func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *infer
 	cl.target = t
 	req.Version = t.version
 	inject(req, t.system)
+	if changed := t.tools.apply(req); len(changed) > 0 {
+		cl.toolVersions = map[string]string{}
+		for _, name := range changed {
+			cl.toolVersions[name] = strconv.Itoa(t.tools.Version)
+		}
+	}
 	if protocol == protoAnthropic {
 		cl.completionID = newID("msg_")
 	} else {
@@ -184,10 +193,11 @@ func fillToolCallIDs(protocol string, m *inference.Message) {
 // client's own body, byte for byte, for lossless replay.
 type storedRequest struct {
 	*inference.Request
-	InjectedSystem string          `json:"injected_system,omitempty"`
-	Protocol       string          `json:"protocol"`
-	ClientRequest  json.RawMessage `json:"client_request"`
-	EndUser        string          `json:"end_user,omitempty"`
+	InjectedSystem string            `json:"injected_system,omitempty"`
+	ToolVersions   map[string]string `json:"tool_versions,omitempty"`
+	Protocol       string            `json:"protocol"`
+	ClientRequest  json.RawMessage   `json:"client_request"`
+	EndUser        string            `json:"end_user,omitempty"`
 }
 
 // jsonb cannot hold U+0000; replace it rather than lose the row.
@@ -211,7 +221,7 @@ func toInt32(xs []int) []int32 {
 
 // row builds the interaction to capture from a finished (or failed) call.
 func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr error, status string) *store.NewInteraction {
-	reqJSON, _ := json.Marshal(storedRequest{Request: cl.req, InjectedSystem: cl.target.system, Protocol: cl.protocol,
+	reqJSON, _ := json.Marshal(storedRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Protocol: cl.protocol,
 		ClientRequest: cl.raw, EndUser: cl.endUser})
 	n := &store.NewInteraction{
 		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,

@@ -85,7 +85,7 @@ func (s *exporter) buildSteps(ctx context.Context, info *store.SessionInfo) (*se
 		for _, t := range req.Tools {
 			var params any
 			_ = json.Unmarshal(t.Parameters, &params)
-			st.Observation.Tools = append(st.Observation.Tools, atdp.Tool{Name: t.Name, Description: t.Description, Parameters: params})
+			st.Observation.Tools = append(st.Observation.Tools, atdp.Tool{Name: t.Name, Description: t.Description, Parameters: params, Version: req.ToolVersions[t.Name]})
 		}
 		st.InternalState.Reasoning = resp.Message.Reasoning
 		st.Action.Message = atdpMessage(resp.Message)
@@ -105,9 +105,10 @@ func (s *exporter) buildSteps(ctx context.Context, info *store.SessionInfo) (*se
 		st.Metadata = atdp.Metadata{
 			TrajectoryID: info.ID, SessionID: info.ID, StepID: strconv.FormatInt(r.ID, 10), StepIndex: i,
 			CompletionID: r.CompletionID, Tenant: info.TenantID, Model: r.Deployment, ModelVersion: r.ModelVersion,
-			Usage:     atdp.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
-			Consent:   atdp.Consent{OptOut: info.OptOut, Basis: info.ConsentBasis},
-			CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano),
+			ToolVersions: req.ToolVersions,
+			Usage:        atdp.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
+			Consent:      atdp.Consent{OptOut: info.OptOut, Basis: info.ConsentBasis},
+			CreatedAt:    r.CreatedAt.UTC().Format(time.RFC3339Nano),
 		}
 		if i > 0 {
 			st.Metadata.ParentStepID = strconv.FormatInt(rows[i-1].ID, 10)

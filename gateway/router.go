@@ -40,6 +40,44 @@ type target struct {
 	version string
 	// system is the serving playbook / harness text to inject.
 	system string
+	// tools is the serving tool-schema override, if any.
+	tools *toolSchema
+}
+
+// toolSchema is a tool_schema artefact: per tool name, a description
+// and/or an argument schema that replace what the client sent.
+// Content: {"tools": {"NAME": {"description": "...", "parameters": {...}}}}.
+type toolSchema struct {
+	Version int
+	Tools   map[string]struct {
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	} `json:"tools"`
+}
+
+// apply overrides the offered tools it names and returns which it changed.
+func (ts *toolSchema) apply(req *inference.Request) []string {
+	if ts == nil {
+		return nil
+	}
+	var changed []string
+	tools := make([]inference.Tool, len(req.Tools))
+	copy(tools, req.Tools)
+	for i, t := range tools {
+		o, ok := ts.Tools[t.Name]
+		if !ok {
+			continue
+		}
+		if o.Description != "" {
+			tools[i].Description = o.Description
+		}
+		if len(o.Parameters) > 0 && json.Valid(o.Parameters) {
+			tools[i].Parameters = o.Parameters
+		}
+		changed = append(changed, t.Name)
+	}
+	req.Tools = tools
+	return changed
 }
 
 // router maps a model name to a backend and version.
@@ -166,6 +204,13 @@ func (r *router) resolve(ctx context.Context, model, sessionID string) (*target,
 			t.version = route.CanaryVersion
 		}
 		t.system = injectedSystem(route)
+		if a, ok := route.Artefacts["tool_schema"]; ok {
+			var ts toolSchema
+			if json.Unmarshal(a.Content, &ts) == nil && len(ts.Tools) > 0 {
+				ts.Version = a.Version
+				t.tools = &ts
+			}
+		}
 	}
 	if t.backend == nil {
 		return nil, errf(http.StatusNotFound, "model %q does not exist", model)

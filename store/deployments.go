@@ -18,7 +18,8 @@ type Route struct {
 	// release is running.
 	CanaryVersion string
 	CanaryShare   float64
-	// Artefacts are the serving playbook / harness contents by kind.
+	// Artefacts are the serving playbook / harness / tool_schema contents
+	// by kind.
 	Artefacts map[string]Artefact
 }
 
@@ -71,7 +72,7 @@ func LoadRoutes(ctx context.Context, db DBTX) (map[string]*Route, error) {
 		return nil, fmt.Errorf("load releases: %w", err)
 	}
 	rows, err = db.Query(ctx, `SELECT DISTINCT ON (deployment, kind) deployment, kind, id, version, content
-		FROM artefacts WHERE status = 'serving' AND kind IN ('playbook', 'harness')
+		FROM artefacts WHERE status = 'serving' AND kind IN ('playbook', 'harness', 'tool_schema')
 		ORDER BY deployment, kind, version DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("load artefacts: %w", err)
