@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -27,7 +28,7 @@ func bindJSON(c *gin.Context, v any) error {
 	if err != nil {
 		return err
 	}
-	dec := json.NewDecoder(bytesReader(body))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return errf(http.StatusBadRequest, "invalid JSON body: %v", err)

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"unicode/utf8"
@@ -60,8 +59,6 @@ func (w *sseWriter) raw(s string) error {
 	w.c.Writer.Flush()
 	return nil
 }
-
-func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
 // utf8Carry holds back an incomplete UTF-8 sequence at the end of a
 // streamed increment until the next one completes it, so no character is
