@@ -76,6 +76,7 @@ type GatewayConfig struct {
 	UpstreamAPIKeyEnv string        `yaml:"upstream_api_key_env" help:"environment variable holding the upstream API key (default empty)"`
 	UpstreamTimeout   time.Duration `yaml:"upstream_timeout" help:"timeout of one upstream attempt (default 2m)"`
 	UpstreamRetries   int           `yaml:"upstream_retries" help:"retries with backoff after a 429/5xx or connection error (default 2)"`
+	UpstreamVLLM      bool          `yaml:"upstream_vllm" help:"ask the upstream for token ids with vLLM's return_token_ids / return_tokens_as_token_ids; turn off for servers that reject unknown parameters (default true)"`
 	UpstreamFallbacks []string      `yaml:"upstream_fallbacks" help:"per-model fallbacks tried in order when a model fails, model=alt1|alt2 (default empty)"`
 	RedactPatterns    []string      `yaml:"redact_patterns" help:"extra PII patterns kind=regexp applied on export and before training; YAML is safer for regexps with commas (default empty)"`
 	NotifyInterval    time.Duration `yaml:"notify_interval" help:"how often session notices are flushed to Temporal, batched per session (default 200ms)"`
@@ -126,6 +127,7 @@ func Default() Config {
 			PolicyModel:     "flywheel-policy",
 			UpstreamTimeout: 2 * time.Minute,
 			UpstreamRetries: 2,
+			UpstreamVLLM:    true,
 			NotifyInterval:  200 * time.Millisecond,
 			KeyCacheTTL:     10 * time.Second,
 		},

@@ -119,7 +119,7 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 				remote = name
 			}
 			b, err := upstream.New(upstream.Config{BaseURL: cfg.UpstreamURL, Model: remote, APIKey: os.Getenv(cfg.UpstreamAPIKeyEnv),
-				Timeout: cfg.UpstreamTimeout, Retries: cfg.UpstreamRetries, VLLM: true})
+				Timeout: cfg.UpstreamTimeout, Retries: cfg.UpstreamRetries, VLLM: cfg.UpstreamVLLM})
 			if err != nil {
 				return nil, err
 			}
