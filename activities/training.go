@@ -39,7 +39,7 @@ type Training struct {
 	DB *pgxpool.Pool
 	// Trainer is nil on workers without weights.
 	Trainer TrainStepper
-	// CheckpointDir receives <deployment>/v<N>.safetensors.
+	// CheckpointDir receives <deployment>/vNNNNNNNNNNNN.safetensors.
 	CheckpointDir string
 	// BaselineRate moves the per-task running baseline. Default 0.1.
 	BaselineRate float64
@@ -171,8 +171,10 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		Baseline: adv.BaselineSamples, Stale: res.DroppedStale}, nil
 }
 
+// checkpointPath follows trainer.CheckpointDir's layout, one directory per
+// deployment, so a serving engine can load any version on demand.
 func (t *Training) checkpointPath(deployment string, version int64) string {
-	return filepath.Join(t.CheckpointDir, deployment, "v"+strconv.FormatInt(version, 10)+".safetensors")
+	return trainer.CheckpointDir{Dir: filepath.Join(t.CheckpointDir, deployment)}.Path(version)
 }
 
 // heartbeatWhile heartbeats until the returned stop is called, so a long

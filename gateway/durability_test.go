@@ -36,6 +36,8 @@ func startGateway(t *testing.T, bin, dbURL, upstream, addr string) *exec.Cmd {
 		"--gateway-upstream-url", upstream, "--gateway-upstream-models", fixtureModel,
 		"--gateway-rate-limit-rps", "0", "--log-level", "error")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// The policy's checkpoints go under the working directory's data dir.
+	cmd.Dir = t.TempDir()
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	eventually(t, func() bool {

@@ -166,9 +166,15 @@ docker_up() {
 	"$BIN" sandbox build >/dev/null || die "building the sandbox images failed"
 }
 
+# Debian packages the build and the sandbox images need: OpenBLAS for the
+# trainer's SGEMM (cgo), mmdebstrap and busybox-static for the images.
 native_libs() {
+	local missing=()
 	[ -e /usr/include/x86_64-linux-gnu/cblas.h ] || [ -e /usr/include/cblas.h ] || [ -e /usr/include/openblas/cblas.h ] ||
-		apt_install libopenblas-dev
+		missing+=(libopenblas-dev)
+	command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+	dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+	[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 }
 
 build() {

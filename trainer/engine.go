@@ -24,6 +24,10 @@ type EngineConfig struct {
 	// KeepVersions is how many recent versions stay loaded for requests
 	// that pin one (canary, shadow, replay). Default 4.
 	KeepVersions int
+	// Loader, when set, loads a version that is not in memory (a canary
+	// or serving version trained by another process, or one evicted), so a
+	// route naming any stored version never fails. CheckpointDir.Load fits.
+	Loader func(version int64) (*Model, error)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -106,10 +110,8 @@ func (e *Engine) Publish(m *Model, version int64) error {
 	}
 	s := &served{model: m, version: version, name: e.VersionName(version)}
 	e.recent = append(e.recent, s)
-	if len(e.recent) > e.cfg.KeepVersions {
-		e.recent = e.recent[len(e.recent)-e.cfg.KeepVersions:]
-	}
 	e.current.Store(s)
+	e.evictLocked()
 	e.cfg.Logger.Debug("policy version published", "version", s.name)
 	return nil
 }
@@ -126,12 +128,50 @@ func (e *Engine) pick(name string) (*served, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, s := range e.recent {
+	for i, s := range e.recent {
 		if s.name == name || "v"+strconv.FormatInt(s.version, 10) == name {
+			// Most recently used last, so eviction drops the coldest.
+			e.recent = append(append(e.recent[:i:i], e.recent[i+1:]...), s)
 			return s, nil
 		}
 	}
-	return nil, &inference.Error{Status: 404, Message: fmt.Sprintf("model version %q is not loaded", name)}
+	version, ok := e.parseVersion(name)
+	if !ok || e.cfg.Loader == nil {
+		return nil, &inference.Error{Status: 404, Message: fmt.Sprintf("model version %q is not loaded", name)}
+	}
+	m, err := e.cfg.Loader(version)
+	if err != nil {
+		return nil, &inference.Error{Status: 404, Message: fmt.Sprintf("model version %q is not available", name), Err: err}
+	}
+	s := &served{model: m, version: version, name: e.VersionName(version)}
+	e.recent = append(e.recent, s)
+	e.evictLocked()
+	return s, nil
+}
+
+// parseVersion reads "NAME@vN" (this engine's name) or "vN".
+func (e *Engine) parseVersion(name string) (int64, bool) {
+	if rest, ok := strings.CutPrefix(name, e.cfg.Name+"@"); ok {
+		name = rest
+	}
+	digits, ok := strings.CutPrefix(name, "v")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(digits, 10, 64)
+	return v, err == nil && v >= 0
+}
+
+// evictLocked keeps at most KeepVersions loaded, never the current one.
+func (e *Engine) evictLocked() {
+	cur := e.current.Load()
+	for len(e.recent) > e.cfg.KeepVersions {
+		i := 0
+		if e.recent[0] == cur && len(e.recent) > 1 {
+			i = 1
+		}
+		e.recent = append(e.recent[:i], e.recent[i+1:]...)
+	}
 }
 
 // Complete implements inference.Backend.

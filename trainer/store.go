@@ -19,7 +19,8 @@ type CheckpointDir struct {
 // ErrNoCheckpoint means the directory holds no checkpoint yet.
 var ErrNoCheckpoint = errors.New("no checkpoint")
 
-func (d CheckpointDir) path(version int64) string {
+// Path is where version is (or would be) stored.
+func (d CheckpointDir) Path(version int64) string {
 	return filepath.Join(d.Dir, fmt.Sprintf("v%012d.safetensors", version))
 }
 
@@ -31,7 +32,7 @@ func (d CheckpointDir) Save(m *Model, version int64, meta map[string]string) (st
 	if err := os.MkdirAll(d.Dir, 0o755); err != nil {
 		return "", fmt.Errorf("checkpoint dir: %w", err)
 	}
-	p := d.path(version)
+	p := d.Path(version)
 	return p, SaveCheckpoint(p, m, version, meta)
 }
 
@@ -59,12 +60,12 @@ func (d CheckpointDir) Versions() ([]int64, error) {
 
 // Load reads one version and checks that the file says the same version.
 func (d CheckpointDir) Load(version int64) (*Model, map[string]string, error) {
-	m, v, meta, err := LoadCheckpoint(d.path(version))
+	m, v, meta, err := LoadCheckpoint(d.Path(version))
 	if err != nil {
 		return nil, nil, err
 	}
 	if v != version {
-		return nil, nil, fmt.Errorf("checkpoint %s holds version %d", d.path(version), v)
+		return nil, nil, fmt.Errorf("checkpoint %s holds version %d", d.Path(version), v)
 	}
 	return m, meta, nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
@@ -43,7 +45,11 @@ func runGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("temporal client: %w", err)
 	}
 	defer c.Close()
-	gw, err := newGateway(cfg, pool, c, logger)
+	pol, err := newPolicy(ctx, cfg, pool, logger)
+	if err != nil {
+		return err
+	}
+	gw, err := newGateway(cfg, pool, c, pol.engine, logger)
 	if err != nil {
 		return err
 	}
@@ -52,29 +58,63 @@ func runGateway(ctx context.Context, args []string) error {
 
 // newGateway wires the gateway: the in-process policy under its model
 // name, session notices to Temporal, metrics.
-func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, logger *slog.Logger) (*gateway.Server, error) {
-	policy, err := newPolicy(cfg.Gateway.PolicyModel, logger)
-	if err != nil {
-		return nil, err
-	}
+func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, policy *trainer.Engine, logger *slog.Logger) (*gateway.Server, error) {
 	return gateway.New(cfg.Gateway, gateway.Deps{
 		DB: pool, Logger: logger, Policy: policy,
 		Notifier: gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
 	})
 }
 
-// newPolicy is the in-process policy engine, serving a freshly initialised
-// model as version 0 until training publishes a new one.
-func newPolicy(name string, logger *slog.Logger) (*trainer.Engine, error) {
-	m, err := trainer.NewModel(trainer.ModelConfig{}, 1)
-	if err != nil {
-		return nil, fmt.Errorf("policy model: %w", err)
+// policy is the in-process policy: the engine that serves it and the
+// newest weights a trainer continues from.
+type policy struct {
+	engine *trainer.Engine
+	model  *trainer.Model
+	// version is the newest stored version, which a trainer counts on from
+	// (a rolled-back candidate's number is never reused).
+	version int64
+}
+
+// newPolicy starts the in-process policy on the serving version recorded
+// for it (the seeded base model, stored as version 0, the first time).
+// Versions trained by any process load on demand from the checkpoint
+// directory, so a gateway serves whatever version a release routes to.
+func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*policy, error) {
+	name := cfg.Gateway.PolicyModel
+	dir := trainer.CheckpointDir{Dir: filepath.Join(cfg.DataDir, "checkpoints", name)}
+	if _, _, err := dir.Load(0); err != nil {
+		base, err := trainer.NewModel(trainer.ModelConfig{}, 1)
+		if err != nil {
+			return nil, fmt.Errorf("policy model: %w", err)
+		}
+		if _, err := dir.Save(base, 0, map[string]string{"deployment": name, "origin": "seeded base"}); err != nil {
+			return nil, fmt.Errorf("policy base checkpoint: %w", err)
+		}
 	}
-	e, err := trainer.NewEngine(m, 0, trainer.EngineConfig{Name: name, Logger: logger})
+	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0))
+	if err != nil {
+		return nil, err
+	}
+	v, ok := store.VersionNumber(serving)
+	if !ok {
+		return nil, fmt.Errorf("policy: serving version %q is not a version of %s", serving, name)
+	}
+	m, _, err := dir.Load(v)
+	if err != nil {
+		return nil, fmt.Errorf("policy: load serving version %s: %w", serving, err)
+	}
+	newest := v
+	if versions, err := dir.Versions(); err == nil && len(versions) > 0 && versions[len(versions)-1] > newest {
+		newest = versions[len(versions)-1]
+	}
+	e, err := trainer.NewEngine(m, v, trainer.EngineConfig{Name: name, Logger: logger, Loader: func(v int64) (*trainer.Model, error) {
+		m, _, err := dir.Load(v)
+		return m, err
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("policy engine: %w", err)
 	}
-	return e, nil
+	return &policy{engine: e, model: m, version: newest}, nil
 }
 
 func runWorker(ctx context.Context, args []string) error {
@@ -96,12 +136,14 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	return serveWorker(ctx, cfg, c, pool, logger)
+	return serveWorker(ctx, cfg, c, pool, nil, nil, logger)
 }
 
 // serveWorker registers every workflow and activity on the configured task
-// queues and polls until ctx is done.
-func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, logger *slog.Logger) error {
+// queues and polls until ctx is done. With the in-process policy (pol not
+// nil) it also trains it and lets release gates query it; with swe it also
+// runs SWE rollouts in Docker sandboxes against that gateway.
+func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, pol *policy, swe *activities.SWEConfig, logger *slog.Logger) error {
 	inv := worker.DetectCompute()
 	worker.LogCompute(logger, inv)
 	host, _ := os.Hostname()
@@ -109,7 +151,29 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	if err != nil {
 		return fmt.Errorf("worker: redactor: %w", err)
 	}
-	all := registrations(deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c})
+	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c}
+	if pol != nil {
+		local, err := trainer.NewLocal(pol.model, pol.version, trainer.Config{Logger: logger}, pol.engine)
+		if err != nil {
+			return fmt.Errorf("worker: trainer: %w", err)
+		}
+		d.backend, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
+	}
+	if swe != nil {
+		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := closeSWE(ctx); err != nil {
+				logger.Warn(msgSWECloseFailed, "err", err)
+			}
+		}()
+		d.swe = a
+	}
+	all := registrations(d)
 	queues := map[string]worker.Registrar{}
 	for _, q := range cfg.Worker.TaskQueues {
 		r, ok := all[q]
@@ -134,7 +198,11 @@ type deps struct {
 	checkpointDir string
 	// temporal lets evolution signal-with-start the training loop.
 	temporal client.Client
+	// swe runs SWE rollouts (nil: not on this worker).
+	swe *activities.SWEActivities
 }
+
+const msgSWECloseFailed = "removing this worker's sandboxes failed"
 
 // registrations says which workflows and activities run on which queue.
 func registrations(d deps) map[string]worker.Registrar {
@@ -176,5 +244,11 @@ func registrations(d deps) map[string]worker.Registrar {
 			}
 		},
 		workflows.SandboxTaskQueue: func(r tworker.Registry) {},
+		workflows.SWETaskQueue: func(r tworker.Registry) {
+			if d.swe != nil {
+				workflows.RegisterSWEWorkflows(r)
+				d.swe.Register(r)
+			}
+		},
 	}
 }

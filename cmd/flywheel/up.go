@@ -7,12 +7,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"go.temporal.io/sdk/client"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -56,9 +58,19 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
 	}
 
+	pol, err := newPolicy(ctx, cfg, pool, logger)
+	if err != nil {
+		return err
+	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, logger) })
-	gw, err := newGateway(cfg, pool, c, logger)
+	// One process runs every queue, SWE rollouts included: their agents
+	// call this gateway with the development key, like any outside agent.
+	if !slices.Contains(cfg.Worker.TaskQueues, workflows.SWETaskQueue) {
+		cfg.Worker.TaskQueues = append(cfg.Worker.TaskQueues, workflows.SWETaskQueue)
+	}
+	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel, Logger: logger}
+	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
+	gw, err := newGateway(cfg, pool, c, pol.engine, logger)
 	if err != nil {
 		return err
 	}
