@@ -41,6 +41,7 @@ type envOpts struct {
 	cfg      func(*config.GatewayConfig)
 	policy   inference.Backend
 	notifier gateway.Notifier
+	forgets  gateway.ForgetStarter
 }
 
 func newEnv(t *testing.T, o envOpts) *env { return newEnvTB(t, o) }
@@ -61,7 +62,7 @@ func newEnvTB(t testing.TB, o envOpts) *env {
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
-	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier})
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier, Forgets: o.forgets})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -366,6 +367,18 @@ func (s *Server) forget(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"forget_request_id": res.ID, "scope": scope, "sessions": res.Sessions,
-		"affected_versions": res.AffectedVersions, "deleted": res.Deleted})
+	out := gin.H{"forget_request_id": res.ID, "scope": scope, "sessions": res.Sessions,
+		"affected_versions": res.AffectedVersions, "deleted": res.Deleted}
+	// The data is gone once this answers; retiring the versions it trained
+	// is durable work for a workflow, which the gateway only starts.
+	if s.deps.Forgets != nil {
+		id, err := s.deps.Forgets.StartForget(c.Request.Context(), res.ID)
+		if err != nil {
+			s.deps.Logger.Warn(msgForgetStartFailed, "forget_request_id", res.ID, "err", err)
+			out["retire_pending"] = fmt.Sprintf("run `flywheel forget retire %d`", res.ID)
+		} else {
+			out["retire_workflow_id"] = id
+		}
+	}
+	c.JSON(http.StatusOK, out)
 }

@@ -44,6 +44,9 @@ type Deps struct {
 	// Registry receives the gateway's metrics and is served on /metrics;
 	// nil: a registry of its own.
 	Registry *prometheus.Registry
+	// Forgets starts the workflow that retires model versions trained on
+	// forgotten data; nil: `flywheel forget retire ID` does it by hand.
+	Forgets ForgetStarter
 }
 
 // Server is the HTTP gateway.

@@ -62,6 +62,7 @@ func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, policy *
 	return gateway.New(cfg.Gateway, gateway.Deps{
 		DB: pool, Logger: logger, Policy: policy,
 		Notifier: gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
+		Forgets:  gateway.TemporalForgets{Client: c},
 	})
 }
 
