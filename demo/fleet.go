@@ -57,6 +57,10 @@ type FleetConfig struct {
 	MaxFeedbackDelay time.Duration
 	// Temperature the agents ask for. Default 1: the policy must explore.
 	Temperature float64
+	// SessionsPerSecond caps how fast the whole fleet opens sessions, so
+	// the control plane (one Temporal workflow per session) keeps up and
+	// samples reach training while they are fresh. Default 0: no cap.
+	SessionsPerSecond float64
 	// Window is the number of recent task answers the live success rate
 	// covers. Default 200.
 	Window int
@@ -146,6 +150,9 @@ func (c FleetConfig) validate() error {
 	if c.Window < 1 {
 		errs = append(errs, fmt.Errorf("window %d must be positive", c.Window))
 	}
+	if c.SessionsPerSecond < 0 || c.SessionsPerSecond > 10_000 {
+		errs = append(errs, fmt.Errorf("sessions_per_second %v must be in [0, 10000]", c.SessionsPerSecond))
+	}
 	return errors.Join(errs...)
 }
 
@@ -189,6 +196,8 @@ type Fleet struct {
 	seen     map[string]bool
 	recent   []SessionRow // newest last, at most maxRecentSessions
 	feedback sync.WaitGroup
+	// pace hands out one tick per session when SessionsPerSecond is set.
+	pace <-chan time.Time
 }
 
 // NewFleet validates cfg and prepares the client.
@@ -231,6 +240,11 @@ func (f *Fleet) Stats() FleetStats {
 // when ctx ended it; a fleet whose every call fails keeps going and counts
 // the errors (the gateway may come up late).
 func (f *Fleet) Run(ctx context.Context) error {
+	if f.cfg.SessionsPerSecond > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / f.cfg.SessionsPerSecond))
+		defer t.Stop()
+		f.pace = t.C
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < f.cfg.Agents; i++ {
 		wg.Add(1)
@@ -310,6 +324,13 @@ func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p Prompt) error {
 // X-Session-Done), then its reward, now or later. key, when set, is the
 // session's own API key (group mode).
 func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p Prompt) error {
+	if f.pace != nil {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.pace:
+		}
+	}
 	var httpResp *http.Response
 	opts := []option.RequestOption{option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp)}
 	if key != "" {

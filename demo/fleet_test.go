@@ -310,6 +310,25 @@ func TestFleetCountsErrorsAndKeepsGoing(t *testing.T) {
 	require.Contains(t, st.LastError, "401")
 }
 
+// TestFleetPaced checks SessionsPerSecond caps the whole fleet, however
+// many agents it has.
+func TestFleetPaced(t *testing.T) {
+	_, srv := newFixtureOpenAI(t, "sk-demo")
+	const rate = 20.0
+	fleet, err := NewFleet(FleetConfig{BaseURL: srv.URL, APIKey: "sk-demo", Agents: 8, SessionsPerSecond: rate,
+		MaxFeedbackDelay: time.Millisecond, RunID: "t3"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- fleet.Run(ctx) }()
+	require.Eventually(t, func() bool { return fleet.Stats().Calls >= 5 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	// The ticker buffers one tick, so at most one session beyond the rate.
+	require.LessOrEqual(t, float64(fleet.Stats().Calls), rate*time.Since(start).Seconds()+1)
+}
+
 func TestFleetConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]FleetConfig{
 		"no url":      {APIKey: "k"},
@@ -319,6 +338,7 @@ func TestFleetConfigErrors(t *testing.T) {
 		"temperature": {BaseURL: "http://127.0.0.1:1", APIKey: "k", Temperature: 3},
 		"safety":      {BaseURL: "http://127.0.0.1:1", APIKey: "k", SafetyFraction: 1},
 		"group":       {BaseURL: "http://127.0.0.1:1", APIKey: "k", GroupSize: 65},
+		"pace":        {BaseURL: "http://127.0.0.1:1", APIKey: "k", SessionsPerSecond: -1},
 	} {
 		_, err := NewFleet(cfg)
 		require.Error(t, err, name)

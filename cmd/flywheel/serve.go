@@ -45,7 +45,7 @@ func runGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("temporal client: %w", err)
 	}
 	defer c.Close()
-	pol, err := newPolicy(ctx, cfg, pool, logger)
+	pol, err := newPolicy(ctx, cfg, pool, nil, logger)
 	if err != nil {
 		return err
 	}
@@ -74,23 +74,39 @@ type policy struct {
 	// version is the newest stored version, which a trainer counts on from
 	// (a rolled-back candidate's number is never reused).
 	version int64
+	// train configures the trainer that continues from model.
+	train trainer.Config
+}
+
+// policyBase supplies the weights stored as v0 the first time a deployment
+// is served, with their checkpoint metadata; meta[origin] tells a v0 from
+// another base apart. nil: the seeded random model.
+type policyBase struct {
+	load   func(ctx context.Context) (*trainer.Model, map[string]string, error)
+	origin string
+	train  trainer.Config
 }
 
 // newPolicy starts the in-process policy on the serving version recorded
 // for it (the seeded base model, stored as version 0, the first time).
 // Versions trained by any process load on demand from the checkpoint
 // directory, so a gateway serves whatever version a release routes to.
-func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*policy, error) {
+func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *policyBase, logger *slog.Logger) (*policy, error) {
 	name := cfg.Gateway.PolicyModel
 	dir := trainer.CheckpointDir{Dir: filepath.Join(cfg.DataDir, "checkpoints", name)}
-	if _, _, err := dir.Load(0); err != nil {
-		base, err := trainer.NewModel(trainer.ModelConfig{}, 1)
+	if _, meta, err := dir.Load(0); err != nil {
+		base, meta, err := seededBase(ctx, pb)
 		if err != nil {
-			return nil, fmt.Errorf("policy model: %w", err)
+			return nil, err
 		}
-		if _, err := dir.Save(base, 0, map[string]string{"deployment": name, "origin": "seeded base"}); err != nil {
+		meta["deployment"] = name
+		if _, err := dir.Save(base, 0, meta); err != nil {
 			return nil, fmt.Errorf("policy base checkpoint: %w", err)
 		}
+	} else if pb != nil && meta[originKey] != pb.origin {
+		// Training on from another base would mix two experiments.
+		return nil, fmt.Errorf("policy: v0 of %s is %q, not %q; serve another deployment (--gateway-policy-model) or use a fresh --data-dir",
+			name, meta[originKey], pb.origin)
 	}
 	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0))
 	if err != nil {
@@ -115,7 +131,30 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, logge
 	if err != nil {
 		return nil, fmt.Errorf("policy engine: %w", err)
 	}
-	return &policy{engine: e, model: m, version: newest}, nil
+	p := &policy{engine: e, model: m, version: newest, train: trainer.Config{Logger: logger}}
+	if pb != nil {
+		p.train = pb.train
+	}
+	return p, nil
+}
+
+const originKey = "origin"
+
+// seededBase is the v0 of a new deployment: pb's weights, or a seeded
+// random model.
+func seededBase(ctx context.Context, pb *policyBase) (*trainer.Model, map[string]string, error) {
+	if pb != nil {
+		m, meta, err := pb.load(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("policy base: %w", err)
+		}
+		return m, meta, nil
+	}
+	m, err := trainer.NewModel(trainer.ModelConfig{}, 1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy model: %w", err)
+	}
+	return m, map[string]string{originKey: "seeded base"}, nil
 }
 
 func runWorker(ctx context.Context, args []string) error {
@@ -154,7 +193,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	}
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c}
 	if pol != nil {
-		local, err := trainer.NewLocal(pol.model, pol.version, trainer.Config{Logger: logger}, pol.engine)
+		local, err := trainer.NewLocal(pol.model, pol.version, pol.train, pol.engine)
 		if err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
 		}

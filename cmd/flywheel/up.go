@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -11,11 +12,14 @@ import (
 	"strings"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/demo"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -28,11 +32,30 @@ const defaultTenant = "default"
 // prints a summary once a workflow has made the round trip through the
 // worker, then serves until interrupted.
 func runUp(ctx context.Context, args []string) error {
-	cfg, _, err := loadConfig("up", args, nil)
+	var baseName string
+	cfg, _, err := loadConfig("up", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&baseName, "policy-base", os.Getenv("FLYWHEEL_POLICY_BASE"),
+			`v0 of a new policy deployment: "" (a seeded random model) or "demo" (the demo's base policy, trained by `+
+				"the demo's control plane so `flywheel demo` learns online; env FLYWHEEL_POLICY_BASE)")
+	})
 	if err != nil {
 		return err
 	}
 	logger := newLogger(cfg.Log)
+	var pb *policyBase
+	switch baseName {
+	case "":
+	case "demo":
+		cache := filepath.Join(cfg.DataDir, "demo-cache")
+		pb = &policyBase{
+			load: func(ctx context.Context) (*trainer.Model, map[string]string, error) {
+				return demo.DeploymentBase(ctx, cache, logger)
+			},
+			origin: demo.BaseOrigin(), train: demo.TrainerConfig(logger),
+		}
+	default:
+		return fmt.Errorf(`--policy-base %q: want "" or "demo"`, baseName)
+	}
 	if err := migrateUp(ctx, cfg.Database.URL); err != nil {
 		return err
 	}
@@ -58,7 +81,7 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
 	}
 
-	pol, err := newPolicy(ctx, cfg, pool, logger)
+	pol, err := newPolicy(ctx, cfg, pool, pb, logger)
 	if err != nil {
 		return err
 	}
@@ -80,6 +103,13 @@ func runUp(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("worker round trip: %w", err)
 		}
+		if pb != nil {
+			// The demo deployment learns with no human action: its training
+			// loop runs from the start, on the demo's schedule.
+			if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demo.TrainingPolicy()); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("\nFlywheel is up (%s)\n"+
 			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
 			"  temporal ui  %s/namespaces/%s/workflows\n"+
@@ -94,6 +124,19 @@ func runUp(ctx context.Context, args []string) error {
 		return nil
 	}
 	return err
+}
+
+// startTraining starts the deployment's TrainingWorkflow with policy, or
+// leaves the running one as it is.
+func startTraining(ctx context.Context, c client.Client, deployment string, policy workflows.TrainingPolicy) error {
+	_, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID: workflows.TrainingWorkflowID(deployment), TaskQueue: workflows.TaskQueue,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
+	}, workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: deployment, Policy: policy})
+	if err != nil {
+		return fmt.Errorf("start training of %s: %w", deployment, err)
+	}
+	return nil
 }
 
 // ping runs PingWorkflow through the worker.
