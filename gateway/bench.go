@@ -41,7 +41,10 @@ type BenchConfig struct {
 	CaptureDuration time.Duration
 	// CaptureOnly skips the HTTP phases.
 	CaptureOnly bool
-	Out         io.Writer
+	// Rounds is how many times the throughput and capture measurements
+	// are repeated, alternating the systems; figures are medians (default 3).
+	Rounds int
+	Out    io.Writer
 }
 
 // BenchResult is the benchmark's figures; the JSON is its last line.
@@ -70,6 +73,7 @@ type BenchResult struct {
 	UpstreamLatencyMS   float64 `json:"upstream_latency_ms"`
 	RPS                 int     `json:"rps"`
 	Concurrency         int     `json:"concurrency"`
+	Rounds              int     `json:"rounds"`
 }
 
 // RunBench runs, in one process: a fixed-latency vLLM-like upstream, a bare
@@ -78,7 +82,10 @@ type BenchResult struct {
 // throughput; then group commit against per-row INSERTs.
 func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(bc.Out, format+"\n", args...) }
-	res := &BenchResult{RPS: bc.RPS, Concurrency: bc.Concurrency, UpstreamLatencyMS: float64(bc.UpstreamLatency) / 1e6}
+	if bc.Rounds < 1 {
+		bc.Rounds = 3
+	}
+	res := &BenchResult{RPS: bc.RPS, Concurrency: bc.Concurrency, UpstreamLatencyMS: float64(bc.UpstreamLatency) / 1e6, Rounds: bc.Rounds}
 
 	if err := store.EnsureTenant(ctx, bc.Pool, "bench"); err != nil {
 		return nil, err
@@ -88,11 +95,11 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 			return nil, err
 		}
 	}
-	if err := benchCapture(ctx, bc, res); err != nil {
+	if err := benchCapture(ctx, bc, res, logf); err != nil {
 		return nil, err
 	}
-	logf("capture (%d writers, same pool): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
-		bc.CaptureWriters, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
+	logf("capture (%d writers, same pool, median of %d rounds): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
+		bc.CaptureWriters, bc.Rounds, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
 	return res, nil
 }
 
@@ -170,18 +177,25 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	logf("fixed %d rps: baseline p50 %.3f ms p99 %.3f ms (%d errors); gateway p50 %.3f ms p99 %.3f ms (%d errors)",
 		bc.RPS, res.BaselineP50ms, res.BaselineP99ms, res.BaselineErrors, res.GatewayP50ms, res.GatewayP99ms, res.GatewayErrors)
 
-	res.BaselineMaxRPS = closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(baseURL); return ok })
-	res.GatewayMaxRPS = closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok })
+	// Alternate the systems round by round and keep medians: on a shared
+	// machine one round can be hit by someone else's build.
+	var baseMax, gwMax []float64
+	for range bc.Rounds {
+		baseMax = append(baseMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(baseURL); return ok }))
+		gwMax = append(gwMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok }))
+	}
+	res.BaselineMaxRPS, res.GatewayMaxRPS = median(baseMax), median(gwMax)
 	if res.BaselineMaxRPS > 0 {
 		res.ThroughputRatio = res.GatewayMaxRPS / res.BaselineMaxRPS
 	}
-	logf("max throughput (%d concurrent): baseline %.0f rps, gateway %.0f rps", bc.Concurrency, res.BaselineMaxRPS, res.GatewayMaxRPS)
+	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v",
+		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax))
 	return nil
 }
 
 // benchCapture compares the committer with one autocommitted INSERT per
 // row, both fed by the same number of concurrent writers.
-func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
+func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
 	var seq atomic.Int64
 	// Each row opens its own session, as single-turn traffic does: an
 	// agent session has one call in flight at a time, so concurrent
@@ -196,30 +210,35 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult) error {
 			PromptTokens: 8, CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
 	}
 	var failed atomic.Int64
-	serial := closedLoop(ctx, 1, bc.CaptureDuration, func() bool {
-		_, err := store.InsertInteraction(ctx, bc.Pool, row())
-		if err != nil {
-			failed.Add(1)
+	insert := func(c *committer) func() bool {
+		return func() bool {
+			var err error
+			if c != nil {
+				_, err = c.Submit(ctx, row())
+			} else {
+				_, err = store.InsertInteraction(ctx, bc.Pool, row())
+			}
+			if err != nil {
+				failed.Add(1)
+			}
+			return err == nil
 		}
-		return err == nil
-	})
-	perRow := closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, func() bool {
-		_, err := store.InsertInteraction(ctx, bc.Pool, row())
-		if err != nil {
-			failed.Add(1)
-		}
-		return err == nil
-	})
+	}
+	// The per-row baseline is the obvious one: each row its own autocommit
+	// transaction, the same writers on the same pool as group commit gets
+	// (so Postgres may still merge concurrent WAL flushes for it). The
+	// three methods alternate round by round; figures are medians.
 	m := newMetrics(prometheusRegistry())
-	c := newCommitter(bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
-	batched := closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, func() bool {
-		_, err := c.Submit(ctx, row())
-		if err != nil {
-			failed.Add(1)
-		}
-		return err == nil
-	})
-	c.Close()
+	var serials, perRows, batches []float64
+	for range bc.Rounds {
+		serials = append(serials, closedLoop(ctx, 1, bc.CaptureDuration, insert(nil)))
+		perRows = append(perRows, closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, insert(nil)))
+		c := newCommitter(bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
+		batches = append(batches, closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, insert(c)))
+		c.Close()
+	}
+	serial, perRow, batched := median(serials), median(perRows), median(batches)
+	logf("capture rounds (rows/s): serial %v, per-row %v, group commit %v", rounded(serials), rounded(perRows), rounded(batches))
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("capture bench: %d inserts failed", n)
 	}
@@ -286,6 +305,28 @@ func closedLoop(ctx context.Context, workers int, d time.Duration, f func() bool
 	}
 	wg.Wait()
 	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+// median of xs (the mean of the middle two for an even count).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// rounded is xs to whole numbers, for the log lines.
+func rounded(xs []float64) []int {
+	out := make([]int, len(xs))
+	for i, x := range xs {
+		out[i] = int(x + 0.5)
+	}
+	return out
 }
 
 func pct(xs []time.Duration, p float64) float64 {

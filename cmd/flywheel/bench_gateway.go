@@ -27,6 +27,7 @@ func init() {
 			fs.IntVar(&bc.CaptureWriters, "capture-writers", 256, "concurrent writers in the capture phase (both methods share one 64-connection pool)")
 			fs.BoolVar(&bc.CaptureOnly, "capture-only", false, "run only the capture phase")
 			fs.DurationVar(&bc.CaptureDuration, "capture-duration", 3*time.Second, "length of each capture measurement")
+			fs.IntVar(&bc.Rounds, "rounds", 3, "rounds of the throughput and capture phases, alternating the systems; figures are medians")
 		})
 		if err != nil {
 			return err

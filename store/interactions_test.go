@@ -1,0 +1,78 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// TestInsertInteractionsBatch checks the one-statement batch: rows of one
+// session numbered in batch order after what the session already holds,
+// new sessions starting at 0, and rows for a closed or foreign session
+// refused without failing the others.
+func TestInsertInteractionsBatch(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	require.NoError(t, store.EnsureTenant(ctx, pool, "a"))
+	require.NoError(t, store.EnsureTenant(ctx, pool, "b"))
+	n := 0
+	row := func(tenant, session string) *store.NewInteraction {
+		n++
+		return &store.NewInteraction{TenantID: tenant, SessionID: session, IdentityMode: "header",
+			CompletionID: fmt.Sprintf("c-%d", n), Protocol: "openai", Deployment: "d", ModelVersion: "d",
+			Request: json.RawMessage(`{"x":1}`), Response: json.RawMessage(`{"y":2}`),
+			PromptTokenIDs: []int32{1, 2}, CompletionTokenIDs: []int32{3}, Logprobs: []float32{-0.5},
+			PromptTokens: 2, CompletionTokens: 1, FinishReason: "stop", Status: "ok"}
+	}
+	// "old" already has two steps; "ended" is closed; "theirs" is b's.
+	for range 2 {
+		_, err := store.InsertInteraction(ctx, pool, row("a", "old"))
+		require.NoError(t, err)
+	}
+	_, err := store.InsertInteraction(ctx, pool, row("a", "ended"))
+	require.NoError(t, err)
+	_, err = store.EndSession(ctx, pool, "a", "ended")
+	require.NoError(t, err)
+	_, err = store.InsertInteraction(ctx, pool, row("b", "theirs"))
+	require.NoError(t, err)
+
+	rows := []*store.NewInteraction{row("a", "new"), row("a", "old"), row("a", "ended"), row("a", "new"),
+		row("a", "theirs"), row("a", "old"), row("a", "new")}
+	var got []store.Captured
+	var errs []error
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		got, errs, err = store.InsertInteractions(ctx, tx, rows)
+		return err
+	}))
+	wantSeq := []int{0, 2, -1, 1, -1, 3, 2}
+	for i, want := range wantSeq {
+		if want < 0 {
+			require.ErrorIs(t, errs[i], store.ErrSessionClosed, "row %d", i)
+			continue
+		}
+		require.NoError(t, errs[i], "row %d", i)
+		require.Equal(t, want, got[i].Seq, "row %d", i)
+		it, err := store.InteractionByCompletion(ctx, pool, "a", rows[i].CompletionID)
+		require.NoError(t, err)
+		require.Equal(t, got[i].ID, it.ID)
+		require.Equal(t, rows[i].SessionID, it.SessionID)
+		require.Equal(t, []int32{1, 2}, it.PromptTokenIDs)
+		require.Equal(t, []float32{-0.5}, it.Logprobs)
+	}
+	// The counters moved by exactly the accepted rows: the next step of
+	// each session follows the batch's.
+	c, err := store.InsertInteraction(ctx, pool, row("a", "new"))
+	require.NoError(t, err)
+	require.Equal(t, 3, c.Seq)
+	c, err = store.InsertInteraction(ctx, pool, row("a", "old"))
+	require.NoError(t, err)
+	require.Equal(t, 4, c.Seq)
+}
