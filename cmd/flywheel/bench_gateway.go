@@ -81,8 +81,14 @@ func scratchDatabase(ctx context.Context, url string) (string, func(), error) {
 			return
 		}
 		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			fmt.Fprintf(os.Stderr, "drop scratch database %s: %v\n", name, err)
+		// FORCE is refused to a non-superuser while an autovacuum worker
+		// (started by the benchmark's writes) is in the database; a plain
+		// DROP cancels that worker itself, so it is the fallback.
+		drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize()
+		if _, err := c.Exec(ctx, drop+" WITH (FORCE)"); err != nil {
+			if _, err2 := c.Exec(ctx, drop); err2 != nil {
+				fmt.Fprintf(os.Stderr, "drop scratch database %s: %v; %v\n", name, err, err2)
+			}
 		}
 	}
 	if err := migrateUp(ctx, scratch); err != nil {
