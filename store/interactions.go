@@ -154,8 +154,9 @@ func floatLiteral(xs []float32) *string {
 	return &s
 }
 
-// InsertInteractions inserts rows in one statement; call it in a
-// transaction so the batch commits with one WAL flush. errs[i] is
+// InsertInteractions inserts rows in one statement, so the batch commits
+// with one WAL flush. On a pool (autocommit) the statement is its own
+// transaction and has committed when this returns without error. errs[i] is
 // ErrSessionClosed for a row whose session refused it.
 func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([]Captured, []error, error) {
 	n := len(rows)
