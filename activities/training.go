@@ -39,6 +39,9 @@ type Training struct {
 	DB *pgxpool.Pool
 	// Trainer is nil on workers without weights.
 	Trainer TrainStepper
+	// Deployment is the one whose weights Trainer holds; a step for any
+	// other deployment is refused ("": no check).
+	Deployment string
 	// CheckpointDir receives <deployment>/vNNNNNNNNNNNN.safetensors.
 	CheckpointDir string
 	// BaselineRate moves the per-task running baseline. Default 0.1.
@@ -76,6 +79,12 @@ func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput)
 func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (workflows.TrainStepOutput, error) {
 	if t.Trainer == nil {
 		return workflows.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
+	}
+	if t.Deployment != "" && in.Deployment != t.Deployment {
+		// Training another deployment's samples into these weights would
+		// also write its checkpoints under the wrong name.
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("train step: this worker trains %q, not %q", t.Deployment, in.Deployment), "WrongDeployment", nil)
 	}
 	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if errors.Is(err, store.ErrNotFound) {

@@ -198,6 +198,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
 		d.backend, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
+		d.trainerDeployment = cfg.Gateway.PolicyModel
 	}
 	if swe != nil {
 		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
@@ -236,6 +237,8 @@ type deps struct {
 	// trainer and checkpointDir serve train steps (nil: none here).
 	trainer       activities.TrainStepper
 	checkpointDir string
+	// trainerDeployment is the deployment trainer's weights belong to.
+	trainerDeployment string
 	// temporal lets evolution signal-with-start the training loop.
 	temporal client.Client
 	// swe runs SWE rollouts (nil: not on this worker).
@@ -249,7 +252,7 @@ func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
 	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
-	training := &activities.Training{DB: d.pool, Trainer: d.trainer, CheckpointDir: d.checkpointDir, Logger: d.logger}
+	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir, Logger: d.logger}
 	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
 	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
 	return map[string]worker.Registrar{
