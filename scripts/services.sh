@@ -179,7 +179,9 @@ native_libs() {
 
 build() {
 	mkdir -p "$(dirname "$BIN")"
-	(cd "$ROOT" && go build -o "$BIN" ./cmd/flywheel)
+	# -buildvcs=auto stamps the git revision into `flywheel version` even where
+	# GOFLAGS turns it off.
+	(cd "$ROOT" && go build -buildvcs=auto -o "$BIN" ./cmd/flywheel)
 }
 
 env_lines() {

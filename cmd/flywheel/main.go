@@ -112,23 +112,20 @@ func newLogger(c config.LogConfig) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// version is the module version and VCS revision baked in by the go tool.
+// version is the module version the go tool stamps (with the VCS revision
+// and "+dirty" when built from a checkout), or the bare revision when only
+// that is known.
 func version() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"
 	}
 	v := info.Main.Version
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			if len(s.Value) > 12 {
-				s.Value = s.Value[:12]
-			}
-			v += " " + s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				v += "+dirty"
+	if v == "" || v == "(devel)" {
+		v = "devel"
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " " + s.Value[:12]
 			}
 		}
 	}
