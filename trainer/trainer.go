@@ -146,38 +146,11 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	defer l.mu.Unlock()
 	start := time.Now()
 	c := l.model.Config
-	if b == nil {
-		return StepResult{}, errors.New("train step: nil batch")
+	samples, res, err := PrepareStep(b, c, l.version, l.cfg, l.base)
+	if err != nil {
+		return res, err
 	}
-	if err := b.validate(c.Vocab, c.Context); err != nil {
-		return StepResult{}, fmt.Errorf("train step: %w", err)
-	}
-	res := StepResult{Version: l.version}
 	sft := b.Objective == ObjectiveSFT
-
-	samples := make([]Sample, 0, len(b.Samples))
-	for _, s := range b.Samples {
-		if !sft && l.cfg.MaxStaleness >= 0 {
-			if v, ok := s.oldestVersion(); ok && l.version-v > int64(l.cfg.MaxStaleness) {
-				res.DroppedStale++
-				continue
-			}
-		}
-		res.MeanReward += s.Reward
-		samples = append(samples, s)
-	}
-	if len(samples) == 0 {
-		return res, fmt.Errorf("train step: all %d samples are staler than η=%d", len(b.Samples), l.cfg.MaxStaleness)
-	}
-	res.MeanReward /= float64(len(samples))
-	res.Samples = len(samples)
-	if !sft {
-		st, err := ComputeAdvantages(samples, l.cfg.Advantage, l.base)
-		if err != nil {
-			return res, fmt.Errorf("train step: %w", err)
-		}
-		res.Advantages = st
-	}
 
 	temp := float32(b.Temperature)
 	if temp == 0 {
@@ -394,4 +367,43 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBat
 	st.backward(dLogp, grad)
 	res.FLOPs = 3 * st.forwardFLOPs()
 	return grad, nil
+}
+
+// PrepareStep is the part of a train step every training path shares: it
+// validates b against the model config c, drops samples staler than η
+// (never for SFT), averages the reward and, for GRPO, computes the
+// advantages in place. res carries the counts for the step's result.
+func PrepareStep(b *Batch, c ModelConfig, version int64, cfg Config, base *Baseline) (samples []Sample, res StepResult, err error) {
+	if b == nil {
+		return nil, StepResult{}, errors.New("train step: nil batch")
+	}
+	if err := b.validate(c.Vocab, c.Context); err != nil {
+		return nil, StepResult{}, fmt.Errorf("train step: %w", err)
+	}
+	res = StepResult{Version: version}
+	sft := b.Objective == ObjectiveSFT
+	samples = make([]Sample, 0, len(b.Samples))
+	for _, s := range b.Samples {
+		if !sft && cfg.MaxStaleness >= 0 {
+			if v, ok := s.oldestVersion(); ok && version-v > int64(cfg.MaxStaleness) {
+				res.DroppedStale++
+				continue
+			}
+		}
+		res.MeanReward += s.Reward
+		samples = append(samples, s)
+	}
+	if len(samples) == 0 {
+		return nil, res, fmt.Errorf("train step: all %d samples are staler than η=%d", len(b.Samples), cfg.MaxStaleness)
+	}
+	res.MeanReward /= float64(len(samples))
+	res.Samples = len(samples)
+	if !sft {
+		st, err := ComputeAdvantages(samples, cfg.Advantage, base)
+		if err != nil {
+			return nil, res, fmt.Errorf("train step: %w", err)
+		}
+		res.Advantages = st
+	}
+	return samples, res, nil
 }

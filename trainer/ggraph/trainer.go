@@ -85,37 +85,11 @@ func (t *Trainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.Step
 	defer t.mu.Unlock()
 	start := time.Now()
 	c := t.model.Config
-	if b == nil {
-		return trainer.StepResult{}, errors.New("train step: nil batch")
+	samples, res, err := trainer.PrepareStep(b, c, t.version, t.cfg, t.base)
+	if err != nil {
+		return res, err
 	}
-	if err := b.Validate(c.Vocab, c.Context); err != nil {
-		return trainer.StepResult{}, fmt.Errorf("train step: %w", err)
-	}
-	res := trainer.StepResult{Version: t.version}
 	sft := b.Objective == trainer.ObjectiveSFT
-	samples := make([]trainer.Sample, 0, len(b.Samples))
-	for _, s := range b.Samples {
-		if !sft && t.cfg.MaxStaleness >= 0 {
-			if v, ok := s.OldestVersion(); ok && t.version-v > int64(t.cfg.MaxStaleness) {
-				res.DroppedStale++
-				continue
-			}
-		}
-		res.MeanReward += s.Reward
-		samples = append(samples, s)
-	}
-	if len(samples) == 0 {
-		return res, fmt.Errorf("train step: all %d samples are staler than η=%d", len(b.Samples), t.cfg.MaxStaleness)
-	}
-	res.MeanReward /= float64(len(samples))
-	res.Samples = len(samples)
-	if !sft {
-		st, err := trainer.ComputeAdvantages(samples, t.cfg.Advantage, t.base)
-		if err != nil {
-			return res, fmt.Errorf("train step: %w", err)
-		}
-		res.Advantages = st
-	}
 	plan, err := trainer.PlanLoss(samples, b.Temperature, sft, !t.cfg.NoPacking)
 	if err != nil {
 		return res, fmt.Errorf("train step: %w", err)
