@@ -1,0 +1,510 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The status view: what the control plane did with a deployment (versions,
+// releases and their gates, evolution decisions, training runs) and what a
+// tenant's own traffic looks like on it (recent sessions, the success
+// curve). The types are the wire format of GET /v1/status, shared by the
+// gateway and its clients.
+//
+// Deployments are shared between tenants, so a tenant sees a deployment
+// only once it has a session on it; sessions, the curve and per-tenant
+// counts are filtered by tenant, and nothing another tenant wrote (prompts,
+// answers, tool output) appears.
+
+// Status is a tenant's view of its deployments.
+type Status struct {
+	Tenant      string             `json:"tenant"`
+	GeneratedAt time.Time          `json:"generated_at"`
+	Deployments []DeploymentStatus `json:"deployments"`
+}
+
+// DeploymentStatus is one deployment.
+type DeploymentStatus struct {
+	Name string `json:"name"`
+	// Backend is "" for a deployment routed by configuration only (no
+	// deployments row).
+	Backend        string `json:"backend"`
+	ServingVersion string `json:"serving_version"`
+	// Canary is the running weights release, nil when none runs.
+	Canary       *CanaryStatus       `json:"canary"`
+	Versions     []VersionStatus     `json:"versions"`
+	Releases     []ReleaseStatus     `json:"releases"`
+	Decisions    []DecisionStatus    `json:"decisions"`
+	TrainingRuns []TrainingRunStatus `json:"training_runs"`
+	Sessions     []SessionSummary    `json:"sessions"`
+	Curve        Curve               `json:"curve"`
+}
+
+// CanaryStatus is a running weights release: its candidate takes Share of
+// the traffic once the release reaches its canary phase.
+type CanaryStatus struct {
+	ReleaseID int64   `json:"release_id"`
+	Candidate string  `json:"candidate"`
+	Baseline  string  `json:"baseline"`
+	Phase     string  `json:"phase"`
+	Share     float64 `json:"share"`
+}
+
+// VersionStatus is a model version with its lineage.
+type VersionStatus struct {
+	ID     string `json:"id"`
+	Parent string `json:"parent"`
+	// Status is candidate, serving, superseded, rolled_back or retired.
+	Status string `json:"status"`
+	// Serving and Canary say whether it takes traffic now.
+	Serving       bool           `json:"serving"`
+	Canary        bool           `json:"canary"`
+	Metrics       map[string]any `json:"metrics"`
+	RetiredReason string         `json:"retired_reason,omitempty"`
+	CreatedAt     time.Time      `json:"created_at"`
+	// TrainedSamples is how many samples trained it (all tenants);
+	// TenantSessions how many of this tenant's sessions they came from.
+	TrainedSamples int `json:"trained_samples"`
+	TenantSessions int `json:"tenant_sessions"`
+}
+
+// ReleaseStatus is a release with every gate's numbers.
+type ReleaseStatus struct {
+	ID          int64        `json:"id"`
+	Layer       string       `json:"layer"`
+	Candidate   string       `json:"candidate"`
+	Baseline    string       `json:"baseline"`
+	Status      string       `json:"status"`
+	Phase       string       `json:"phase"`
+	CanaryShare float64      `json:"canary_share"`
+	Reason      string       `json:"reason"`
+	StartedAt   time.Time    `json:"started_at"`
+	FinishedAt  *time.Time   `json:"finished_at"`
+	Gates       []GateStatus `json:"gates"`
+}
+
+// GateStatus is one gate's verdict and numbers.
+type GateStatus struct {
+	Gate      string         `json:"gate"`
+	Passed    bool           `json:"passed"`
+	Metrics   map[string]any `json:"metrics"`
+	CreatedAt time.Time      `json:"created_at"`
+}
+
+// DecisionStatus is an evolution decision with the evidence it rested on.
+type DecisionStatus struct {
+	ID        int64           `json:"id"`
+	Decision  string          `json:"decision"`
+	Reason    string          `json:"reason"`
+	Evidence  json.RawMessage `json:"evidence"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// TrainingRunStatus is one training step of the deployment.
+type TrainingRunStatus struct {
+	ID int64 `json:"id"`
+	// Status is claimed (training now), trained or failed.
+	Status  string `json:"status"`
+	Version string `json:"version"`
+	Samples int    `json:"samples"`
+	// TenantSamples of them are this tenant's.
+	TenantSamples int            `json:"tenant_samples"`
+	Stats         map[string]any `json:"stats"`
+	CreatedAt     time.Time      `json:"created_at"`
+	FinishedAt    *time.Time     `json:"finished_at"`
+}
+
+// Why a session did or did not train, beyond the ATDP ineligibility
+// reasons (no_reward, redacted, …) its steps carry.
+const (
+	TrainingTrained      = "trained"
+	TrainingQueued       = "queued"
+	TrainingNotAssembled = "not_assembled"
+	TrainingSessionOpen  = "session_open"
+	TrainingDroppedStale = "dropped_stale"
+	TrainingRetired      = "retired"
+	TrainingForgotten    = "forgotten"
+	TrainingNoSamples    = "no_trainable_steps"
+)
+
+// SessionSummary is one of the tenant's recent sessions.
+type SessionSummary struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	TaskID string `json:"task_id,omitempty"`
+	Steps  int    `json:"steps"`
+	// Version served the session's last step.
+	Version string `json:"version"`
+	// Reward is the session's outcome (its outcome rewards' mean, else its
+	// step rewards' mean); nil when it has none.
+	Reward *float64 `json:"reward"`
+	// Trained says whether a version trained on it (TrainedInto lists
+	// them); Reason is why not, or TrainingTrained.
+	Trained      bool      `json:"trained"`
+	TrainedInto  []string  `json:"trained_into"`
+	Reason       string    `json:"reason"`
+	CreatedAt    time.Time `json:"created_at"`
+	LastActiveAt time.Time `json:"last_active_at"`
+}
+
+// Curve is the success curve of the tenant's traffic: the mean reward of
+// rewarded interactions per time bucket, per version that served them.
+type Curve struct {
+	// BucketSeconds is the bucket width, chosen from the span.
+	BucketSeconds int          `json:"bucket_seconds"`
+	Points        []CurvePoint `json:"points"`
+}
+
+// CurvePoint is one bucket of one version.
+type CurvePoint struct {
+	Start      time.Time `json:"start"`
+	Version    string    `json:"version"`
+	Rewarded   int       `json:"rewarded"`
+	MeanReward float64   `json:"mean_reward"`
+}
+
+// StatusQuery selects what LoadStatus reads.
+type StatusQuery struct {
+	TenantID string
+	// Deployment names one deployment; "" means all of the tenant's.
+	Deployment string
+	// CurveSince bounds the curve; zero: the last 24 hours.
+	CurveSince time.Time
+	// Limit caps each list (versions, releases, decisions, runs,
+	// sessions); 0: 20.
+	Limit int
+	// Now stamps GeneratedAt; zero: time.Now.
+	Now time.Time
+}
+
+// curveBuckets is about how many buckets the curve spans, whatever its
+// length; bucketSteps are the widths it picks from.
+const curveBuckets = 60
+
+var bucketSteps = []time.Duration{
+	10 * time.Second, 15 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
+	10 * time.Minute, 15 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour,
+	6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
+}
+
+// BucketFor picks the smallest step that covers span in about
+// curveBuckets buckets.
+func BucketFor(span time.Duration) time.Duration {
+	for _, s := range bucketSteps {
+		if span <= s*curveBuckets {
+			return s
+		}
+	}
+	return bucketSteps[len(bucketSteps)-1]
+}
+
+// LoadStatus reads the tenant's status. A named deployment the tenant has
+// no session on is ErrNotFound, whether or not it exists.
+func LoadStatus(ctx context.Context, db DBTX, q StatusQuery) (*Status, error) {
+	if q.Limit <= 0 {
+		q.Limit = 20
+	}
+	if q.Now.IsZero() {
+		q.Now = time.Now()
+	}
+	if q.CurveSince.IsZero() {
+		q.CurveSince = q.Now.Add(-24 * time.Hour)
+	}
+	names, err := tenantDeployments(ctx, db, q.TenantID, q.Deployment)
+	if err != nil {
+		return nil, err
+	}
+	if q.Deployment != "" && len(names) == 0 {
+		return nil, fmt.Errorf("status of %q: %w", q.Deployment, ErrNotFound)
+	}
+	st := &Status{Tenant: q.TenantID, GeneratedAt: q.Now.UTC(), Deployments: []DeploymentStatus{}}
+	for _, name := range names {
+		d, err := deploymentStatus(ctx, db, q, name)
+		if err != nil {
+			return nil, err
+		}
+		st.Deployments = append(st.Deployments, d)
+	}
+	return st, nil
+}
+
+// tenantDeployments lists the deployments the tenant has sessions on (only
+// the one named, when one is).
+func tenantDeployments(ctx context.Context, db DBTX, tenantID, only string) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT deployment FROM sessions
+WHERE tenant_id = $1 AND deployment <> '' AND ($2 = '' OR deployment = $2) ORDER BY deployment`, tenantID, only)
+	if err != nil {
+		return nil, fmt.Errorf("list deployments of tenant %s: %w", tenantID, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) (DeploymentStatus, error) {
+	d := DeploymentStatus{Name: name}
+	err := db.QueryRow(ctx, `SELECT backend, coalesce(serving_version, '') FROM deployments WHERE name = $1`, name).
+		Scan(&d.Backend, &d.ServingVersion)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("status of %s: %w", name, err)
+	}
+	steps := []func() error{
+		func() (err error) { d.Canary, err = canaryOf(ctx, db, name); return },
+		func() (err error) { d.Versions, err = versionsOf(ctx, db, q, name, d.ServingVersion, d.Canary); return },
+		func() (err error) { d.Releases, err = releasesOf(ctx, db, name, q.Limit); return },
+		func() (err error) { d.Decisions, err = decisionsOf(ctx, db, name, q.Limit); return },
+		func() (err error) { d.TrainingRuns, err = trainingRunsOf(ctx, db, q, name); return },
+		func() (err error) { d.Sessions, err = sessionsOf(ctx, db, q, name); return },
+		func() (err error) { d.Curve, err = curveOf(ctx, db, q, name); return },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return d, fmt.Errorf("status of %s: %w", name, err)
+		}
+	}
+	return d, nil
+}
+
+func canaryOf(ctx context.Context, db DBTX, deployment string) (*CanaryStatus, error) {
+	var c CanaryStatus
+	err := db.QueryRow(ctx, `SELECT id, candidate, baseline, phase, canary_share FROM releases
+WHERE deployment = $1 AND layer = 'weights' AND status = 'running' ORDER BY started_at DESC, id DESC LIMIT 1`, deployment).
+		Scan(&c.ReleaseID, &c.Candidate, &c.Baseline, &c.Phase, &c.Share)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("running release: %w", err)
+	}
+	return &c, nil
+}
+
+func versionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment, serving string, canary *CanaryStatus) ([]VersionStatus, error) {
+	rows, err := db.Query(ctx, `
+SELECT v.id, coalesce(v.parent_version, ''), v.status, v.metrics, v.retired_reason, v.created_at,
+       (SELECT count(*) FROM model_version_lineage l WHERE l.version_id = v.id),
+       (SELECT count(DISTINCT l.session_id) FROM model_version_lineage l WHERE l.version_id = v.id AND l.tenant_id = $2)
+FROM model_versions v WHERE v.deployment = $1
+ORDER BY v.created_at DESC, v.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("versions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (VersionStatus, error) {
+		var v VersionStatus
+		err := r.Scan(&v.ID, &v.Parent, &v.Status, &v.Metrics, &v.RetiredReason, &v.CreatedAt, &v.TrainedSamples, &v.TenantSessions)
+		v.Serving = v.ID == serving
+		v.Canary = canary != nil && canary.Share > 0 && canary.Candidate == v.ID
+		return v, err
+	})
+}
+
+func releasesOf(ctx context.Context, db DBTX, deployment string, limit int) ([]ReleaseStatus, error) {
+	rel, err := ListReleases(ctx, db, deployment, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ReleaseStatus, len(rel))
+	ids := make([]int64, len(rel))
+	byID := make(map[int64]*ReleaseStatus, len(rel))
+	for i, r := range rel {
+		out[i] = ReleaseStatus{ID: r.ID, Layer: r.Layer, Candidate: r.Candidate, Baseline: r.Baseline, Status: r.Status,
+			Phase: r.Phase, CanaryShare: r.CanaryShare, Reason: r.Reason, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+			Gates: []GateStatus{}}
+		ids[i] = r.ID
+		byID[r.ID] = &out[i]
+	}
+	rows, err := db.Query(ctx, `SELECT release_id, gate, passed, metrics, created_at FROM gate_results
+WHERE release_id = ANY($1) ORDER BY release_id, id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("gates: %w", err)
+	}
+	var id int64
+	var g GateStatus
+	_, err = pgx.ForEachRow(rows, []any{&id, &g.Gate, &g.Passed, &g.Metrics, &g.CreatedAt}, func() error {
+		r := byID[id]
+		r.Gates = append(r.Gates, g)
+		g = GateStatus{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gates: %w", err)
+	}
+	return out, nil
+}
+
+func decisionsOf(ctx context.Context, db DBTX, deployment string, limit int) ([]DecisionStatus, error) {
+	rows, err := ListDecisions(ctx, db, deployment, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DecisionStatus, len(rows))
+	for i, r := range rows {
+		ev, err := scrubEvidence(r.Evidence)
+		if err != nil {
+			return nil, fmt.Errorf("decision %d: %w", r.ID, err)
+		}
+		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: r.Reason, Evidence: ev, CreatedAt: r.CreatedAt}
+	}
+	return out, nil
+}
+
+// scrubEvidence drops the example failure messages of tool failure
+// clusters: they are text from some tenant's tool results, and the
+// deployment's decisions are shown to every tenant that uses it.
+func scrubEvidence(raw json.RawMessage) (json.RawMessage, error) {
+	if len(raw) == 0 {
+		return json.RawMessage(`{}`), nil
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return nil, fmt.Errorf("decode evidence: %w", err)
+	}
+	if tools, ok := ev["tool_failures"].([]any); ok {
+		for _, t := range tools {
+			if m, ok := t.(map[string]any); ok {
+				delete(m, "example")
+			}
+		}
+	}
+	out, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("encode evidence: %w", err)
+	}
+	return out, nil
+}
+
+func trainingRunsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]TrainingRunStatus, error) {
+	rows, err := db.Query(ctx, `
+SELECT r.id, r.status, coalesce(r.version_id, ''), cardinality(r.sample_ids),
+       (SELECT count(*) FROM training_samples ts WHERE ts.id = ANY(r.sample_ids) AND ts.tenant_id = $2),
+       r.stats, r.created_at, r.finished_at
+FROM training_runs r WHERE r.deployment = $1
+ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("training runs: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TrainingRunStatus, error) {
+		var t TrainingRunStatus
+		err := r.Scan(&t.ID, &t.Status, &t.Version, &t.Samples, &t.TenantSamples, &t.Stats, &t.CreatedAt, &t.FinishedAt)
+		return t, err
+	})
+}
+
+// sessionsOf lists the tenant's latest sessions on the deployment with
+// whether they trained and, if not, why.
+func sessionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]SessionSummary, error) {
+	rows, err := db.Query(ctx, `
+SELECT s.id, s.status, s.task_id, s.created_at, s.last_active_at,
+       st.steps, coalesce(st.version, ''), rw.outcome,
+       coalesce(ln.versions, '{}'), smp.queued, smp.stale, smp.retired, tj.id IS NOT NULL, coalesce(why.reason, '')
+FROM sessions s
+CROSS JOIN LATERAL (
+    SELECT count(*) AS steps, (array_agg(i.model_version ORDER BY i.seq DESC))[1] AS version
+    FROM interactions i WHERE i.tenant_id = s.tenant_id AND i.session_id = s.id) st
+CROSS JOIN LATERAL (
+    SELECT coalesce(avg(r.value) FILTER (WHERE r.interaction_id IS NULL), avg(r.value)) AS outcome
+    FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.id) rw
+CROSS JOIN LATERAL (
+    SELECT array_agg(DISTINCT l.version_id ORDER BY l.version_id) AS versions
+    FROM model_version_lineage l WHERE l.tenant_id = s.tenant_id AND l.session_id = s.id) ln
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE ts.status = 'queued') AS queued,
+           count(*) FILTER (WHERE ts.status = 'dropped_stale') AS stale,
+           count(*) FILTER (WHERE ts.status = 'retired') AS retired
+    FROM atdp_steps a JOIN training_samples ts ON ts.step_id = a.id
+    WHERE a.tenant_id = s.tenant_id AND a.session_id = s.id) smp
+LEFT JOIN LATERAL (
+    SELECT t.id FROM trajectories t WHERE t.tenant_id = s.tenant_id AND t.session_id = s.id
+    ORDER BY t.assembled_at DESC, t.id DESC LIMIT 1) tj ON true
+LEFT JOIN LATERAL (
+    SELECT a.ineligible_reason AS reason FROM atdp_steps a
+    WHERE a.trajectory_id = tj.id AND NOT a.eligible AND a.ineligible_reason <> ''
+    GROUP BY a.ineligible_reason ORDER BY count(*) DESC, a.ineligible_reason LIMIT 1) why ON true
+WHERE s.tenant_id = $1 AND s.deployment = $2
+ORDER BY s.last_active_at DESC, s.id LIMIT $3`, q.TenantID, deployment, q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SessionSummary, error) {
+		var s SessionSummary
+		var queued, stale, retired int
+		var assembled bool
+		var ineligible string
+		err := r.Scan(&s.ID, &s.Status, &s.TaskID, &s.CreatedAt, &s.LastActiveAt, &s.Steps, &s.Version, &s.Reward,
+			&s.TrainedInto, &queued, &stale, &retired, &assembled, &ineligible)
+		s.Trained = len(s.TrainedInto) > 0
+		s.Reason = trainingReason(s, queued, stale, retired, assembled, ineligible)
+		return s, err
+	})
+}
+
+// trainingReason says why a session did not train, most decisive first.
+func trainingReason(s SessionSummary, queued, stale, retired int, assembled bool, ineligible string) string {
+	switch {
+	case s.Trained:
+		return TrainingTrained
+	case s.Status == "forgotten":
+		return TrainingForgotten
+	case queued > 0:
+		return TrainingQueued
+	case !assembled && s.Status == "open":
+		return TrainingSessionOpen
+	case !assembled:
+		return TrainingNotAssembled
+	case stale > 0:
+		return TrainingDroppedStale
+	case retired > 0:
+		return TrainingRetired
+	case ineligible != "":
+		return ineligible
+	}
+	return TrainingNoSamples
+}
+
+// curveOf buckets the tenant's rewarded interactions on the deployment
+// since q.CurveSince. An interaction's reward is its own step rewards'
+// mean, else its session's outcome rewards' mean, as the canary gate
+// scores versions.
+func curveOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) (Curve, error) {
+	var first, last *time.Time
+	err := db.QueryRow(ctx, `SELECT min(created_at), max(created_at) FROM interactions
+WHERE tenant_id = $1 AND deployment = $2 AND created_at >= $3`, q.TenantID, deployment, q.CurveSince).Scan(&first, &last)
+	if err != nil {
+		return Curve{}, fmt.Errorf("curve span: %w", err)
+	}
+	c := Curve{Points: []CurvePoint{}}
+	if first == nil {
+		c.BucketSeconds = int(bucketSteps[0].Seconds())
+		return c, nil
+	}
+	bucket := BucketFor(last.Sub(*first))
+	c.BucketSeconds = int(bucket.Seconds())
+	rows, err := db.Query(ctx, `
+WITH scored AS (
+    SELECT i.created_at, i.model_version, coalesce(
+        (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = i.id),
+        (SELECT avg(w.value) FROM rewards w WHERE w.session_id = i.session_id AND w.interaction_id IS NULL)) AS reward
+    FROM interactions i
+    WHERE i.tenant_id = $1 AND i.deployment = $2 AND i.created_at >= $3
+)
+SELECT floor(extract(epoch FROM created_at) / $4)::bigint, model_version, count(*), avg(reward)
+FROM scored WHERE reward IS NOT NULL
+GROUP BY 1, 2 ORDER BY 1, 2`, q.TenantID, deployment, q.CurveSince, c.BucketSeconds)
+	if err != nil {
+		return c, fmt.Errorf("curve: %w", err)
+	}
+	var b int64
+	var p CurvePoint
+	_, err = pgx.ForEachRow(rows, []any{&b, &p.Version, &p.Rewarded, &p.MeanReward}, func() error {
+		p.Start = time.Unix(b*int64(c.BucketSeconds), 0).UTC()
+		c.Points = append(c.Points, p)
+		return nil
+	})
+	if err != nil {
+		return c, fmt.Errorf("curve: %w", err)
+	}
+	return c, nil
+}
