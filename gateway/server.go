@@ -47,6 +47,10 @@ type Deps struct {
 	// Forgets starts the workflow that retires model versions trained on
 	// forgotten data; nil: `flywheel forget retire ID` does it by hand.
 	Forgets ForgetStarter
+	// DevTenant is the tenant GET /status shows a browser without an API
+	// key, only while the gateway listens on a loopback address; "": a
+	// key is always needed.
+	DevTenant string
 }
 
 // Server is the HTTP gateway.
@@ -139,6 +143,8 @@ func (s *Server) routes() {
 	api.PUT("/end_users/:end_user/consent", s.endUserConsent)
 	api.POST("/forget", s.forget)
 	api.GET("/trajectories", s.exportTrajectories)
+	api.GET("/status", s.status)
+	e.GET("/status", withProtocol(protoOpenAI), s.statusAuth, s.statusPage)
 
 	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
 	adm.POST("/keys", s.adminCreateKey)
