@@ -20,6 +20,9 @@ import (
 // with it on a non-loopback address.
 const DefaultAdminKey = "flywheel-dev-admin-key"
 
+// DevTenant is the tenant `flywheel up` issues its development key for.
+const DevTenant = "default"
+
 // Config is the flywheel binary's configuration. Each field's `help` tag is
 // its documentation and names its default.
 type Config struct {
@@ -81,6 +84,7 @@ type GatewayConfig struct {
 	RedactPatterns    []string      `yaml:"redact_patterns" help:"extra PII patterns kind=regexp applied on export and before training; YAML is safer for regexps with commas (default empty)"`
 	NotifyInterval    time.Duration `yaml:"notify_interval" help:"how often session notices are flushed to Temporal, batched per session (default 200ms)"`
 	KeyCacheTTL       time.Duration `yaml:"key_cache_ttl" help:"how long a verified API key is cached; a revoked key stops working within this time (default 10s)"`
+	StatusDevTenant   string        `yaml:"status_dev_tenant" help:"tenant the /status page shows a browser without an API key, only while the gateway listens on a loopback address; empty: always ask for a key (default default)"`
 }
 
 // WorkerConfig is the Temporal worker process.
@@ -130,6 +134,7 @@ func Default() Config {
 			UpstreamVLLM:    true,
 			NotifyInterval:  200 * time.Millisecond,
 			KeyCacheTTL:     10 * time.Second,
+			StatusDevTenant: DevTenant,
 		},
 		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-trainer", "flywheel-sandbox"}},
 		Log:     LogConfig{Level: "info", Format: "text"},

@@ -47,10 +47,6 @@ type Deps struct {
 	// Forgets starts the workflow that retires model versions trained on
 	// forgotten data; nil: `flywheel forget retire ID` does it by hand.
 	Forgets ForgetStarter
-	// DevTenant is the tenant GET /status shows a browser without an API
-	// key, only while the gateway listens on a loopback address; "": a
-	// key is always needed.
-	DevTenant string
 }
 
 // Server is the HTTP gateway.

@@ -88,15 +88,15 @@ func (s *Server) loadStatus(c *gin.Context) (*store.Status, error) {
 }
 
 // statusAuth lets a browser see the page: the usual API key when one is
-// sent, else, on a development gateway, the development tenant. A browser
-// cannot send a bearer header, and the key `flywheel up` prints is only
-// useful to scripts. "Development" means all of: a dev tenant is
-// configured, the gateway listens on a loopback address only, the request
-// came over loopback, and it names a loopback host (which a DNS-rebinding
-// page cannot).
+// sent, else, on a development gateway, the status dev tenant (the one
+// `flywheel up` prints a key for). A browser cannot send a bearer header.
+// "Development" means all of: a status dev tenant is configured, the
+// gateway listens on a loopback address only, the request came over
+// loopback, and it names a loopback host (which a DNS-rebinding page
+// cannot).
 func (s *Server) statusAuth(c *gin.Context) {
-	if presentedKey(c) == "" && s.deps.DevTenant != "" && s.devRequest(c.Request) {
-		c.Set(ctxPrincipal, &principal{TenantID: s.deps.DevTenant})
+	if presentedKey(c) == "" && s.cfg.StatusDevTenant != "" && s.devRequest(c.Request) {
+		c.Set(ctxPrincipal, &principal{TenantID: s.cfg.StatusDevTenant})
 		c.Next()
 		return
 	}

@@ -137,14 +137,15 @@ func TestStatusJSONAndCrossTenantProbes(t *testing.T) {
 }
 
 // devGateway is a second gateway on e's database that shows tenant acme
-// on /status without a key, configured by cfg.
+// on /status without a key, unless cfg says otherwise.
 func devGateway(t *testing.T, e *env, cfg func(*configGateway)) string {
 	t.Helper()
 	c := e.cfg
+	c.StatusDevTenant = "acme"
 	if cfg != nil {
 		cfg(&c)
 	}
-	srv, err := gateway.New(c, gateway.Deps{DB: e.pool, Logger: slog.New(slog.DiscardHandler), DevTenant: "acme"})
+	srv, err := gateway.New(c, gateway.Deps{DB: e.pool, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })
@@ -204,9 +205,15 @@ func TestStatusPageHTML(t *testing.T) {
 	require.Equal(t, 1, strings.Count(page, "<svg"))
 	require.NotContains(t, page, "alert(1)")
 
-	// Without a dev tenant the page needs a key even on loopback.
-	st, _, _ = getPage(t, e.url+"/status", "", "")
-	require.Equal(t, 401, st)
+	// Keyless, a loopback gateway shows its dev tenant ("default" unless
+	// configured), never acme's data.
+	st, _, page = getPage(t, e.url+"/status", "", "")
+	require.Equal(t, 200, st, page)
+	require.Contains(t, page, "tenant <b>default</b>")
+	require.NotContains(t, page, f.rewarded)
+	off := devGateway(t, e, func(c *configGateway) { c.StatusDevTenant = "" })
+	st, _, _ = getPage(t, off+"/status", "", "")
+	require.Equal(t, 401, st, "no dev tenant: the page needs a key even on loopback")
 
 	dev := devGateway(t, e, nil)
 	st, _, page = getPage(t, dev+"/status?deployment="+fixtureModel, "", "")

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/demo"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
@@ -24,8 +25,9 @@ import (
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
-// defaultTenant owns the key `flywheel up` prints.
-const defaultTenant = "default"
+// defaultTenant owns the key `flywheel up` prints; the gateway's status
+// page shows it to a local browser by default.
+const defaultTenant = config.DevTenant
 
 // runUp runs the whole system in one process on top of the local services:
 // migrations, Temporal setup, a worker on every queue and the gateway. It
@@ -113,10 +115,11 @@ func runUp(ctx context.Context, args []string) error {
 		fmt.Printf("\nFlywheel is up (%s)\n"+
 			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
 			"  temporal ui  %s/namespaces/%s/workflows\n"+
+			"  status page  http://%s/status   (versions, gates, decisions, sessions, the curve; JSON: GET /v1/status)\n"+
 			"  api key      %s   (tenant %q)\n"+
 			"  worker       %s on %s, postgres %s\n\n",
 			version(), ln.Addr(), ln.Addr(), cfg.Temporal.UIURL, cfg.Temporal.Namespace,
-			key, defaultTenant, out.Worker, out.Compute, out.Postgres)
+			ln.Addr(), key, defaultTenant, out.Worker, out.Compute, out.Postgres)
 		return nil
 	})
 	err = g.Wait()
