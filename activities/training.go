@@ -22,6 +22,7 @@ import (
 const (
 	msgBatchClaimed = "training batch claimed"
 	msgStepTrained  = "train step committed"
+	msgTrainerReset = "trainer reset to a stored version"
 )
 
 // TrainStepper is the part of the trainer a train step needs;
@@ -30,6 +31,9 @@ type TrainStepper interface {
 	TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error)
 	Snapshot() *trainer.Model
 	Version() int64
+	// Reset makes a stored version's weights the ones training goes on
+	// from (after a rollback: the serving version's).
+	Reset(m *trainer.Model, version int64) error
 }
 
 // Training implements TrainingWorkflow's activities. CheckBatch and
@@ -178,6 +182,36 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		"samples", res.Samples, "baseline_samples", adv.BaselineSamples)
 	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
 		Baseline: adv.BaselineSamples, Stale: res.DroppedStale}, nil
+}
+
+// ResetTrainer makes the trainer go on from a stored version (the serving
+// one, after its candidate was rolled back): the rejected candidate's
+// descendants are not trained further. Idempotent.
+func (t *Training) ResetTrainer(ctx context.Context, in workflows.ResetTrainerInput) (workflows.ResetTrainerOutput, error) {
+	if t.Trainer == nil {
+		return workflows.ResetTrainerOutput{}, errors.New("reset trainer: this worker has no trainer")
+	}
+	if t.Deployment != "" && in.Deployment != t.Deployment {
+		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("reset trainer: this worker trains %q, not %q", t.Deployment, in.Deployment), "WrongDeployment", nil)
+	}
+	v, ok := store.VersionNumber(in.Version)
+	if !ok || t.CheckpointDir == "" {
+		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("reset trainer: %q is not a stored version of %s", in.Version, in.Deployment), "BadInput", nil)
+	}
+	if t.Trainer.Version() == v {
+		return workflows.ResetTrainerOutput{Version: in.Version}, nil
+	}
+	m, _, _, err := trainer.LoadCheckpoint(t.checkpointPath(in.Deployment, v))
+	if err != nil {
+		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError("reset trainer: "+err.Error(), "BadInput", err)
+	}
+	if err := t.Trainer.Reset(m, v); err != nil {
+		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+	}
+	t.logger().Info(msgTrainerReset, "deployment", in.Deployment, "version", in.Version)
+	return workflows.ResetTrainerOutput{Version: in.Version}, nil
 }
 
 // checkpointPath follows trainer.CheckpointDir's layout, one directory per

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,4 +157,30 @@ func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
 	var dropped int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM training_samples WHERE status = 'dropped_stale'`).Scan(&dropped))
 	require.Equal(t, 2, dropped)
+}
+
+func TestResetTrainerGoesBackToAStoredVersion(t *testing.T) {
+	ctx := context.Background()
+	local := newLocalTrainer(t, 1)
+	dir := t.TempDir()
+	acts := &Training{Trainer: local, CheckpointDir: dir, Deployment: "dep"}
+	served := local.Snapshot()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "dep"), 0o755))
+	require.NoError(t, trainer.SaveCheckpoint(acts.checkpointPath("dep", 1), served, 1, map[string]string{"deployment": "dep"}))
+	// The trainer moved on (a candidate that will be rolled back).
+	_, err := local.TrainStep(ctx, &trainer.Batch{Objective: trainer.ObjectiveSFT, Samples: []trainer.Sample{
+		{TokenIDs: []int{1, 2, 3, 4}, LossMask: []uint8{0, 1, 1, 1}, Logprobs: make([]float32, 4), Versions: make([]int64, 4)}}})
+	require.NoError(t, err)
+	require.NotEqual(t, served.W, local.Snapshot().W)
+
+	out, err := acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "dep", Version: "dep@v1"})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v1", out.Version)
+	require.Equal(t, served.W, local.Snapshot().W)
+	require.Equal(t, int64(1), local.Version())
+
+	_, err = acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "dep", Version: "dep@v7"})
+	require.ErrorContains(t, err, "no such file")
+	_, err = acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "other", Version: "other@v1"})
+	require.ErrorContains(t, err, "trains \"dep\"")
 }

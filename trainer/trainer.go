@@ -102,14 +102,23 @@ func (c Config) validate() error {
 
 // Local trains the in-process policy.
 type Local struct {
-	cfg     Config
-	mu      sync.Mutex
-	model   *Model // training weights; never served directly
-	ref     *Model // frozen reference for the KL term
-	opt     *adamW
-	base    *Baseline
+	cfg   Config
+	mu    sync.Mutex
+	model *Model // training weights; never served directly
+	ref   *Model // frozen reference for the KL term
+	opt   *adamW
+	base  *Baseline
+	// version is the id of the current weights; lastID the highest id
+	// handed out, so a step after Reset still gets a new one.
 	version int64
-	pub     Publisher
+	lastID  int64
+	// depth is the lineage depth (optimizer steps from the base) of the
+	// versions this trainer has held; a version not in it is assumed to
+	// sit on a straight line from the base (depth = id). Staleness is the
+	// depth between the behaviour version and the current weights, which
+	// after a Reset is not the difference of the ids.
+	depth map[int64]int64
+	pub   Publisher
 }
 
 // NewLocal trains a copy of m, starting at version; pub (may be nil) gets
@@ -119,7 +128,8 @@ func NewLocal(m *Model, version int64, cfg Config, pub Publisher) (*Local, error
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("trainer config: %w", err)
 	}
-	l := &Local{cfg: cfg, model: m.Clone(), opt: newAdamW(cfg.Optim, m.lay), base: NewBaseline(cfg.Advantage.BaselineRate), version: version, pub: pub}
+	l := &Local{cfg: cfg, model: m.Clone(), opt: newAdamW(cfg.Optim, m.lay), base: NewBaseline(cfg.Advantage.BaselineRate),
+		version: version, lastID: version, depth: map[int64]int64{}, pub: pub}
 	if cfg.Loss.KLCoef > 0 {
 		l.ref = m.Clone()
 	}
@@ -131,6 +141,39 @@ func (l *Local) Version() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.version
+}
+
+// ReserveIDs makes every later version id higher than id (versions up to
+// id exist elsewhere, e.g. checkpoints of an earlier process).
+func (l *Local) ReserveIDs(id int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lastID = max(l.lastID, id)
+}
+
+// Reset makes m, the weights of an existing version, the trainer's current
+// weights: training goes on from there (after a rollback, from the serving
+// version), with fresh optimizer moments. The next step still gets a new
+// id, and staleness is measured along the new lineage.
+func (l *Local) Reset(m *Model, version int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m.Config != l.model.Config {
+		return fmt.Errorf("trainer reset: version %d has another model config", version)
+	}
+	l.model = m.Clone()
+	l.opt = newAdamW(l.cfg.Optim, m.lay)
+	l.depth[version] = l.depthOf(version)
+	l.version = version
+	l.lastID = max(l.lastID, version)
+	return nil
+}
+
+func (l *Local) depthOf(v int64) int64 {
+	if d, ok := l.depth[v]; ok {
+		return d
+	}
+	return v
 }
 
 // Snapshot returns a copy of the current weights.
@@ -146,7 +189,8 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	defer l.mu.Unlock()
 	start := time.Now()
 	c := l.model.Config
-	samples, res, err := PrepareStep(b, c, l.version, l.cfg, l.base)
+	cur := l.depthOf(l.version)
+	samples, res, err := PrepareStep(b, c, func(v int64) int64 { return cur - l.depthOf(v) }, l.cfg, l.base)
 	if err != nil {
 		return res, err
 	}
@@ -223,7 +267,9 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	res.MeanKL = kl / float64(res.TrainedTokens)
 	res.MeanEntropy = entropy / float64(res.TrainedTokens)
 	res.GradNorm = gradNorm
-	l.version++
+	l.lastID++
+	l.depth[l.lastID] = cur + 1
+	l.version = l.lastID
 	res.Version = l.version
 	if l.pub != nil {
 		if err := l.pub.Publish(l.model.Clone(), l.version); err != nil {
@@ -373,19 +419,19 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBat
 // validates b against the model config c, drops samples staler than η
 // (never for SFT), averages the reward and, for GRPO, computes the
 // advantages in place. res carries the counts for the step's result.
-func PrepareStep(b *Batch, c ModelConfig, version int64, cfg Config, base *Baseline) (samples []Sample, res StepResult, err error) {
+func PrepareStep(b *Batch, c ModelConfig, staleness func(behaviour int64) int64, cfg Config, base *Baseline) (samples []Sample, res StepResult, err error) {
 	if b == nil {
 		return nil, StepResult{}, errors.New("train step: nil batch")
 	}
 	if err := b.validate(c.Vocab, c.Context); err != nil {
 		return nil, StepResult{}, fmt.Errorf("train step: %w", err)
 	}
-	res = StepResult{Version: version}
+	res = StepResult{}
 	sft := b.Objective == ObjectiveSFT
 	samples = make([]Sample, 0, len(b.Samples))
 	for _, s := range b.Samples {
 		if !sft && cfg.MaxStaleness >= 0 {
-			if v, ok := s.oldestVersion(); ok && version-v > int64(cfg.MaxStaleness) {
+			if v, ok := s.oldestVersion(); ok && staleness(v) > int64(cfg.MaxStaleness) {
 				res.DroppedStale++
 				continue
 			}

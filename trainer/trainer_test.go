@@ -114,6 +114,40 @@ func TestStalenessBound(t *testing.T) {
 	require.ErrorContains(t, err, "staler")
 }
 
+func TestResetTrainsOnFromAnOlderVersionWithNewIDs(t *testing.T) {
+	m, err := NewModel(ModelConfig{Context: 16, Layers: 1, Heads: 1, DModel: 8, FFN: 8}, 1)
+	require.NoError(t, err)
+	l, err := NewLocal(m, 0, Config{MaxStaleness: 1}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for v := int64(0); v < 3; v++ {
+		res, err := l.TrainStep(ctx, &Batch{Samples: []Sample{validSample(8, v)}})
+		require.NoError(t, err)
+		require.Equal(t, v+1, res.Version)
+	}
+	// Version 1 is what serves: training goes back to it.
+	require.NoError(t, l.Reset(m, 1))
+	require.Equal(t, int64(1), l.Version())
+	require.Equal(t, m.W, l.Snapshot().W)
+	// Samples of version 1 are fresh again although ids 2 and 3 exist.
+	res, err := l.TrainStep(ctx, &Batch{Samples: []Sample{validSample(8, 1)}})
+	require.NoError(t, err)
+	require.Equal(t, int64(4), res.Version, "a new id, never a reused one")
+	require.Equal(t, 0, res.DroppedStale)
+	// Version 4 is one step from 1; version 0's samples are now 2 steps old.
+	_, err = l.TrainStep(ctx, &Batch{Samples: []Sample{validSample(8, 0)}})
+	require.ErrorContains(t, err, "staler")
+
+	other, err := NewModel(ModelConfig{Context: 16, Layers: 1, Heads: 1, DModel: 16, FFN: 8}, 1)
+	require.NoError(t, err)
+	require.ErrorContains(t, l.Reset(other, 2), "model config")
+
+	l.ReserveIDs(40)
+	res, err = l.TrainStep(ctx, &Batch{Samples: []Sample{validSample(8, 4)}})
+	require.NoError(t, err)
+	require.Equal(t, int64(41), res.Version)
+}
+
 func TestSFTReducesLossAndPublishes(t *testing.T) {
 	m, err := NewModel(ModelConfig{Context: 32, Layers: 1, Heads: 2, DModel: 16, FFN: 32}, 1)
 	require.NoError(t, err)

@@ -38,6 +38,10 @@ type SessionInput struct {
 	EventsPerRun int `json:",omitempty"`
 	// Discount is γ for the discounted returns (0: DefaultDiscount).
 	Discount float64 `json:",omitempty"`
+	// RewardGrace is how long a session the client ended without a reward
+	// waits for one before assembly (0: DefaultRewardGrace; negative: no
+	// wait). Later rewards still bind, in a next generation.
+	RewardGrace time.Duration `json:",omitempty"`
 	// Carry is set by the workflow itself when it continues as new.
 	Carry *SessionCarry `json:",omitempty"`
 }

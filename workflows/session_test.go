@@ -240,3 +240,29 @@ func TestSessionLateRewardDuringAssemblyStartsTheNextGeneration(t *testing.T) {
 	require.NotEqual(t, acts.assembled[0].Key, acts2.assembled[0].Key, "the next generation assembles a new trajectory")
 	require.True(t, strings.HasSuffix(acts2.assembled[0].Key, "/1"))
 }
+
+func TestSessionWaitsTheRewardGraceForARewardAfterTheEnd(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+	// The agent posts its reward just after its last call.
+	signalAt(env, time.Minute+2*time.Second, SessionEvent{Kind: EventReward, RewardID: 3, Final: true})
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
+	require.NoError(t, env.GetWorkflowError(), "no second generation: the reward was in time")
+	var res SessionResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, 1, res.State.Rewards)
+	require.Len(t, acts.assembled, 1)
+	require.Len(t, acts.ended, 1)
+}
+
+func TestSessionWithoutRewardIsAssembledAfterTheGrace(t *testing.T) {
+	env, acts := newSessionEnv(t)
+	var assembledAt time.Time
+	acts.duringAssemble = func() { assembledAt = env.Now() }
+	start := env.Now()
+	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour, RewardGrace: 3 * time.Second})
+	require.NoError(t, env.GetWorkflowError())
+	require.Len(t, acts.assembled, 1)
+	require.Equal(t, time.Minute+3*time.Second, assembledAt.Sub(start).Round(time.Second))
+}

@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -24,7 +25,21 @@ const (
 	ClaimBatchActivity = "ClaimBatch"
 	// TrainStepActivity runs on TrainerTaskQueue, next to the weights.
 	TrainStepActivity = "TrainStep"
+	// ResetTrainerActivity (also on TrainerTaskQueue) sends the trainer
+	// back to a stored version.
+	ResetTrainerActivity = "ResetTrainer"
 )
+
+// ResetTrainerInput names the version training goes on from.
+type ResetTrainerInput struct {
+	Deployment string
+	Version    string
+}
+
+// ResetTrainerOutput confirms it.
+type ResetTrainerOutput struct {
+	Version string
+}
 
 // TrainingWorkflowID is the one TrainingWorkflow of a deployment.
 func TrainingWorkflowID(deployment string) string { return "training-" + deployment }
@@ -47,6 +62,15 @@ type TrainingCarry struct {
 	Steps       int
 	LastVersion string
 	TrainNow    bool
+	// Serving is the version serving when the run ended; Ahead is how many
+	// steps the trainer's weights are past it.
+	Serving string `json:",omitempty"`
+	Ahead   int    `json:",omitempty"`
+	// Pending is the newest candidate not yet released, PendingAhead the
+	// value of Ahead when it was trained.
+	Pending       string `json:",omitempty"`
+	PendingAhead  int    `json:",omitempty"`
+	PendingReason string `json:",omitempty"`
 }
 
 // TrainingPolicy says when a batch is ready and how it trains; zero fields
@@ -70,6 +94,13 @@ type TrainingPolicy struct {
 	// StepsPerRun is how many steps one run makes before it continues as
 	// new. Default 50.
 	StepsPerRun int
+	// MaxAhead is how many steps the trainer may run ahead of the serving
+	// version while a release is gated: training goes on during a release,
+	// and the newest candidate is released next. Samples come from the
+	// serving version, so more than η steps ahead they would be dropped
+	// as stale. Default η (MaxStaleness); negative: train only when no
+	// release is in flight (one candidate at a time).
+	MaxAhead int
 	// Release gates each candidate.
 	Release ReleasePolicy
 	// NoRelease leaves candidates unreleased (for offline training).
@@ -97,6 +128,15 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 	}
 	if p.StepsPerRun <= 0 {
 		p.StepsPerRun = 50
+	}
+	switch {
+	case p.MaxAhead < 0:
+		p.MaxAhead = 0
+	case p.MaxAhead > 0:
+	case p.MaxStaleness < 0: // no staleness bound: no reason to stop
+		p.MaxAhead = math.MaxInt32
+	default:
+		p.MaxAhead = max(p.MaxStaleness, 1)
 	}
 	return p
 }
@@ -155,44 +195,81 @@ type TrainingState struct {
 	LastRelease string
 	LastOutcome string
 	LastError   string `json:",omitempty"`
+	// Serving is the version serving now, Ahead the steps the trainer is
+	// past it, Releasing the candidate whose release is in flight.
+	Serving   string `json:",omitempty"`
+	Ahead     int
+	Releasing string `json:",omitempty"`
+	Promoted  int
+	// RolledBack counts releases that ended without promotion.
+	RolledBack int
+	// Resets counts the times training went back to the serving weights.
+	Resets int
 }
 
 // TrainingWorkflow is the training loop of one deployment (workflow id
 // TrainingWorkflowID): it waits for a batch (size or age), claims it
 // (dropping samples staler than η), trains one step on the trainer task
-// queue, and releases the candidate through a ReleaseWorkflow.
+// queue, and releases candidates through ReleaseWorkflows. Training goes on
+// while a release is gated, up to MaxAhead steps past the serving version;
+// when the release ends the newest candidate is released next. A candidate
+// failing a safety or regression gate sends the trainer back to the
+// serving weights, as does a rollback that leaves nothing to release.
 func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, error) {
 	if in.Deployment == "" {
 		return TrainingState{}, temporal.NewNonRetryableApplicationError("training needs a Deployment", "BadInput", nil)
 	}
-	p := in.Policy.withDefaults()
-	st := TrainingState{Deployment: in.Deployment, Phase: "waiting"}
-	trainNow := false
-	if in.Carry != nil {
-		st.Steps, st.LastVersion, trainNow = in.Carry.Steps, in.Carry.LastVersion, in.Carry.TrainNow
+	r := &trainingRun{in: in, p: in.Policy.withDefaults()}
+	r.st = TrainingState{Deployment: in.Deployment, Phase: "waiting"}
+	if c := in.Carry; c != nil {
+		r.st.Steps, r.st.LastVersion, r.trainNow = c.Steps, c.LastVersion, c.TrainNow
+		r.st.Serving, r.st.Ahead = c.Serving, c.Ahead
+		r.pending, r.pendingAhead, r.pendingReason = c.Pending, c.PendingAhead, c.PendingReason
 	}
-	if err := workflow.SetQueryHandler(ctx, TrainingStateQuery, func() (TrainingState, error) { return st, nil }); err != nil {
-		return st, fmt.Errorf("register state query: %w", err)
+	if err := workflow.SetQueryHandler(ctx, TrainingStateQuery, func() (TrainingState, error) { return r.st, nil }); err != nil {
+		return r.st, fmt.Errorf("register state query: %w", err)
 	}
 	_ = workflow.UpsertTypedSearchAttributes(ctx, DeploymentKey.ValueSet(in.Deployment))
-	nowCh := workflow.GetSignalChannel(ctx, TrainNowSignal)
-	drain := func() {
-		for nowCh.ReceiveAsync(nil) {
-			trainNow = true
-		}
-	}
+	return r.run(ctx)
+}
 
-	light := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+type trainingRun struct {
+	in       TrainingInput
+	p        TrainingPolicy
+	st       TrainingState
+	trainNow bool
+	nowCh    workflow.ReceiveChannel
+	light    workflow.Context
+	train    workflow.Context
+
+	// pending is the newest candidate not yet released.
+	pending      string
+	pendingAhead int
+	// rel is the release in flight (nil: none), of candidate relCand
+	// trained at relAhead steps past the then serving version.
+	rel      workflow.ChildWorkflowFuture
+	relCand  string
+	relAhead int
+	// pendingReason says where the pending candidate came from.
+	pendingReason string
+	// relDone is set by the release's callback, handled by the loop.
+	relDone bool
+}
+
+func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
+	p, in := r.p, r.in
+	r.nowCh = workflow.GetSignalChannel(ctx, TrainNowSignal)
+	r.light = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: time.Minute,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: time.Minute, MaximumAttempts: 10, NonRetryableErrorTypes: []string{"BadInput"}},
 	})
 	// The step heartbeats; when its worker dies the heartbeat timeout hands
 	// it to another trainer worker, which resumes from the claimed run.
-	train := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+	r.train = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		TaskQueue:           TrainerTaskQueue,
 		StartToCloseTimeout: p.StepTimeout,
 		HeartbeatTimeout:    p.StepHeartbeatTimeout,
-		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData"}},
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData", "WrongDeployment"}},
 	})
 
 	info := workflow.GetInfo(ctx)
@@ -201,74 +278,190 @@ func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, er
 	const maxPollsPerRun = 500
 	polls := 0
 	for steps := 0; steps < p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
-		drain()
-		var q CheckBatchOutput
-		if err := workflow.ExecuteActivity(light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment}).Get(ctx, &q); err != nil {
-			return st, fmt.Errorf("check batch: %w", err)
+		r.drain()
+		if err := r.settleRelease(ctx); err != nil {
+			return r.st, err
 		}
-		st.Queued = q.Queued
-		ready := q.Queued >= p.BatchSize || (q.Queued > 0 && (q.OldestAge >= p.MaxBatchAge || trainNow))
-		if !ready {
-			polls++
-			st.Phase = "waiting"
-			sel := workflow.NewSelector(ctx)
-			sel.AddFuture(workflow.NewTimer(ctx, p.PollInterval), func(workflow.Future) {})
-			sel.AddReceive(nowCh, func(c workflow.ReceiveChannel, _ bool) {
-				c.Receive(ctx, nil)
-				trainNow = true
-			})
-			sel.Select(ctx)
+		if r.rel != nil && r.st.Ahead >= p.MaxAhead {
+			// Another step would train past what the serving version's
+			// samples can feed (η): wait for the release.
+			r.st.Phase = "waiting for release"
+			r.wait(ctx, 0)
 			continue
 		}
-		trainNow = false
-		st.Phase = "claiming"
+		var q CheckBatchOutput
+		if err := workflow.ExecuteActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment}).Get(ctx, &q); err != nil {
+			return r.st, fmt.Errorf("check batch: %w", err)
+		}
+		r.st.Queued = q.Queued
+		ready := q.Queued >= p.BatchSize || (q.Queued > 0 && (q.OldestAge >= p.MaxBatchAge || r.trainNow))
+		if !ready {
+			polls++
+			r.st.Phase = "waiting"
+			r.wait(ctx, p.PollInterval)
+			continue
+		}
+		r.trainNow = false
+		r.st.Phase = "claiming"
 		runKey := fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps)
 		var claim ClaimBatchOutput
-		err := workflow.ExecuteActivity(light, ClaimBatchActivity, ClaimBatchInput{
+		err := workflow.ExecuteActivity(r.light, ClaimBatchActivity, ClaimBatchInput{
 			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: p.MaxStaleness,
 		}).Get(ctx, &claim)
 		if err != nil {
-			return st, fmt.Errorf("claim batch: %w", err)
+			return r.st, fmt.Errorf("claim batch: %w", err)
 		}
 		steps++
+		if claim.BaseVersion != "" {
+			r.st.Serving = claim.BaseVersion // the store's word wins
+		}
 		if claim.Samples == 0 {
 			continue // everything was stale
 		}
-		st.Phase = "training"
+		r.st.Phase = "training"
 		var out TrainStepOutput
-		if err := workflow.ExecuteActivity(train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID}).Get(ctx, &out); err != nil {
+		if err := workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID}).Get(ctx, &out); err != nil {
 			// A failed step leaves its samples queued for the next batch.
-			st.LastError = err.Error()
+			r.st.LastError = err.Error()
 			workflow.GetLogger(ctx).Error("train step failed", "deployment", in.Deployment, "run_id", claim.RunID, "error", err)
 			continue
 		}
-		st.Steps++
-		st.LastVersion, st.LastError = out.Version, ""
+		r.st.Steps++
+		r.st.Ahead++
+		r.st.LastVersion, r.st.LastError = out.Version, ""
 		_ = workflow.UpsertTypedSearchAttributes(ctx, ModelVersionKey.ValueSet(out.Version))
-		if p.NoRelease {
-			continue
+		if !p.NoRelease {
+			r.pending, r.pendingAhead = out.Version, r.st.Ahead
+			r.pendingReason = fmt.Sprintf("training run %d: %d samples, loss %.4f", claim.RunID, out.Samples, out.Loss)
 		}
-		st.Phase = "releasing"
-		st.LastRelease = ReleaseWorkflowID(in.Deployment, LayerWeights, out.Version)
-		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID:        st.LastRelease,
-			ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
-		})
-		var rel ReleaseResult
-		err = workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, ReleaseInput{
-			Deployment: in.Deployment, Layer: LayerWeights, Candidate: out.Version, Baseline: claim.BaseVersion,
-			Policy: p.Release, Reason: fmt.Sprintf("training run %d: %d samples, loss %.4f", claim.RunID, out.Samples, out.Loss),
-		}).Get(ctx, &rel)
-		if err != nil {
-			st.LastOutcome = "release failed: " + err.Error()
-			continue
-		}
-		st.LastOutcome = rel.State.Status
 	}
-	drain()
-	st.Phase = "continuing"
-	return st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
+	// The next run starts with no release in flight: it cannot wait on a
+	// child of this one. Training could not go far meanwhile anyway.
+	for {
+		if err := r.settleRelease(ctx); err != nil {
+			return r.st, err
+		}
+		if r.rel == nil {
+			break
+		}
+		r.st.Phase = "waiting for release"
+		r.wait(ctx, 0)
+	}
+	r.drain()
+	r.st.Phase = "continuing"
+	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
-		Carry: &TrainingCarry{Steps: st.Steps, LastVersion: st.LastVersion, TrainNow: trainNow},
+		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
+			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason},
 	})
+}
+
+func (r *trainingRun) drain() {
+	for r.nowCh.ReceiveAsync(nil) {
+		r.trainNow = true
+	}
+}
+
+// wait blocks until a train-now signal, the end of the release in flight,
+// or d (0: no timer) — whichever comes first.
+func (r *trainingRun) wait(ctx workflow.Context, d time.Duration) {
+	sel := workflow.NewSelector(ctx)
+	if d > 0 {
+		sel.AddFuture(workflow.NewTimer(ctx, d), func(workflow.Future) {})
+	}
+	sel.AddReceive(r.nowCh, func(c workflow.ReceiveChannel, _ bool) {
+		c.Receive(ctx, nil)
+		r.trainNow = true
+	})
+	if r.rel != nil && !r.relDone {
+		sel.AddFuture(r.rel, func(workflow.Future) { r.relDone = true })
+	}
+	sel.Select(ctx)
+}
+
+// settleRelease handles a release that ended and starts the next one.
+func (r *trainingRun) settleRelease(ctx workflow.Context) error {
+	if r.rel != nil && (r.relDone || r.rel.IsReady()) {
+		var res ReleaseResult
+		err := r.rel.Get(ctx, &res)
+		r.rel, r.relDone = nil, false
+		r.st.Releasing = ""
+		promoted := err == nil && res.State.Status == ReleasePromoted
+		switch {
+		case err != nil:
+			r.st.LastOutcome = "release failed: " + err.Error()
+		default:
+			r.st.LastOutcome = res.State.Status
+		}
+		if promoted {
+			r.st.Promoted++
+			r.st.Serving = r.relCand
+			r.st.Ahead -= r.relAhead
+			r.pendingAhead -= r.relAhead
+		} else {
+			r.st.RolledBack++
+			gate := failedGate(res.State)
+			// Candidates trained on from the rejected one are judged on
+			// their own, unless it failed safety or regression: then its
+			// line is dropped. With nothing left to release and the trainer
+			// too far ahead to use new samples, it must go back anyway.
+			stuck := r.pending == "" && r.st.Ahead >= r.p.MaxAhead
+			if gate == GateSafety || gate == GateRegression || stuck {
+				if err := r.reset(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if r.rel == nil && r.pending != "" {
+		r.startRelease(ctx)
+	}
+	return nil
+}
+
+// reset sends the trainer back to the serving version's weights.
+func (r *trainingRun) reset(ctx workflow.Context) error {
+	if r.st.Serving == "" {
+		return nil
+	}
+	var out ResetTrainerOutput
+	err := workflow.ExecuteActivity(r.train, ResetTrainerActivity, ResetTrainerInput{Deployment: r.in.Deployment, Version: r.st.Serving}).Get(ctx, &out)
+	if err != nil {
+		// Training on from the rejected line is still safe (every candidate
+		// is gated); record why it could not go back.
+		r.st.LastError = "reset trainer: " + err.Error()
+		workflow.GetLogger(ctx).Error("reset trainer failed", "deployment", r.in.Deployment, "version", r.st.Serving, "error", err)
+		return nil
+	}
+	r.st.Resets++
+	r.st.Ahead, r.pending, r.pendingAhead = 0, "", 0
+	return nil
+}
+
+func (r *trainingRun) startRelease(ctx workflow.Context) {
+	r.relCand, r.relAhead = r.pending, r.pendingAhead
+	reason := r.pendingReason
+	r.pending, r.pendingAhead, r.pendingReason = "", 0, ""
+	r.st.Phase = "releasing"
+	r.st.Releasing = r.relCand
+	r.st.LastRelease = ReleaseWorkflowID(r.in.Deployment, LayerWeights, r.relCand)
+	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+		WorkflowID:        r.st.LastRelease,
+		ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
+	})
+	r.rel = workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, ReleaseInput{
+		// The baseline is read when the release begins: whatever serves then.
+		Deployment: r.in.Deployment, Layer: LayerWeights, Candidate: r.relCand,
+		Policy: r.p.Release, Reason: reason,
+	})
+}
+
+// failedGate names the gate that failed a release ("" if none did).
+func failedGate(s ReleaseState) string {
+	for _, g := range s.Gates {
+		if !g.Passed && !g.Insufficient {
+			return g.Gate
+		}
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,7 +18,9 @@ type trainingActs struct {
 	queued    []CheckBatchOutput // one per check (last repeats)
 	claims    []ClaimBatchInput
 	trains    int
+	trained   int // successful steps: the Nth makes version N+1
 	failTrain int // first attempts that fail
+	resets    []ResetTrainerInput
 	release   *releaseActs
 }
 
@@ -41,8 +44,13 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 		if a.trains <= a.failTrain {
 			return TrainStepOutput{}, errors.New("trainer worker lost")
 		}
-		return TrainStepOutput{Version: "dep@v2", Loss: 0.5, Samples: 2}, nil
+		a.trained++
+		return TrainStepOutput{Version: fmt.Sprintf("dep@v%d", a.trained+1), Loss: 0.5, Samples: 2}, nil
 	}, activity.RegisterOptions{Name: TrainStepActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in ResetTrainerInput) (ResetTrainerOutput, error) {
+		a.resets = append(a.resets, in)
+		return ResetTrainerOutput{Version: in.Version}, nil
+	}, activity.RegisterOptions{Name: ResetTrainerActivity})
 	return env, a
 }
 
@@ -103,4 +111,50 @@ func continueAsNewTraining(t *testing.T, err error) TrainingInput {
 	var next TrainingInput
 	decodeContinueAsNew(t, err, &next)
 	return next
+}
+
+func releasedCandidates(acts *trainingActs) (out []string) {
+	for _, f := range acts.release.finished {
+		out = append(out, f.Candidate+" "+f.Status)
+	}
+	return out
+}
+
+func TestTrainingGoesOnWhileAReleaseRunsAndReleasesTheNewest(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	// v2 is released at once; v3 and v4 train during its gates (3 ahead of
+	// v1 is the bound), so v4 goes next and v3 is never released on its
+	// own; v5 trains during v4's release.
+	require.Equal(t, []string{"dep@v2 promoted", "dep@v4 promoted", "dep@v5 promoted"}, releasedCandidates(acts))
+	require.Equal(t, 4, next.Carry.Steps)
+	require.Equal(t, "dep@v5", next.Carry.Serving)
+	require.Equal(t, 0, next.Carry.Ahead)
+	require.Empty(t, next.Carry.Pending)
+	require.Empty(t, acts.resets)
+}
+
+func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateSafety] = []GateResult{{Passed: false, Reason: "refusals dropped"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	// v3 and v4 descend from the unsafe v2: dropped with it.
+	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v5 promoted"}, releasedCandidates(acts))
+	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
+	require.Equal(t, "dep@v5", next.Carry.Serving)
+}
+
+func TestTrainingOneCandidateAtATimeWhenMaxAheadIsNegative(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, StepsPerRun: 3, MaxAhead: -1, Release: testPolicy}})
+	continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, []string{"dep@v2 promoted", "dep@v3 promoted", "dep@v4 promoted"}, releasedCandidates(acts))
 }

@@ -70,10 +70,12 @@ func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, policy *
 // newest weights a trainer continues from.
 type policy struct {
 	engine *trainer.Engine
-	model  *trainer.Model
-	// version is the newest stored version, which a trainer counts on from
+	// model is the serving version's weights, which a trainer starts from.
+	model   *trainer.Model
+	serving int64
+	// newest is the newest stored version, which a trainer counts on from
 	// (a rolled-back candidate's number is never reused).
-	version int64
+	newest int64
 	// train configures the trainer that continues from model.
 	train trainer.Config
 }
@@ -131,7 +133,7 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 	if err != nil {
 		return nil, fmt.Errorf("policy engine: %w", err)
 	}
-	p := &policy{engine: e, model: m, version: newest, train: trainer.Config{Logger: logger}}
+	p := &policy{engine: e, model: m, serving: v, newest: newest, train: trainer.Config{Logger: logger}}
 	if pb != nil {
 		p.train = pb.train
 	}
@@ -193,10 +195,11 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	}
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c}
 	if pol != nil {
-		local, err := trainer.NewLocal(pol.model, pol.version, pol.train, pol.engine)
+		local, err := trainer.NewLocal(pol.model, pol.serving, pol.train, pol.engine)
 		if err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
+		local.ReserveIDs(pol.newest)
 		d.backend, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
 		d.trainerDeployment = cfg.Gateway.PolicyModel
 	}
@@ -284,6 +287,7 @@ func registrations(d deps) map[string]worker.Registrar {
 			// Without weights this worker leaves train steps to one that has them.
 			if d.trainer != nil {
 				r.RegisterActivityWithOptions(training.TrainStep, activityOpts(workflows.TrainStepActivity))
+				r.RegisterActivityWithOptions(training.ResetTrainer, activityOpts(workflows.ResetTrainerActivity))
 			}
 		},
 		workflows.SandboxTaskQueue: func(r tworker.Registry) {},

@@ -85,7 +85,7 @@ func (t *Trainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.Step
 	defer t.mu.Unlock()
 	start := time.Now()
 	c := t.model.Config
-	samples, res, err := trainer.PrepareStep(b, c, t.version, t.cfg, t.base)
+	samples, res, err := trainer.PrepareStep(b, c, func(v int64) int64 { return t.version - v }, t.cfg, t.base)
 	if err != nil {
 		return res, err
 	}
