@@ -325,6 +325,7 @@ JSON: <code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code
 {{end}}</table>{{else}}<p class="small">No stored versions.</p>{{end}}
 
 <h3>Releases and gates</h3>
+{{if .ReleaseCounts}}<p class="small">all releases: {{range $layer, $by := .ReleaseCounts}}<b>{{$layer}}</b> {{range $status, $n := $by}}<span class="{{$status}}">{{$status}} {{$n}}</span> {{end}}{{end}}</p>{{end}}
 {{if .Releases}}<table><tr><th>#</th><th>layer</th><th>candidate ← baseline</th><th>status</th><th>phase</th><th>gates</th><th>reason</th><th>started</th><th>finished</th></tr>
 {{range .Releases}}<tr><td>{{.ID}}</td><td>{{.Layer}}</td><td><b>{{.Candidate}}</b> ← {{if .Baseline}}{{.Baseline}}{{else}}–{{end}}</td>
 <td class="{{.Status}}">{{.Status}}</td><td>{{.Phase}}{{if gt .CanaryShare 0.0}} ({{pct .CanaryShare}}){{end}}</td>

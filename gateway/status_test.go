@@ -190,7 +190,7 @@ func TestStatusPageHTML(t *testing.T) {
 	require.Equal(t, "text/html; charset=utf-8", ctype)
 	for _, want := range []string{`<meta http-equiv="refresh" content="5">`, "tenant <b>acme</b>", fixtureModel, "<svg", "mean reward",
 		f.rewarded, "✓ shadow", "✗ safety", "rolled_back", "safety gate failed", "enough rewarded sessions", "evaluated=12",
-		"session_open", "&lt;script&gt;alert(1)&lt;/script&gt;", "&lt;img src=x&gt;"} {
+		"session_open", `<span class="rolled_back">rolled_back 1</span>`, "&lt;script&gt;alert(1)&lt;/script&gt;", "&lt;img src=x&gt;"} {
 		require.Contains(t, page, want)
 	}
 	require.NotContains(t, page, "<script")

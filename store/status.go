@@ -36,13 +36,17 @@ type DeploymentStatus struct {
 	Backend        string `json:"backend"`
 	ServingVersion string `json:"serving_version"`
 	// Canary is the running weights release, nil when none runs.
-	Canary       *CanaryStatus       `json:"canary"`
-	Versions     []VersionStatus     `json:"versions"`
-	Releases     []ReleaseStatus     `json:"releases"`
-	Decisions    []DecisionStatus    `json:"decisions"`
-	TrainingRuns []TrainingRunStatus `json:"training_runs"`
-	Sessions     []SessionSummary    `json:"sessions"`
-	Curve        Curve               `json:"curve"`
+	Canary   *CanaryStatus   `json:"canary"`
+	Versions []VersionStatus `json:"versions"`
+	Releases []ReleaseStatus `json:"releases"`
+	// ReleaseCounts counts every release the deployment ever had, by
+	// layer then status (the Releases list is capped): what happened
+	// during a run is the difference of two readings.
+	ReleaseCounts map[string]map[string]int `json:"release_counts"`
+	Decisions     []DecisionStatus          `json:"decisions"`
+	TrainingRuns  []TrainingRunStatus       `json:"training_runs"`
+	Sessions      []SessionSummary          `json:"sessions"`
+	Curve         Curve                     `json:"curve"`
 }
 
 // CanaryStatus is a running weights release: its candidate takes Share of
@@ -255,6 +259,7 @@ func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) 
 		func() (err error) { d.Canary, err = canaryOf(ctx, db, name); return },
 		func() (err error) { d.Versions, err = versionsOf(ctx, db, q, name, d.ServingVersion, d.Canary); return },
 		func() (err error) { d.Releases, err = releasesOf(ctx, db, name, q.Limit); return },
+		func() (err error) { d.ReleaseCounts, err = releaseCountsOf(ctx, db, name); return },
 		func() (err error) { d.Decisions, err = decisionsOf(ctx, db, name, q.Limit); return },
 		func() (err error) { d.TrainingRuns, err = trainingRunsOf(ctx, db, q, name); return },
 		func() (err error) { d.Sessions, err = sessionsOf(ctx, db, q, name); return },
@@ -294,7 +299,9 @@ ORDER BY v.created_at DESC, v.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (VersionStatus, error) {
 		var v VersionStatus
-		err := r.Scan(&v.ID, &v.Parent, &v.Status, &v.Metrics, &v.RetiredReason, &v.CreatedAt, &v.TrainedSamples, &v.TenantSessions)
+		var metrics []byte
+		err := r.Scan(&v.ID, &v.Parent, &v.Status, &metrics, &v.RetiredReason, &v.CreatedAt, &v.TrainedSamples, &v.TenantSessions)
+		v.Metrics = jsonObject(metrics)
 		v.Serving = v.ID == serving
 		v.Canary = canary != nil && canary.Share > 0 && canary.Candidate == v.ID
 		return v, err
@@ -323,14 +330,36 @@ WHERE release_id = ANY($1) ORDER BY release_id, id`, ids)
 	}
 	var id int64
 	var g GateStatus
-	_, err = pgx.ForEachRow(rows, []any{&id, &g.Gate, &g.Passed, &g.Metrics, &g.CreatedAt}, func() error {
+	var metrics []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &g.Gate, &g.Passed, &metrics, &g.CreatedAt}, func() error {
+		g.Metrics = jsonObject(metrics)
 		r := byID[id]
 		r.Gates = append(r.Gates, g)
-		g = GateStatus{}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gates: %w", err)
+	}
+	return out, nil
+}
+
+func releaseCountsOf(ctx context.Context, db DBTX, deployment string) (map[string]map[string]int, error) {
+	rows, err := db.Query(ctx, `SELECT layer, status, count(*) FROM releases WHERE deployment = $1 GROUP BY 1, 2`, deployment)
+	if err != nil {
+		return nil, fmt.Errorf("count releases: %w", err)
+	}
+	out := map[string]map[string]int{}
+	var layer, status string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&layer, &status, &n}, func() error {
+		if out[layer] == nil {
+			out[layer] = map[string]int{}
+		}
+		out[layer][status] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count releases: %w", err)
 	}
 	return out, nil
 }
@@ -349,6 +378,17 @@ func decisionsOf(ctx context.Context, db DBTX, deployment string, limit int) ([]
 		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: r.Reason, Evidence: ev, CreatedAt: r.CreatedAt}
 	}
 	return out, nil
+}
+
+// jsonObject decodes a jsonb metrics column for display. Writers store any
+// JSON there (a null, or an array where `stats || null` appended one), so
+// what is not an object shows as empty instead of failing the whole view.
+func jsonObject(raw []byte) map[string]any {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return map[string]any{}
+	}
+	return m
 }
 
 // scrubEvidence drops the example failure messages of tool failure
@@ -388,7 +428,9 @@ ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TrainingRunStatus, error) {
 		var t TrainingRunStatus
-		err := r.Scan(&t.ID, &t.Status, &t.Version, &t.Samples, &t.TenantSamples, &t.Stats, &t.CreatedAt, &t.FinishedAt)
+		var stats []byte
+		err := r.Scan(&t.ID, &t.Status, &t.Version, &t.Samples, &t.TenantSamples, &stats, &t.CreatedAt, &t.FinishedAt)
+		t.Stats = jsonObject(stats)
 		return t, err
 	})
 }

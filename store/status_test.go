@@ -176,6 +176,8 @@ func TestLoadStatus(t *testing.T) {
 	require.InDelta(t, 0.9, d.Releases[1].Gates[1].Metrics["baseline_pass_rate"], 1e-9)
 	require.NotNil(t, d.Releases[1].FinishedAt)
 
+	require.Equal(t, map[string]map[string]int{"weights": {"promoted": 1, "running": 1}}, d.ReleaseCounts)
+
 	require.Len(t, d.Decisions, 1)
 	require.Equal(t, "weights", d.Decisions[0].Decision)
 	require.NotContains(t, string(d.Decisions[0].Evidence), "secret tool output")

@@ -1,0 +1,79 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// maxStatusBody bounds a status answer: 20 rows of each list per
+// deployment and a curve of about 60 buckets per version stay far below.
+const maxStatusBody = 16 << 20
+
+// ErrStatusNotFound is FetchStatus's answer for a deployment the key's
+// tenant has no session on (or that does not exist).
+var ErrStatusNotFound = errors.New("status: deployment not found")
+
+// FetchStatus reads GET /v1/status from the gateway at baseURL (its root,
+// with or without /v1) with apiKey: the control plane's own record of the
+// deployment (its versions, releases and gates, decisions, training runs,
+// the tenant's sessions and success curve), or of all the tenant's
+// deployments when deployment is "".
+func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*store.Status, error) {
+	root := strings.TrimSuffix(strings.TrimSuffix(baseURL, "/"), "/v1")
+	u := root + "/v1/status"
+	if deployment != "" {
+		u += "?deployment=" + url.QueryEscape(deployment)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("fetch status: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("fetch status: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		err := fmt.Errorf("fetch status of %q: status %d: %s", deployment, resp.StatusCode, strings.TrimSpace(string(msg)))
+		if resp.StatusCode == http.StatusNotFound {
+			err = fmt.Errorf("%w: %w", ErrStatusNotFound, err)
+		}
+		return nil, err
+	}
+	var st store.Status
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBody)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("fetch status: decode answer: %w", err)
+	}
+	return &st, nil
+}
+
+// WeightsMoves is how many weights releases of deployment were promoted
+// and rolled back between two status readings, from the control plane's
+// release counts. Rolled back counts candidates its gates or canary
+// refused and serving versions rolled back; aborted releases (a running
+// one stopped by a rollback) count as neither. A deployment missing from
+// a reading counts as zero there.
+func WeightsMoves(before, after *store.Status, deployment string) (promoted, rolledBack int) {
+	count := func(st *store.Status, status string) int {
+		if st == nil {
+			return 0
+		}
+		for _, d := range st.Deployments {
+			if d.Name == deployment {
+				return d.ReleaseCounts["weights"][status]
+			}
+		}
+		return 0
+	}
+	return count(after, "promoted") - count(before, "promoted"), count(after, "rolled_back") - count(before, "rolled_back")
+}
