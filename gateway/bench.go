@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -106,7 +107,7 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 // benchHTTP measures the baseline proxy and the gateway.
 func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
 	fx := &vllmfixture.Fixture{Latency: bc.UpstreamLatency}
-	upURL, stopUp, err := serveLocal(fx)
+	upURL, stopUp, err := serveLocal("upstream", fx)
 	if err != nil {
 		return err
 	}
@@ -115,7 +116,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
 	proxy.ErrorLog = log.New(io.Discard, "", 0) // overload shows up as latency and errors in the figures
-	baseURL, stopBase, err := serveLocal(proxy)
+	baseURL, stopBase, err := serveLocal("baseline", proxy)
 	if err != nil {
 		return err
 	}
@@ -133,7 +134,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	if err != nil {
 		return err
 	}
-	gwURL, stopGW, err := serveLocal(srv.Handler())
+	gwURL, stopGW, err := serveLocal("gateway", srv.Handler())
 	if err != nil {
 		return err
 	}
@@ -338,12 +339,15 @@ func pct(xs []time.Duration, p float64) float64 {
 	return float64(s[int(p*float64(len(s)-1))]) / 1e6
 }
 
-func serveLocal(h http.Handler) (string, func(), error) {
+// serveLocal serves h on a loopback port. Its goroutines carry the pprof
+// label system=name, so a CPU profile of the run (--cpuprofile) tells the
+// systems apart: `go tool pprof -tagfocus system=gateway`.
+func serveLocal(name string, h http.Handler) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, fmt.Errorf("bench listen: %w", err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
+	go pprof.Do(context.Background(), pprof.Labels("system", name), func(context.Context) { _ = srv.Serve(ln) })
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 func init() {
 	benchCommands["gateway"] = func(ctx context.Context, args []string) error {
 		bc := gateway.BenchConfig{Out: os.Stdout}
+		var cpuProfile string
 		cfg, _, err := loadConfig("bench gateway", args, func(fs *flag.FlagSet) {
 			fs.DurationVar(&bc.UpstreamLatency, "upstream-latency", 5*time.Millisecond, "fixed latency of the local vLLM-like upstream")
 			fs.IntVar(&bc.RPS, "rps", 1000, "rate of the fixed-rate phase")
@@ -28,6 +30,7 @@ func init() {
 			fs.BoolVar(&bc.CaptureOnly, "capture-only", false, "run only the capture phase")
 			fs.DurationVar(&bc.CaptureDuration, "capture-duration", 3*time.Second, "length of each capture measurement")
 			fs.IntVar(&bc.Rounds, "rounds", 3, "rounds of the throughput and capture phases, alternating the systems; figures are medians")
+			fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (samples carry a \"system\" label: upstream, baseline, gateway)")
 		})
 		if err != nil {
 			return err
@@ -45,6 +48,17 @@ func init() {
 		}
 		defer pool.Close()
 		bc.Pool = pool
+		if cpuProfile != "" {
+			f, err := os.Create(cpuProfile)
+			if err != nil {
+				return fmt.Errorf("bench gateway: %w", err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return fmt.Errorf("bench gateway: cpu profile: %w", err)
+			}
+			defer pprof.StopCPUProfile()
+		}
 		res, err := gateway.RunBench(ctx, bc)
 		if err != nil {
 			return fmt.Errorf("bench gateway: %w", err)
