@@ -266,3 +266,38 @@ func TestBucketForAdaptsToTheSpan(t *testing.T) {
 		require.Equal(t, want, store.BucketFor(span), "span %s", span)
 	}
 }
+
+// BenchmarkLoadStatus reads one deployment's status for a tenant with
+// 3,000 sessions of two rewarded steps each over 10 minutes (a demo run's
+// worth), as the status page does on every refresh.
+func BenchmarkLoadStatus(b *testing.B) {
+	ctx := context.Background()
+	pool := testenv.Pool(b)
+	require.NoError(b, store.EnsureTenant(ctx, pool, "a"))
+	_, err := store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "")
+	require.NoError(b, err)
+	_, err = pool.Exec(ctx, `
+INSERT INTO sessions (id, tenant_id, deployment, identity_mode, status, last_active_at)
+SELECT 's' || g, 'a', 'dep', 'header', 'ended', now() - interval '10 minutes' + g * interval '200 ms'
+FROM generate_series(1, 3000) g`)
+	require.NoError(b, err)
+	_, err = pool.Exec(ctx, `
+INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, deployment, model_version, request, status, created_at)
+SELECT 'a', 's' || g, k, 'c' || g || '-' || k, 'openai', 'dep', 'dep@v' || (g / 500), '{}', 'ok',
+       now() - interval '10 minutes' + g * interval '200 ms'
+FROM generate_series(1, 3000) g, generate_series(0, 1) k`)
+	require.NoError(b, err)
+	_, err = pool.Exec(ctx, `
+INSERT INTO rewards (tenant_id, session_id, value, source)
+SELECT 'a', 's' || g, (g % 3) / 2.0, 'user' FROM generate_series(1, 3000) g`)
+	require.NoError(b, err)
+	_, err = pool.Exec(ctx, `ANALYZE`)
+	require.NoError(b, err)
+	b.ResetTimer()
+	for b.Loop() {
+		st, err := store.LoadStatus(ctx, pool, store.StatusQuery{TenantID: "a", Deployment: "dep"})
+		require.NoError(b, err)
+		require.Len(b, st.Deployments[0].Sessions, 20)
+		require.NotEmpty(b, st.Deployments[0].Curve.Points)
+	}
+}
