@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
@@ -197,6 +198,21 @@ type wireResponse struct {
 	} `json:"usage"`
 }
 
+// maxResponseBytes bounds a non-streaming answer; a longer one is cut
+// and fails to decode.
+const maxResponseBytes = 256 << 20
+
+// bodyBuffers recycles response buffers: decoding copies every string out,
+// so nothing keeps a reference into a buffer once it is put back.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// putBodyBuffer returns buf to the pool unless one huge answer grew it.
+func putBodyBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= 1<<20 {
+		bodyBuffers.Put(buf)
+	}
+}
+
 // Complete runs one non-streaming generation.
 func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
 	start := time.Now()
@@ -211,8 +227,15 @@ func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*infere
 			return err
 		}
 		defer httpResp.Body.Close()
+		buf := bodyBuffers.Get().(*bytes.Buffer)
+		defer putBodyBuffer(buf)
+		buf.Reset()
 		var w wireResponse
-		if err := json.NewDecoder(io.LimitReader(httpResp.Body, 256<<20)).Decode(&w); err != nil {
+		_, err = buf.ReadFrom(io.LimitReader(httpResp.Body, maxResponseBytes))
+		if err == nil {
+			err = decodeWire(buf.Bytes(), &w)
+		}
+		if err != nil {
 			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable response", Err: err}
 		}
 		if len(w.Choices) == 0 {
@@ -363,7 +386,7 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 			break
 		}
 		var w wireResponse
-		if err := json.Unmarshal(data, &w); err != nil {
+		if err := unmarshalWire(data, &w); err != nil {
 			return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable stream chunk", Err: err}
 		}
 		if w.Model != "" {
