@@ -137,12 +137,16 @@ func renderStatus(st *store.Status, selected string, refresh time.Duration) ([]b
 	data := statusData{Status: st, Selected: selected, Refresh: int(refresh.Seconds())}
 	for _, d := range st.Deployments {
 		sec := statusSection{DeploymentStatus: d}
-		svg, note, err := curveSVG(d)
-		if err != nil {
-			return nil, err
+		if len(d.Curve.Points) == 0 {
+			sec.CurveNote = "No rewarded interaction of yours in the window yet."
+		} else {
+			svg, err := curveChart(d).SVG(chart.DefaultWidth, chart.DefaultHeight)
+			if err != nil {
+				return nil, fmt.Errorf("draw curve of %s: %w", d.Name, err)
+			}
+			// Our own chart output: gonum escapes every text it draws.
+			sec.CurveSVG = template.HTML(svg) // #nosec G203
 		}
-		// Our own chart output: gonum escapes every text it draws.
-		sec.CurveSVG, sec.CurveNote = template.HTML(svg), note // #nosec G203
 		data.Sections = append(data.Sections, sec)
 	}
 	var buf bytes.Buffer
@@ -152,12 +156,9 @@ func renderStatus(st *store.Status, selected string, refresh time.Duration) ([]b
 	return buf.Bytes(), nil
 }
 
-// curveSVG draws a deployment's curve: one line per version that served,
-// and their weighted mean when more than one did.
-func curveSVG(d store.DeploymentStatus) (svg, note string, err error) {
-	if len(d.Curve.Points) == 0 {
-		return "", "No rewarded interaction of yours in the window yet.", nil
-	}
+// curveChart is a deployment's curve (at least one point): one line per
+// version that served, and their weighted mean when more than one did.
+func curveChart(d store.DeploymentStatus) chart.Chart {
 	start := d.Curve.Points[0].Start
 	x := func(t time.Time) float64 { return t.Sub(start).Minutes() }
 	byVersion := map[string][]chart.Point{}
@@ -205,11 +206,7 @@ func curveSVG(d store.DeploymentStatus) (svg, note string, err error) {
 		}
 		c.Series = append(c.Series, mean)
 	}
-	svg, err = c.SVG(chart.DefaultWidth, chart.DefaultHeight)
-	if err != nil {
-		return "", "", fmt.Errorf("draw curve of %s: %w", d.Name, err)
-	}
-	return svg, "", nil
+	return c
 }
 
 // compareVersions orders "<name>@vN" ids by N, other names after them by
@@ -260,6 +257,21 @@ func fmtMetrics(m map[string]any) string {
 	return b.String()
 }
 
+// fmtSome is fmtMetrics of the named keys only, for tables where the full
+// map is noise; a map with none of them shows whole.
+func fmtSome(m map[string]any, keys ...string) string {
+	some := map[string]any{}
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			some[k] = v
+		}
+	}
+	if len(some) == 0 {
+		return fmtMetrics(m)
+	}
+	return fmtMetrics(some)
+}
+
 func fmtEvidence(raw json.RawMessage) string {
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil {
@@ -271,6 +283,7 @@ func fmtEvidence(raw json.RawMessage) string {
 
 var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"metrics":  fmtMetrics,
+	"some":     fmtSome,
 	"evidence": fmtEvidence,
 	"pct":      func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
 	"clock": func(t time.Time) string {
@@ -321,7 +334,7 @@ JSON: <code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code
 {{if .Versions}}<table><tr><th>version</th><th>parent</th><th>status</th><th>trained on (samples · your sessions)</th><th>training</th><th>created</th></tr>
 {{range .Versions}}<tr><td><b>{{.ID}}</b>{{if .Serving}} <span class="serving">● serving</span>{{end}}{{if .Canary}} <span class="canary">◐ canary</span>{{end}}</td>
 <td>{{if .Parent}}{{.Parent}}{{else}}–{{end}}</td><td class="{{.Status}}">{{.Status}}{{if .RetiredReason}} <span class="small">({{.RetiredReason}})</span>{{end}}</td>
-<td class="n">{{.TrainedSamples}} · {{.TenantSessions}}</td><td class="small">{{metrics .Metrics}}</td><td>{{clock .CreatedAt}}</td></tr>
+<td class="n">{{.TrainedSamples}} · {{.TenantSessions}}</td><td class="small">{{some .Metrics "loss" "mean_reward" "trained_tokens"}}</td><td>{{clock .CreatedAt}}</td></tr>
 {{end}}</table>{{else}}<p class="small">No stored versions.</p>{{end}}
 
 <h3>Releases and gates</h3>
@@ -341,7 +354,7 @@ JSON: <code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code
 <h3>Training runs</h3>
 {{if .TrainingRuns}}<table><tr><th>#</th><th>status</th><th>version</th><th>samples (yours)</th><th>stats</th><th>started</th><th>finished</th></tr>
 {{range .TrainingRuns}}<tr><td>{{.ID}}</td><td class="{{.Status}}">{{.Status}}</td><td>{{if .Version}}{{.Version}}{{else}}–{{end}}</td>
-<td class="n">{{.Samples}} ({{.TenantSamples}})</td><td class="small">{{metrics .Stats}}</td><td>{{clock .CreatedAt}}</td><td>{{clockp .FinishedAt}}</td></tr>
+<td class="n">{{.Samples}} ({{.TenantSamples}})</td><td class="small">{{some .Stats "base_version" "loss" "mean_reward" "dropped_stale" "duration_ms" "error"}}</td><td>{{clock .CreatedAt}}</td><td>{{clockp .FinishedAt}}</td></tr>
 {{end}}</table>{{else}}<p class="small">No training runs yet.</p>{{end}}
 
 <h3>Your recent sessions</h3>
