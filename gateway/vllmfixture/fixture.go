@@ -9,7 +9,9 @@ package vllmfixture
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,14 +36,20 @@ type Fixture struct {
 
 	Requests atomic.Int64
 	mu       sync.Mutex
-	last     map[string]any
+	last     []byte
 }
 
-// LastRequest is the last request body received.
+// LastRequest is the last request body received, decoded on demand so
+// serving stays cheap (the benchmark runs this fixture in its process).
 func (f *Fixture) LastRequest() map[string]any {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.last
+	body := f.last
+	f.mu.Unlock()
+	var m map[string]any
+	if json.Unmarshal(body, &m) != nil {
+		return nil
+	}
+	return m
 }
 
 func (f *Fixture) model() string {
@@ -87,6 +95,54 @@ func text(raw json.RawMessage) string {
 	return string(raw)
 }
 
+// The non-streaming answer as typed values: encoding a map sorts its keys
+// and boxes every value, which made this fixture cost more CPU per call
+// than the gateway under test.
+type wireCompletion struct {
+	ID             string         `json:"id"`
+	Object         string         `json:"object"`
+	Created        int64          `json:"created"`
+	Model          string         `json:"model"`
+	Choices        []wireChoice   `json:"choices"`
+	Usage          map[string]int `json:"usage"`
+	PromptTokenIDs []int          `json:"prompt_token_ids,omitempty"`
+}
+
+type wireChoice struct {
+	Index        int           `json:"index"`
+	Message      wireMessage   `json:"message"`
+	FinishReason string        `json:"finish_reason"`
+	Logprobs     *wireLogprobs `json:"logprobs,omitempty"`
+	TokenIDs     []int         `json:"token_ids,omitempty"`
+}
+
+type wireMessage struct {
+	Role      string         `json:"role"`
+	Content   *string        `json:"content"`
+	ToolCalls []wireToolCall `json:"tool_calls,omitempty"`
+}
+
+type wireToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function wireFunction `json:"function"`
+}
+
+type wireFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+type wireLogprobs struct {
+	Content []wireLogprob `json:"content"`
+}
+
+type wireLogprob struct {
+	Token       string     `json:"token"`
+	Logprob     float64    `json:"logprob"`
+	TopLogprobs []struct{} `json:"top_logprobs"`
+}
+
 // ServeHTTP routes /v1/chat/completions and /v1/models.
 func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -127,16 +183,14 @@ func tokens(s string) []int {
 
 func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	f.Requests.Add(1)
-	var raw map[string]any
 	var req request
-	dec := json.NewDecoder(r.Body)
-	body := json.RawMessage{}
-	if err := dec.Decode(&body); err != nil || json.Unmarshal(body, &req) != nil || json.Unmarshal(body, &raw) != nil {
+	body, err := io.ReadAll(r.Body)
+	if err != nil || json.Unmarshal(body, &req) != nil {
 		writeJSON(w, 400, map[string]any{"object": "error", "message": "bad json", "code": 400})
 		return
 	}
 	f.mu.Lock()
-	f.last = raw
+	f.last = body
 	f.mu.Unlock()
 	if f.FailNext.Load() > 0 && f.FailNext.Add(-1) >= 0 {
 		st := f.FailStatus
@@ -177,7 +231,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	lp := func(i int) float64 { return -0.01 - 0.1*float64(i%5) }
 	tokText := func(id int) string {
 		if req.TokensAsIDs {
-			return fmt.Sprintf("token_id:%d", id)
+			return "token_id:" + strconv.Itoa(id)
 		}
 		return string(rune(id))
 	}
@@ -185,25 +239,24 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	id := fmt.Sprintf("chatcmpl-fixture-%d", f.Requests.Load())
 	if !req.Stream {
 		time.Sleep(f.Latency)
-		msg := map[string]any{"role": "assistant", "content": content}
+		msg := wireMessage{Role: "assistant", Content: &content}
 		if tool != "" {
-			msg["content"] = nil
-			msg["tool_calls"] = []any{map[string]any{"id": "call_fx" + fmt.Sprint(f.Requests.Load()), "type": "function",
-				"function": map[string]any{"name": tool, "arguments": args}}}
+			msg.Content = nil
+			msg.ToolCalls = []wireToolCall{{ID: "call_fx" + fmt.Sprint(f.Requests.Load()), Type: "function", Function: wireFunction{Name: tool, Arguments: args}}}
 		}
-		choice := map[string]any{"index": 0, "message": msg, "finish_reason": finish}
+		choice := wireChoice{Message: msg, FinishReason: finish}
 		if req.Logprobs {
-			var lps []any
+			lps := make([]wireLogprob, len(ids))
 			for i, t := range ids {
-				lps = append(lps, map[string]any{"token": tokText(t), "logprob": lp(i), "top_logprobs": []any{}})
+				lps[i] = wireLogprob{Token: tokText(t), Logprob: lp(i), TopLogprobs: []struct{}{}}
 			}
-			choice["logprobs"] = map[string]any{"content": lps}
+			choice.Logprobs = &wireLogprobs{Content: lps}
 		}
-		resp := map[string]any{"id": id, "object": "chat.completion", "created": time.Now().Unix(), "model": f.model(),
-			"choices": []any{choice}, "usage": usage}
+		resp := wireCompletion{ID: id, Object: "chat.completion", Created: time.Now().Unix(), Model: f.model(),
+			Choices: []wireChoice{choice}, Usage: usage}
 		if req.ReturnTokenIDs {
-			choice["token_ids"] = ids
-			resp["prompt_token_ids"] = promptIDs
+			resp.Choices[0].TokenIDs = ids
+			resp.PromptTokenIDs = promptIDs
 		}
 		writeJSON(w, 200, resp)
 		return
