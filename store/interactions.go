@@ -82,44 +82,38 @@ func (n *NewInteraction) args() []any {
 }
 
 // insertBatchSQL inserts a whole batch in one statement: it upserts each
-// distinct session once, advancing its step counter by the number of its
-// rows (under the row lock, so concurrent gateways agree on seq), and
-// numbers the rows of a session in batch order. Token arrays travel as
-// array literals because Postgres cannot unnest ragged 2-D arrays. Rows
-// whose session belongs to another tenant or is no longer open find no
-// session row and are not inserted.
+// distinct session once ($1-$6), advancing its step counter by the number
+// of its rows (under the row lock, so concurrent gateways agree on seq),
+// and inserts the rows ($7-), each numbered back from the new counter by
+// the offset the caller computed (its session's row count minus its place
+// among them). Token arrays travel as array literals because Postgres
+// cannot unnest ragged 2-D arrays. Rows whose session belongs to another
+// tenant or is no longer open find no session row and are not inserted.
+// The numbering is done by the caller rather than by window functions
+// here: Postgres CPU per captured row is what bounds capture throughput.
 const insertBatchSQL = `
-WITH r AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-		$8::bool[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
-		$15::int[], $16::int[], $17::text[], $18::text[], $19::text[], $20::float8[], $21::bytea[], $22::text[])
-		WITH ORDINALITY AS r(session_id, tenant_id, deployment, end_user, identity_mode, completion_id, protocol,
-			stream, model_version, request, response, prompt_ids, completion_ids, logprobs,
-			prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, continuation_hash, request_id, ord)
-), per AS (
-	SELECT DISTINCT ON (session_id) session_id, tenant_id, deployment, end_user, identity_mode,
-		count(*) OVER (PARTITION BY session_id) AS n
-	FROM r ORDER BY session_id, ord
-), s AS (
+WITH s AS (
 	INSERT INTO sessions (id, tenant_id, deployment, end_user, identity_mode, next_seq)
-	SELECT session_id, tenant_id, deployment, end_user, identity_mode, n FROM per
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
 	ON CONFLICT (id) DO UPDATE SET next_seq = sessions.next_seq + EXCLUDED.next_seq, last_active_at = now(),
 		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
 	WHERE sessions.tenant_id = EXCLUDED.tenant_id AND sessions.status = 'open'
-	RETURNING id, next_seq
-), numbered AS (
-	SELECT r.*, s.next_seq - count(*) OVER (PARTITION BY r.session_id)
-		+ row_number() OVER (PARTITION BY r.session_id ORDER BY r.ord) - 1 AS seq
-	FROM r JOIN s ON s.id = r.session_id
+	RETURNING id, tenant_id, next_seq
 )
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
 	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
 	continuation_hash, request_id)
-SELECT tenant_id, session_id, seq, completion_id, protocol, stream, deployment, model_version,
-	request::jsonb, response::jsonb, prompt_ids::int[], completion_ids::int[], logprobs::real[],
-	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, continuation_hash, request_id
-FROM numbered
+SELECT s.tenant_id, s.id, s.next_seq - r.back, r.completion_id, r.protocol, r.stream, r.deployment, r.model_version,
+	r.request::jsonb, r.response::jsonb, r.prompt_ids::int[], r.completion_ids::int[], r.logprobs::real[],
+	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id
+FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::text[], $13::text[], $14::text[],
+		$15::text[], $16::text[], $17::text[], $18::text[], $19::int[], $20::int[], $21::text[], $22::text[],
+		$23::text[], $24::float8[], $25::bytea[], $26::text[])
+	AS r(session_id, back, completion_id, protocol, stream, deployment, model_version, request, response,
+		prompt_ids, completion_ids, logprobs, prompt_tokens, completion_tokens, finish_reason, status, error,
+		latency_ms, continuation_hash, request_id)
+JOIN s ON s.id = r.session_id
 RETURNING completion_id, id, seq`
 
 func intLiteral(xs []int32) *string {
@@ -157,34 +151,72 @@ func floatLiteral(xs []float32) *string {
 // InsertInteractions inserts rows in one statement, so the batch commits
 // with one WAL flush. On a pool (autocommit) the statement is its own
 // transaction and has committed when this returns without error. errs[i] is
-// ErrSessionClosed for a row whose session refused it.
+// ErrSessionClosed for a row whose session refused it. A session id that
+// two tenants use within one batch takes a second statement for the later
+// tenant's rows, so each row is checked against its own tenant.
 func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([]Captured, []error, error) {
 	n := len(rows)
+	// Sessions in first-seen order, each with its rows' count; a row's
+	// offset back from the session's new counter is count - place.
+	type sess struct{ first, count int }
+	sessions := make(map[string]*sess, n)
+	order := make([]*sess, 0, n)
+	place := make([]int, n)
+	var later []int // rows whose session id another tenant used first
+	for i, r := range rows {
+		e, ok := sessions[r.SessionID]
+		switch {
+		case !ok:
+			e = &sess{first: i}
+			sessions[r.SessionID] = e
+			order = append(order, e)
+		case rows[e.first].TenantID != r.TenantID:
+			later = append(later, i)
+			place[i] = -1
+			continue
+		}
+		place[i] = e.count
+		e.count++
+	}
+	m := len(order)
 	var (
-		sid, tenant, dep, user, mode, cid, proto = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		stream                                   = make([]bool, n)
-		version, finish, status, errText, reqID  = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		req, resp, pids, cids, lps               = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
-		ptok, ctok                               = make([]int32, n), make([]int32, n)
-		lat                                      = make([]float64, n)
-		hash                                     = make([][]byte, n)
+		sid, sTenant, sDep, sUser, sMode = make([]string, m), make([]string, m), make([]string, m), make([]string, m), make([]string, m)
+		sCount                           = make([]int32, m)
+	)
+	for j, e := range order {
+		r := rows[e.first]
+		sid[j], sTenant[j], sDep[j], sUser[j], sMode[j], sCount[j] = r.SessionID, r.TenantID, r.Deployment, r.EndUser, r.IdentityMode, int32(e.count)
+	}
+	k := n - len(later)
+	var (
+		rSid, cid, proto, dep, version, finish, status, errText, reqID = make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k)
+		back, ptok, ctok                                               = make([]int32, 0, k), make([]int32, 0, k), make([]int32, 0, k)
+		stream                                                         = make([]bool, 0, k)
+		req, resp, pids, cids, lps                                     = make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k)
+		lat                                                            = make([]float64, 0, k)
+		hash                                                           = make([][]byte, 0, k)
 	)
 	index := make(map[string]int, n)
 	for i, r := range rows {
-		sid[i], tenant[i], dep[i], user[i], mode[i], cid[i], proto[i] = r.SessionID, r.TenantID, r.Deployment, r.EndUser, r.IdentityMode, r.CompletionID, r.Protocol
-		stream[i], version[i], finish[i], status[i], errText[i], reqID[i] = r.Stream, r.ModelVersion, r.FinishReason, r.Status, r.Error, r.RequestID
-		rq := string(r.Request)
-		req[i] = &rq
-		if len(r.Response) > 0 {
-			rs := string(r.Response)
-			resp[i] = &rs
+		if place[i] < 0 {
+			continue
 		}
-		pids[i], cids[i], lps[i] = intLiteral(r.PromptTokenIDs), intLiteral(r.CompletionTokenIDs), floatLiteral(r.Logprobs)
-		ptok[i], ctok[i], lat[i], hash[i] = int32(r.PromptTokens), int32(r.CompletionTokens), r.LatencyMS, r.ContinuationHash
+		rSid, cid, proto, dep, version = append(rSid, r.SessionID), append(cid, r.CompletionID), append(proto, r.Protocol), append(dep, r.Deployment), append(version, r.ModelVersion)
+		finish, status, errText, reqID = append(finish, r.FinishReason), append(status, r.Status), append(errText, r.Error), append(reqID, r.RequestID)
+		back = append(back, int32(sessions[r.SessionID].count-place[i]))
+		ptok, ctok, stream, lat, hash = append(ptok, int32(r.PromptTokens)), append(ctok, int32(r.CompletionTokens)), append(stream, r.Stream), append(lat, r.LatencyMS), append(hash, r.ContinuationHash)
+		rq := string(r.Request)
+		var rs *string
+		if len(r.Response) > 0 {
+			s := string(r.Response)
+			rs = &s
+		}
+		req, resp = append(req, &rq), append(resp, rs)
+		pids, cids, lps = append(pids, intLiteral(r.PromptTokenIDs)), append(cids, intLiteral(r.CompletionTokenIDs)), append(lps, floatLiteral(r.Logprobs))
 		index[r.CompletionID] = i
 	}
-	res, err := db.Query(ctx, insertBatchSQL, sid, tenant, dep, user, mode, cid, proto, stream, version, req, resp,
-		pids, cids, lps, ptok, ctok, finish, status, errText, lat, hash, reqID)
+	res, err := db.Query(ctx, insertBatchSQL, sid, sTenant, sDep, sUser, sMode, sCount,
+		rSid, back, cid, proto, stream, dep, version, req, resp, pids, cids, lps, ptok, ctok, finish, status, errText, lat, hash, reqID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}
@@ -206,8 +238,24 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}
 	for i := range rows {
-		if !got[i] {
+		if !got[i] && place[i] >= 0 {
 			errs[i] = ErrSessionClosed
+		}
+	}
+	if len(later) > 0 {
+		rest := make([]*NewInteraction, len(later))
+		for j, i := range later {
+			rest[j] = rows[i]
+		}
+		// The first statement may have committed already: a failure
+		// here belongs to these rows alone.
+		restOut, restErrs, err := InsertInteractions(ctx, db, rest)
+		for j, i := range later {
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			out[i], errs[i] = restOut[j], restErrs[j]
 		}
 	}
 	return out, errs, nil

@@ -76,3 +76,42 @@ func TestInsertInteractionsBatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 4, c.Seq)
 }
+
+// TestInsertInteractionsBatchSessionIDOfTwoTenants: when two tenants send
+// the same session id in one batch, each row is checked against its own
+// tenant: the owner's rows land in order, the other tenant's are refused
+// and never attached to the owner's session.
+func TestInsertInteractionsBatchSessionIDOfTwoTenants(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	require.NoError(t, store.EnsureTenant(ctx, pool, "a"))
+	require.NoError(t, store.EnsureTenant(ctx, pool, "b"))
+	n := 0
+	row := func(tenant, session string) *store.NewInteraction {
+		n++
+		return &store.NewInteraction{TenantID: tenant, SessionID: session, IdentityMode: "header",
+			CompletionID: fmt.Sprintf("t-%d", n), Protocol: "openai", Deployment: "d", ModelVersion: "d",
+			Request: json.RawMessage(`{}`), Status: "ok"}
+	}
+	_, err := store.InsertInteraction(ctx, pool, row("b", "b-owned"))
+	require.NoError(t, err)
+	// "b-owned" is b's already; "fresh" is created by a, its first user.
+	rows := []*store.NewInteraction{row("a", "b-owned"), row("b", "b-owned"), row("a", "fresh"),
+		row("b", "fresh"), row("b", "b-owned"), row("a", "fresh")}
+	got, errs, err := store.InsertInteractions(ctx, pool, rows)
+	require.NoError(t, err)
+	wantSeq := []int{-1, 1, 0, -1, 2, 1}
+	for i, want := range wantSeq {
+		if want < 0 {
+			require.ErrorIs(t, errs[i], store.ErrSessionClosed, "row %d", i)
+			_, err := store.InteractionByCompletion(ctx, pool, rows[i].TenantID, rows[i].CompletionID)
+			require.ErrorIs(t, err, store.ErrNotFound, "row %d", i)
+			continue
+		}
+		require.NoError(t, errs[i], "row %d", i)
+		require.Equal(t, want, got[i].Seq, "row %d", i)
+		it, err := store.InteractionByCompletion(ctx, pool, rows[i].TenantID, rows[i].CompletionID)
+		require.NoError(t, err)
+		require.Equal(t, rows[i].SessionID, it.SessionID)
+	}
+}
