@@ -99,21 +99,21 @@ func text(raw json.RawMessage) string {
 // and boxes every value, which made this fixture cost more CPU per call
 // than the gateway under test.
 type wireCompletion struct {
-	ID             string         `json:"id"`
-	Object         string         `json:"object"`
-	Created        int64          `json:"created"`
-	Model          string         `json:"model"`
-	Choices        []wireChoice   `json:"choices"`
-	Usage          map[string]int `json:"usage"`
-	PromptTokenIDs []int          `json:"prompt_token_ids,omitempty"`
+	ID             string          `json:"id"`
+	Object         string          `json:"object"`
+	Created        int64           `json:"created"`
+	Model          string          `json:"model"`
+	Choices        []wireChoice    `json:"choices"`
+	Usage          map[string]int  `json:"usage"`
+	PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
 }
 
 type wireChoice struct {
-	Index        int           `json:"index"`
-	Message      wireMessage   `json:"message"`
-	FinishReason string        `json:"finish_reason"`
-	Logprobs     *wireLogprobs `json:"logprobs,omitempty"`
-	TokenIDs     []int         `json:"token_ids,omitempty"`
+	Index        int             `json:"index"`
+	Message      wireMessage     `json:"message"`
+	FinishReason string          `json:"finish_reason"`
+	Logprobs     *wireLogprobs   `json:"logprobs,omitempty"`
+	TokenIDs     json.RawMessage `json:"token_ids,omitempty"`
 }
 
 type wireMessage struct {
@@ -134,13 +134,52 @@ type wireFunction struct {
 }
 
 type wireLogprobs struct {
-	Content []wireLogprob `json:"content"`
+	// Content is written by appendLogprobs: one object per token is the
+	// bulk of an answer, and reflection over it was the bulk of the cost.
+	Content json.RawMessage `json:"content"`
 }
 
-type wireLogprob struct {
-	Token       string     `json:"token"`
-	Logprob     float64    `json:"logprob"`
-	TopLogprobs []struct{} `json:"top_logprobs"`
+// appendLogprobs appends the logprobs content array for ids:
+// [{"token":…,"logprob":…,"top_logprobs":[]},…].
+func appendLogprobs(b []byte, ids []int, tokText func(int) string, lp func(int) float64) []byte {
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"token":`...)
+		b = appendString(b, tokText(id))
+		b = append(b, `,"logprob":`...)
+		b = strconv.AppendFloat(b, lp(i), 'g', -1, 64)
+		b = append(b, `,"top_logprobs":[]}`...)
+	}
+	return append(b, ']')
+}
+
+// appendInts appends xs as a JSON array.
+func appendInts(b []byte, xs []int) []byte {
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	return append(b, ']')
+}
+
+// appendString appends s as a JSON string: plain printable ASCII as it
+// is, anything else as encoding/json writes it.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // ServeHTTP routes /v1/chat/completions and /v1/models.
@@ -246,17 +285,13 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		}
 		choice := wireChoice{Message: msg, FinishReason: finish}
 		if req.Logprobs {
-			lps := make([]wireLogprob, len(ids))
-			for i, t := range ids {
-				lps[i] = wireLogprob{Token: tokText(t), Logprob: lp(i), TopLogprobs: []struct{}{}}
-			}
-			choice.Logprobs = &wireLogprobs{Content: lps}
+			choice.Logprobs = &wireLogprobs{Content: appendLogprobs(nil, ids, tokText, lp)}
 		}
 		resp := wireCompletion{ID: id, Object: "chat.completion", Created: time.Now().Unix(), Model: f.model(),
 			Choices: []wireChoice{choice}, Usage: usage}
 		if req.ReturnTokenIDs {
-			resp.Choices[0].TokenIDs = ids
-			resp.PromptTokenIDs = promptIDs
+			resp.Choices[0].TokenIDs = appendInts(nil, ids)
+			resp.PromptTokenIDs = appendInts(nil, promptIDs)
 		}
 		writeJSON(w, 200, resp)
 		return

@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/inference"
 )
 
 // vllmBody is a non-streaming answer the way vLLM writes it with
@@ -113,6 +119,27 @@ func TestDecodeWireFastPathTakesVLLMAnswers(t *testing.T) {
 	require.Len(t, w.Choices[0].Logprobs.Content, 40)
 	require.Equal(t, "token_id:1039", w.Choices[0].Logprobs.Content[39].Token)
 	require.Equal(t, 40, w.Usage.CompletionTokens)
+}
+
+// The fixture that tests and `flywheel bench gateway` run must take the
+// fast path too, or the benchmark measures the fallback.
+func TestDecodeWireFastPathTakesFixtureAnswers(t *testing.T) {
+	srv := httptest.NewServer(&vllmfixture.Fixture{})
+	defer srv.Close()
+	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", VLLM: true})
+	require.NoError(t, err)
+	body, err := json.Marshal(b.wire(&inference.Request{Messages: []inference.Message{{Role: "user", Content: "héllo \"there\"\n"}}}, false))
+	require.NoError(t, err)
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var w wireResponse
+	d := fastDecoder{buf: answer}
+	require.NoError(t, d.response(&w), "answer %s", answer)
+	checkSameAsJSON(t, answer)
+	require.Len(t, w.Choices[0].Logprobs.Content, len(w.Choices[0].TokenIDs))
 }
 
 // Inputs the fast decoder declines still decode, through encoding/json.
