@@ -164,6 +164,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	// Interleave the two systems in short rounds so drift in machine load
 	// hits both equally.
 	var baseLat, gwLat []time.Duration
+	capBefore := captureSnapshot(srv.metrics)
 	rounds := 4
 	for r := 0; r < rounds; r++ {
 		d := bc.Duration / time.Duration(rounds)
@@ -175,8 +176,9 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	res.BaselineP50ms, res.BaselineP99ms = pct(baseLat, 0.50), pct(baseLat, 0.99)
 	res.GatewayP50ms, res.GatewayP99ms = pct(gwLat, 0.50), pct(gwLat, 0.99)
 	res.AddedP50ms, res.AddedP99ms = res.GatewayP50ms-res.BaselineP50ms, res.GatewayP99ms-res.BaselineP99ms
-	logf("fixed %d rps: baseline p50 %.3f ms p99 %.3f ms (%d errors); gateway p50 %.3f ms p99 %.3f ms (%d errors)",
-		bc.RPS, res.BaselineP50ms, res.BaselineP99ms, res.BaselineErrors, res.GatewayP50ms, res.GatewayP99ms, res.GatewayErrors)
+	meanBatch, meanCommit := captureSnapshot(srv.metrics).since(capBefore)
+	logf("fixed %d rps: baseline p50 %.3f ms p99 %.3f ms (%d errors); gateway p50 %.3f ms p99 %.3f ms (%d errors), its capture commits %.3f ms mean for %.1f rows mean",
+		bc.RPS, res.BaselineP50ms, res.BaselineP99ms, res.BaselineErrors, res.GatewayP50ms, res.GatewayP99ms, res.GatewayErrors, meanCommit, meanBatch)
 
 	// Alternate the systems round by round and keep medians: on a shared
 	// machine one round can be hit by someone else's build.
