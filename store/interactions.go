@@ -87,8 +87,11 @@ func (n *NewInteraction) args() []any {
 // and inserts the rows ($7-), each numbered back from the new counter by
 // the offset the caller computed (its session's row count minus its place
 // among them). Token arrays travel as array literals because Postgres
-// cannot unnest ragged 2-D arrays. Rows whose session belongs to another
-// tenant or is no longer open find no session row and are not inserted.
+// cannot unnest ragged 2-D arrays. The empty string stands for NULL in the
+// nullable text columns (no JSON document or array literal is empty):
+// pgx encodes []string directly but nullable strings by reflection. Rows
+// whose session belongs to another tenant or is no longer open find no
+// session row and are not inserted.
 // The numbering is done by the caller rather than by window functions
 // here: Postgres CPU per captured row is what bounds capture throughput.
 const insertBatchSQL = `
@@ -105,7 +108,8 @@ INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, s
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
 	continuation_hash, request_id)
 SELECT s.tenant_id, s.id, s.next_seq - r.back, r.completion_id, r.protocol, r.stream, r.deployment, r.model_version,
-	r.request::jsonb, r.response::jsonb, r.prompt_ids::int[], r.completion_ids::int[], r.logprobs::real[],
+	r.request::jsonb, nullif(r.response, '')::jsonb, nullif(r.prompt_ids, '')::int[], nullif(r.completion_ids, '')::int[],
+	nullif(r.logprobs, '')::real[],
 	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id
 FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::text[], $13::text[], $14::text[],
 		$15::text[], $16::text[], $17::text[], $18::text[], $19::int[], $20::int[], $21::text[], $22::text[],
@@ -116,9 +120,10 @@ FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::te
 JOIN s ON s.id = r.session_id
 RETURNING completion_id, id, seq`
 
-func intLiteral(xs []int32) *string {
+// intLiteral is xs as an array literal, "" for nil (NULL).
+func intLiteral(xs []int32) string {
 	if xs == nil {
-		return nil
+		return ""
 	}
 	b := make([]byte, 0, len(xs)*4+2)
 	b = append(b, '{')
@@ -128,13 +133,13 @@ func intLiteral(xs []int32) *string {
 		}
 		b = strconv.AppendInt(b, int64(x), 10)
 	}
-	s := string(append(b, '}'))
-	return &s
+	return string(append(b, '}'))
 }
 
-func floatLiteral(xs []float32) *string {
+// floatLiteral is xs as an array literal, "" for nil (NULL).
+func floatLiteral(xs []float32) string {
 	if xs == nil {
-		return nil
+		return ""
 	}
 	b := make([]byte, 0, len(xs)*8+2)
 	b = append(b, '{')
@@ -144,8 +149,7 @@ func floatLiteral(xs []float32) *string {
 		}
 		b = strconv.AppendFloat(b, float64(x), 'g', -1, 32)
 	}
-	s := string(append(b, '}'))
-	return &s
+	return string(append(b, '}'))
 }
 
 // InsertInteractions inserts rows in one statement, so the batch commits
@@ -192,7 +196,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		rSid, cid, proto, dep, version, finish, status, errText, reqID = make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k)
 		back, ptok, ctok                                               = make([]int32, 0, k), make([]int32, 0, k), make([]int32, 0, k)
 		stream                                                         = make([]bool, 0, k)
-		req, resp, pids, cids, lps                                     = make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k), make([]*string, 0, k)
+		req, resp, pids, cids, lps                                     = make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k)
 		lat                                                            = make([]float64, 0, k)
 		hash                                                           = make([][]byte, 0, k)
 	)
@@ -205,13 +209,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		finish, status, errText, reqID = append(finish, r.FinishReason), append(status, r.Status), append(errText, r.Error), append(reqID, r.RequestID)
 		back = append(back, int32(sessions[r.SessionID].count-place[i]))
 		ptok, ctok, stream, lat, hash = append(ptok, int32(r.PromptTokens)), append(ctok, int32(r.CompletionTokens)), append(stream, r.Stream), append(lat, r.LatencyMS), append(hash, r.ContinuationHash)
-		rq := string(r.Request)
-		var rs *string
-		if len(r.Response) > 0 {
-			s := string(r.Response)
-			rs = &s
-		}
-		req, resp = append(req, &rq), append(resp, rs)
+		req, resp = append(req, string(r.Request)), append(resp, string(r.Response))
 		pids, cids, lps = append(pids, intLiteral(r.PromptTokenIDs)), append(cids, intLiteral(r.CompletionTokenIDs)), append(lps, floatLiteral(r.Logprobs))
 		index[r.CompletionID] = i
 	}

@@ -114,4 +114,16 @@ func TestInsertInteractionsBatchSessionIDOfTwoTenants(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, rows[i].SessionID, it.SessionID)
 	}
+	// No response and no token arrays are stored as NULL, not as empty
+	// values; an empty token list stays an empty array.
+	empty := row("a", "fresh")
+	empty.CompletionTokenIDs = []int32{}
+	_, errs, err = store.InsertInteractions(ctx, pool, []*store.NewInteraction{empty})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	var nulls, emptyArray bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT response IS NULL AND prompt_token_ids IS NULL AND logprobs IS NULL,
+		completion_token_ids = '{}' FROM interactions WHERE completion_id = $1`, empty.CompletionID).Scan(&nulls, &emptyArray))
+	require.True(t, nulls)
+	require.True(t, emptyArray)
 }
