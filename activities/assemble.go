@@ -32,6 +32,9 @@ type capturedRequest struct {
 	Model    string              `json:"model"`
 	Messages []inference.Message `json:"messages"`
 	Tools    []inference.Tool    `json:"tools"`
+	// MaxTokens is the client's bound (0: none given); a gate replaying
+	// the request keeps it, so a side is not asked for more than users get.
+	MaxTokens int `json:"max_tokens"`
 }
 
 type capturedResponse struct {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -183,4 +184,39 @@ func TestResetTrainerGoesBackToAStoredVersion(t *testing.T) {
 	require.ErrorContains(t, err, "no such file")
 	_, err = acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "other", Version: "other@v1"})
 	require.ErrorContains(t, err, "trains \"dep\"")
+}
+
+func TestClaimTakesWholeGroups(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 6, 1)
+	ids, err := pgx.CollectRows(must(db.Query(ctx, `SELECT id FROM training_samples ORDER BY created_at, id`)), pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, ids, 6)
+	// g1 starts first and ends late; g2 sits between its members.
+	for i, g := range []string{"g1", "g2", "g2", "g1", "g1", ""} {
+		_, err := db.Exec(ctx, `UPDATE training_samples SET group_id = $1 WHERE id = $2`, g, ids[i])
+		require.NoError(t, err)
+	}
+	acts := &Training{DB: db}
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 2, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, 3, claim.Samples, "the whole first group, though it is larger than the batch")
+	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
+	require.NoError(t, err)
+	for _, s := range samples {
+		require.Equal(t, "g1", s.GroupID)
+	}
+	next, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 3, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, 3, next.Samples, "g2 and the singleton")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -89,7 +89,7 @@ type GatewayConfig struct {
 
 // WorkerConfig is the Temporal worker process.
 type WorkerConfig struct {
-	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-trainer,flywheel-sandbox)"`
+	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-sessions,flywheel-trainer,flywheel-sandbox)"`
 }
 
 // DockerConfig is the Docker Engine used for sandboxes.
@@ -136,7 +136,7 @@ func Default() Config {
 			KeyCacheTTL:     10 * time.Second,
 			StatusDevTenant: DevTenant,
 		},
-		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-trainer", "flywheel-sandbox"}},
+		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
 		Log:     LogConfig{Level: "info", Format: "text"},
 		DataDir: ".flywheel/data",
 	}

@@ -34,34 +34,45 @@ func BaseOrigin() string {
 	return "demo base " + BaseKey(DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN)
 }
 
+// GateSafetyPrompts is the demo deployment's safety suite for the release
+// gate: fixed prompts (their own seed, so the fleet's fresh safety prompts
+// practically never repeat them) whose only right answer is the refusal.
+func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 16) }
+
 // TrainerConfig is the online trainer's configuration for the demo: the
-// learning rate RunOffline measured to learn the task in minutes. The
+// learning rate RunOffline measured to learn the task in minutes, and the
+// staleness bound η of TrainingPolicy (the trainer and the training loop
+// must agree on it, or the loop claims batches the trainer refuses). The
 // behaviour temperature is the trainer's default 1, the agents' default.
 func TrainerConfig(log *slog.Logger) trainer.Config {
-	return trainer.Config{Optim: trainer.OptimConfig{LR: RehearsalConfig{}.withDefaults().LR}, Logger: log}
+	return trainer.Config{Optim: trainer.OptimConfig{LR: RehearsalConfig{}.withDefaults().LR}, MaxStaleness: TrainingPolicy().MaxStaleness, Logger: log}
 }
 
 // TrainingPolicy is the demo deployment's control plane, scaled to a run of
-// minutes instead of days: short shadow and canary phases and the default
-// gates (reward may not drop more than 0.05, safety not at all). A step
-// waits for its release (about a minute here, the replay gate most of it),
-// so a batch takes what the fleet sends in that time (3 sessions/s: ~180)
-// instead of leaving it to go stale: measured with 64-sample batches, half
-// the samples were dropped as stale.
+// minutes instead of days: small batches, short shadow and canary phases,
+// and the default gates (reward may not drop more than 0.05, safety not at
+// all). Training goes on while a candidate is gated, up to η steps past the
+// serving version.
 func TrainingPolicy() workflows.TrainingPolicy {
 	return workflows.TrainingPolicy{
-		BatchSize:    160,
-		MaxBatchAge:  20 * time.Second,
-		PollInterval: 2 * time.Second,
-		// Samples taken more than this many versions back are dropped.
-		MaxStaleness: 3,
+		// Eight GRPO groups of eight a step: with four groups or fewer
+		// the task does not learn at all (measured with RunOffline's
+		// rehearsal: 600 steps of 32 samples stay at 0% while 400 steps of
+		// 64 reach 52%).
+		BatchSize:    64,
+		MaxBatchAge:  5 * time.Second,
+		PollInterval: 500 * time.Millisecond,
+		// Samples taken more than this many steps back are dropped; the
+		// trainer runs up to this far past the serving version while a
+		// candidate is gated.
+		MaxStaleness: 8,
 		StepTimeout:  5 * time.Minute,
 		Release: workflows.ReleasePolicy{
-			ShadowDuration:   5 * time.Second,
+			ShadowDuration:   2 * time.Second,
 			CanaryShare:      0.5,
-			CanaryDuration:   20 * time.Second,
+			CanaryDuration:   10 * time.Second,
 			CanaryChecks:     2,
-			MinCanarySamples: 16,
+			MinCanarySamples: 12,
 		},
 	}
 }

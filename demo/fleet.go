@@ -41,6 +41,9 @@ type FleetConfig struct {
 	TaskID string
 	// Task the agents work on. Default DefaultTask.
 	Task Task
+	// Exclude are prompts the agents never ask (the held-out set success
+	// is measured on, the safety suites).
+	Exclude []Prompt
 	// Seed seeds the prompts and reward timing. Default 1.
 	Seed uint64
 	// RunID prefixes session ids so runs never collide. Default: the start
@@ -259,7 +262,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 }
 
 func (f *Fleet) agent(ctx context.Context, idx int) {
-	gen, err := NewGenerator(f.cfg.Task, f.cfg.Seed+uint64(idx)*0x9e37, nil)
+	gen, err := NewGenerator(f.cfg.Task, f.cfg.Seed+uint64(idx)*0x9e37, f.cfg.Exclude)
 	if err != nil {
 		f.fail(err) // validated already; kept for safety
 		return
@@ -349,13 +352,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 		return errors.New("chat completion: no choices")
 	}
 	sc := Verify(p.Want, resp.Choices[0].Message.Content)
-	version := resp.SystemFingerprint
-	if httpResp != nil && httpResp.Header.Get(HeaderModelVersion) != "" {
-		version = httpResp.Header.Get(HeaderModelVersion)
-	}
-	if version == "" {
-		version = resp.Model
-	}
+	version := servedVersion(resp, httpResp)
 	f.record(SessionRow{ID: sid, Prompt: p.Text, Answer: resp.Choices[0].Message.Content, Reward: sc.Reward, Version: version}, p, sc)
 
 	if rng.Float64() < f.cfg.DelayedFraction {
@@ -453,13 +450,18 @@ func (f *Fleet) post(ctx context.Context, path string, body any) error {
 // postInto posts body as JSON with the fleet's key and decodes a 2xx
 // answer into out (when not nil).
 func (f *Fleet) postInto(ctx context.Context, path string, body any, out any) error {
+	return f.send(ctx, http.MethodPost, path, body, out)
+}
+
+// send makes one JSON request with the fleet's key.
+func (f *Fleet) send(ctx context.Context, method, path string, body any, out any) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("post %s: %w", path, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.root+path, bytes.NewReader(raw))
+	req, err := http.NewRequestWithContext(ctx, method, f.root+path, bytes.NewReader(raw))
 	if err != nil {
 		return fmt.Errorf("post %s: %w", path, err)
 	}
@@ -515,4 +517,16 @@ func (r *rolling) mean() float64 {
 		return 0
 	}
 	return float64(r.hits) / float64(n)
+}
+
+// servedVersion is the version that answered: the header, else the
+// system fingerprint, else the model name.
+func servedVersion(resp *openai.ChatCompletion, httpResp *http.Response) string {
+	if httpResp != nil && httpResp.Header.Get(HeaderModelVersion) != "" {
+		return httpResp.Header.Get(HeaderModelVersion)
+	}
+	if resp.SystemFingerprint != "" {
+		return resp.SystemFingerprint
+	}
+	return resp.Model
 }

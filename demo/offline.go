@@ -24,20 +24,25 @@ type Summary struct {
 	SafetyEnd    float64 `json:"safety_end"`
 	// VersionsPromoted and VersionsRolledBack count gate decisions;
 	// VersionsHeld counts candidates that were not released.
-	VersionsPromoted   int          `json:"versions_promoted"`
-	VersionsRolledBack int          `json:"versions_rolled_back"`
-	VersionsHeld       int          `json:"versions_held"`
-	ServingVersion     string       `json:"serving_version"`
-	TrainSteps         int          `json:"train_steps"`
-	SampledAnswers     int          `json:"sampled_answers"`
-	Params             int          `json:"params"`
-	BaseBuildSeconds   float64      `json:"base_build_seconds"`
-	BaseCached         bool         `json:"base_cached"`
-	WallSeconds        float64      `json:"wall_seconds"`
-	CurvePNG           string       `json:"curve_png"`
-	CurveSVG           string       `json:"curve_svg"`
-	StatusHTML         string       `json:"status_html"`
-	Curve              []CurvePoint `json:"curve"`
+	VersionsPromoted   int     `json:"versions_promoted"`
+	VersionsRolledBack int     `json:"versions_rolled_back"`
+	VersionsHeld       int     `json:"versions_held"`
+	ServingVersion     string  `json:"serving_version"`
+	TrainSteps         int     `json:"train_steps"`
+	SampledAnswers     int     `json:"sampled_answers"`
+	Params             int     `json:"params"`
+	BaseBuildSeconds   float64 `json:"base_build_seconds"`
+	BaseCached         bool    `json:"base_cached"`
+	WallSeconds        float64 `json:"wall_seconds"`
+	CurvePNG           string  `json:"curve_png"`
+	CurveSVG           string  `json:"curve_svg"`
+	StatusHTML         string  `json:"status_html"`
+	// LiveSuccessEnd is the agents' own sampled success over their last
+	// answers (online mode; temperature 1, so below the greedy score).
+	LiveSuccessEnd float64 `json:"live_success_end,omitempty"`
+	// StatusURL is the gateway's live status page (online mode).
+	StatusURL string       `json:"status_url,omitempty"`
+	Curve     []CurvePoint `json:"curve"`
 }
 
 // JSON is the summary as one line.

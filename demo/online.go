@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,13 +28,26 @@ type OnlineConfig struct {
 	ProgressInterval time.Duration
 	// SampleEvery is how often the live rates are recorded. Default 5s.
 	SampleEvery time.Duration
+	// EvalPrompts is how many held-out prompts (the ones the deployment's
+	// demo base was built without; the agents never ask them) each greedy
+	// evaluation asks, with EvalSafety safety prompts. Defaults 200 and 32.
+	EvalPrompts, EvalSafety int
+	// EvalEvery spaces the evaluations between the first and the last.
+	// Default 1m.
+	EvalEvery time.Duration
 }
 
-// RunOnline drives the fleet for Duration and summarises what the agents
-// saw. Start and end rates are the rolling window's, so they are the
-// agents' own sampled success, not a greedy held-out score; promotions and
-// rollbacks are inferred from the serving version the responses report (a
-// version seen before returning counts as a rollback).
+// evalSafetySeed seeds the safety prompts the demo measures with (apart
+// from the gate's own, GateSafetyPrompts).
+const evalSafetySeed = 9
+
+// RunOnline drives the fleet for Duration and summarises what it did.
+// Success and safety are greedy evaluations through the gateway (Evaluate)
+// at the start, every EvalEvery and at the end, on held-out prompts no
+// agent asks and as an end user who opted out of training; the curve also
+// shows the agents' own sampled success (Live); promotions and rollbacks are the control plane's own records
+// (GET /v1/status before and after), or, if that cannot be read, inferred
+// from the versions the responses report.
 func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.Duration <= 0 || cfg.OutDir == "" {
 		return Summary{}, errors.New("online demo: duration and out dir are required")
@@ -41,23 +55,72 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = 5 * time.Second
 	}
+	if cfg.EvalPrompts <= 0 {
+		cfg.EvalPrompts = deployHeldOutN
+	}
+	if cfg.EvalSafety <= 0 {
+		cfg.EvalSafety = 32
+	}
+	if cfg.EvalEvery <= 0 {
+		cfg.EvalEvery = time.Minute
+	}
+	heldOut, err := HeldOut(cfg.Fleet.Task.withDefaults(), deployHeldOutSeed, cfg.EvalPrompts)
+	if err != nil {
+		return Summary{}, err
+	}
+	safety := SafetySuite(evalSafetySeed, cfg.EvalSafety)
+	cfg.Fleet.Exclude = append(append(append(cfg.Fleet.Exclude, heldOut...), safety...), GateSafetyPrompts()...)
 	fleet, err := NewFleet(cfg.Fleet)
 	if err != nil {
 		return Summary{}, err
+	}
+	evals := 0
+	evaluate := func() (Evaluation, error) {
+		evals++
+		return fleet.Evaluate(ctx, fmt.Sprint(evals), heldOut, safety)
+	}
+	fc := fleet.cfg
+	// The control plane's own records say what was released; read them
+	// before and after (a deployment no session of ours has touched yet
+	// answers 404: nothing to subtract).
+	before, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
+	if err != nil && !errors.Is(err, ErrStatusNotFound) {
+		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
+	}
+	first, err := evaluate()
+	if err != nil {
+		return Summary{}, fmt.Errorf("online demo: first evaluation: %w", err)
 	}
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- fleet.Run(runCtx) }()
+	// Evaluations run beside the fleet; the loop takes their results.
+	evalCh := make(chan Evaluation, 1)
+	go func() {
+		t := time.NewTicker(cfg.EvalEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				if ev, err := evaluate(); err == nil {
+					evalCh <- ev
+				} else if runCtx.Err() == nil {
+					fleet.cfg.Logger.Warn("demo: evaluation failed", "err", err)
+				}
+			}
+		}
+	}()
+	latest := first
 
 	var prog *Progress
 	if cfg.Progress != nil {
 		prog = NewProgress(cfg.Progress, cfg.TTY, cfg.Duration, cfg.ProgressInterval)
 	}
 	start := time.Now()
-	var curve []CurvePoint
-	var startStats *FleetStats
-	fill := fleet.cfg.withDefaults().Window
+	curve := []CurvePoint{{Minutes: 0, Success: first.Success, Safety: first.Safety, Live: -1}}
 	tick := time.NewTicker(min(time.Second, cfg.SampleEvery))
 	defer tick.Stop()
 	lastSample := time.Time{}
@@ -66,7 +129,8 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 		if st.Calls == 0 && st.LastError != "" {
 			note += " (" + truncate(st.LastError, 60) + ")"
 		}
-		return Status{Elapsed: time.Since(start), Success: st.Success, Safety: st.Safety, Version: st.Version, Note: note}
+		return Status{Elapsed: time.Since(start), Success: latest.Success, Safety: latest.Safety, Version: st.Version,
+			Note: fmt.Sprintf("%s, agents' own success %.0f%%", note, 100*st.Success)}
 	}
 loop:
 	for {
@@ -76,15 +140,13 @@ loop:
 				return Summary{}, err
 			}
 			break loop
+		case ev := <-evalCh:
+			latest = ev
 		case <-tick.C:
 			st := fleet.Stats()
-			if startStats == nil && st.Answered >= fill {
-				s := st
-				startStats = &s
-			}
 			if time.Since(lastSample) >= cfg.SampleEvery && st.Answered > 0 {
 				lastSample = time.Now()
-				curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: st.Success, Safety: st.Safety, Live: -1})
+				curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: latest.Success, Safety: latest.Safety, Live: st.Success})
 			}
 			if prog != nil {
 				prog.Update(status(st))
@@ -101,16 +163,29 @@ loop:
 	if end.Answered == 0 {
 		return Summary{}, fmt.Errorf("online demo: no answer in %s (%d errors; last: %s)", cfg.Duration, end.Errors, end.LastError)
 	}
-	if startStats == nil {
-		startStats = &end
+	last, err := evaluate()
+	if err != nil {
+		return Summary{}, fmt.Errorf("online demo: last evaluation: %w", err)
 	}
-	curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: end.Success, Safety: end.Safety, Live: -1})
+	curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: last.Success, Safety: last.Safety, Live: end.Success})
 	sum := Summary{
 		Mode: "online", Minutes: cfg.Duration.Minutes(),
-		SuccessStart: startStats.Success, SuccessEnd: end.Success, SafetyStart: startStats.Safety, SafetyEnd: end.Safety,
+		SuccessStart: first.Success, SuccessEnd: last.Success, SafetyStart: first.Safety, SafetyEnd: last.Safety,
+		LiveSuccessEnd: end.Success,
 		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(start).Seconds(), Curve: curve,
 	}
 	sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
+	if after, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model); err == nil {
+		sum.VersionsPromoted, sum.VersionsRolledBack = WeightsMoves(before, after, fc.Model)
+		for _, d := range after.Deployments {
+			if d.Name == fc.Model && d.ServingVersion != "" {
+				sum.ServingVersion = d.ServingVersion
+			}
+		}
+		sum.StatusURL = strings.TrimSuffix(strings.TrimSuffix(fc.BaseURL, "/"), "/v1") + "/status?deployment=" + url.QueryEscape(fc.Model)
+	} else {
+		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
+	}
 	if sum.CurvePNG, sum.CurveSVG, err = WriteCurve(cfg.OutDir, "Flywheel demo: agents' success through the gateway", curve); err != nil {
 		return sum, err
 	}

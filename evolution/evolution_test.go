@@ -2,6 +2,7 @@ package evolution
 
 import (
 	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -132,4 +133,20 @@ func TestHarnessAndToolSchemaProposals(t *testing.T) {
 	o := ToolSchemaFor(ToolFailure{Tool: "search", Rate: 0.5, Example: "missing query"}, "Search.")
 	require.Contains(t, o.Description, "Search. Note: 50%")
 	require.Contains(t, o.Description, "missing query")
+}
+
+func TestSignificantVerdictIgnoresNoiseButNotAClearLoss(t *testing.T) {
+	// 90 rewards a side with sd 0.3: a 0.06 dip is noise (SE ≈ 0.045).
+	se := MeanDiffSE(0.3, 90, 0.3, 90)
+	require.InDelta(t, 0.0447, se, 1e-3)
+	ok, why := SignificantVerdict(0.38, 0.44, se, 0.05)
+	require.True(t, ok, why)
+	ok, why = SignificantVerdict(0.20, 0.44, se, 0.05)
+	require.False(t, ok, why)
+	require.Contains(t, why, "SE")
+	// With no sample the difference is unknown: never a verdict of loss.
+	ok, _ = SignificantVerdict(0, 1, MeanDiffSE(0, 0, 0, 5), 0.05)
+	require.True(t, ok)
+	ok, _ = SignificantVerdict(math.NaN(), 1, 0, 0.05)
+	require.False(t, ok)
 }

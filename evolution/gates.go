@@ -96,6 +96,36 @@ func Verdict(candidate, baseline, maxDrop float64) (bool, string) {
 	return true, fmt.Sprintf("candidate %.4f vs baseline %.4f (allowed drop %.4f)", candidate, baseline, maxDrop)
 }
 
+// CanaryZ is the one-sided 95% quantile of the normal: a live comparison
+// fails only when the candidate's loss beyond the allowed drop is this many
+// standard errors clear of noise.
+const CanaryZ = 1.645
+
+// SignificantVerdict is Verdict for two sample means with standard error
+// se of their difference: the candidate fails only when it is worse than
+// the allowed drop by more than CanaryZ·se, so a canary on a few dozen
+// noisy rewards does not roll back an equal candidate one time in eight.
+func SignificantVerdict(candidate, baseline, se, maxDrop float64) (bool, string) {
+	if math.IsNaN(candidate) || math.IsNaN(baseline) || math.IsNaN(se) {
+		return false, "score is not a number"
+	}
+	margin := maxDrop + CanaryZ*se
+	if candidate < baseline-margin-1e-12 {
+		return false, fmt.Sprintf("candidate %.4f is more than %.4f (allowed drop %.4f + %.3g·SE %.4f) below baseline %.4f",
+			candidate, margin, maxDrop, CanaryZ, se, baseline)
+	}
+	return true, fmt.Sprintf("candidate %.4f vs baseline %.4f (allowed drop %.4f + %.3g·SE %.4f)", candidate, baseline, maxDrop, CanaryZ, se)
+}
+
+// MeanDiffSE is the standard error of the difference of two independent
+// sample means given their standard deviations and sizes.
+func MeanDiffSE(sdA float64, nA int, sdB float64, nB int) float64 {
+	if nA <= 0 || nB <= 0 {
+		return math.Inf(1)
+	}
+	return math.Sqrt(sdA*sdA/float64(nA) + sdB*sdB/float64(nB))
+}
+
 // Mean is the arithmetic mean (0 for none).
 func Mean(xs []float64) float64 {
 	if len(xs) == 0 {

@@ -154,7 +154,7 @@ func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 	defer cancel()
 	_, err := n.c.SignalWithStartWorkflow(ctx, q.input.SessionID, workflows.SessionEventsSignal,
 		workflows.SessionEvents{Events: q.events},
-		client.StartWorkflowOptions{ID: q.input.SessionID, TaskQueue: workflows.TaskQueue},
+		client.StartWorkflowOptions{ID: q.input.SessionID, TaskQueue: workflows.SessionTaskQueue},
 		workflows.SessionWorkflowName, q.input)
 	return err
 }

@@ -96,7 +96,7 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	desc, err := tc.DescribeWorkflowExecution(context.Background(), sid, "")
 	require.NoError(t, err)
 	require.Equal(t, workflows.SessionWorkflowName, desc.WorkflowExecutionInfo.Type.Name)
-	require.Equal(t, workflows.TaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
+	require.Equal(t, workflows.SessionTaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
 	var input workflows.SessionInput
 	hist := tc.GetWorkflowHistory(context.Background(), sid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	first, err := hist.Next()

@@ -143,6 +143,7 @@ temporal_up() {
 		setsid nohup "$TEMPORAL_CLI" server start-dev \
 			--ip 127.0.0.1 --port "$TEMPORAL_PORT" --ui-port "$TEMPORAL_UI_PORT" \
 			--db-filename "$STATE/temporal.db" --namespace flywheel --log-level warn \
+			--sqlite-pragma journal_mode=wal --sqlite-pragma synchronous=normal \
 			>"$LOGS/temporal.log" 2>&1 </dev/null &
 		echo $! >"$STATE/temporal.pid"
 		wait_for 90 "Temporal dev server" temporal_healthy

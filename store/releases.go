@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ArtefactKind maps a release layer to its artefacts.kind ("" for weights).
@@ -325,5 +326,25 @@ func EvalSuite(ctx context.Context, db DBTX, deployment, suite string) ([]EvalPr
 		var p EvalPrompt
 		err := r.Scan(&p.ID, &p.Messages, &p.Expect)
 		return p, err
+	})
+}
+
+// ReplaceEvalSuite makes prompts the deployment's own suite (shared
+// prompts stay), in one transaction: rerunning it never duplicates them.
+func ReplaceEvalSuite(ctx context.Context, db *pgxpool.Pool, deployment, suite string, prompts []EvalPrompt) error {
+	if deployment == "" {
+		return errors.New("replace eval suite: a deployment is required (shared prompts are not replaced)")
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM eval_prompts WHERE deployment = $1 AND suite = $2`, deployment, suite); err != nil {
+			return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
+		}
+		for _, p := range prompts {
+			if _, err := tx.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ($1, $2, $3, $4)`,
+				deployment, suite, p.Messages, p.Expect); err != nil {
+				return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
+			}
+		}
+		return nil
 	})
 }

@@ -92,9 +92,17 @@ WHERE deployment = $1 AND status = 'queued'
 			}
 			run.Dropped = int(tag.RowsAffected())
 		}
+		// Whole GRPO groups, oldest first, until the batch is full (the
+		// last group may take it past size): a group split across steps
+		// would be normalised against part of itself.
 		rows, err := tx.Query(ctx, `
-SELECT id FROM training_samples WHERE deployment = $1 AND status = 'queued'
-ORDER BY created_at, id LIMIT $2`, deployment, size)
+WITH q AS (
+  SELECT id, created_at, CASE WHEN group_id = '' THEN 'id:' || id ELSE group_id END AS k
+  FROM training_samples WHERE deployment = $1 AND status = 'queued'),
+g AS (SELECT k, min(created_at) AS first, count(*) AS n FROM q GROUP BY k),
+picked AS (
+  SELECT k FROM (SELECT k, sum(n) OVER (ORDER BY first, k) - n AS before FROM g) x WHERE before < $2)
+SELECT q.id FROM q JOIN picked USING (k) ORDER BY q.created_at, q.id`, deployment, size)
 		if err != nil {
 			return err
 		}

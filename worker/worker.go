@@ -40,7 +40,7 @@ func Run(ctx context.Context, c client.Client, queues map[string]Registrar, logg
 		logger.Info(msgStopped, "task_queues", names)
 	}()
 	for _, q := range names {
-		w := tworker.New(c, q, tworker.Options{})
+		w := tworker.New(c, q, workerOptions)
 		queues[q](w)
 		if err := w.Start(); err != nil {
 			return fmt.Errorf("start worker on task queue %s: %w", q, err)
@@ -51,6 +51,11 @@ func Run(ctx context.Context, c client.Client, queues map[string]Registrar, logg
 	<-ctx.Done()
 	return nil
 }
+
+// workerOptions: the SDK's two workflow-task pollers per queue cap a
+// queue at a few hundred tasks a second even when the server has more to
+// give (a burst of agent sessions), so each queue polls with eight.
+var workerOptions = tworker.Options{MaxConcurrentWorkflowTaskPollers: 8, MaxConcurrentActivityTaskPollers: 4}
 
 // LogCompute writes the one line that says whether this worker trains on a
 // GPU or falls back to the CPU, and why.

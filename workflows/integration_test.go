@@ -68,10 +68,12 @@ func newStack(t *testing.T) *stack {
 
 	red, err := redact.New(redact.Options{})
 	require.NoError(t, err)
-	w := tworker.New(tc, workflows.TaskQueue, tworker.Options{})
-	register(w, pool, red, engine, tc)
-	require.NoError(t, w.Start())
-	t.Cleanup(w.Stop)
+	for _, q := range []string{workflows.TaskQueue, workflows.SessionTaskQueue} {
+		w := tworker.New(tc, q, tworker.Options{})
+		register(w, pool, red, engine, tc)
+		require.NoError(t, w.Start())
+		t.Cleanup(w.Stop)
+	}
 
 	cfg := config.Default().Gateway
 	cfg.RateLimitRPS = 0

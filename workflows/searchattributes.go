@@ -36,12 +36,15 @@ func SearchAttributes() map[string]enumspb.IndexedValueType {
 	}
 }
 
-// Task queues. Workflows and light activities run on TaskQueue; training
-// steps on TrainerTaskQueue (workers with the policy weights and a GPU when
-// there is one); sandbox operations on SandboxTaskQueue (workers next to a
-// Docker engine).
+// Task queues. The control plane's workflows and light activities run on
+// TaskQueue; agent sessions on SessionTaskQueue, so thousands of open
+// sessions never queue ahead of a release or a train step; training steps
+// on TrainerTaskQueue (workers with the policy weights and a GPU when there
+// is one); sandbox operations on SandboxTaskQueue (workers next to a Docker
+// engine).
 const (
 	TaskQueue        = "flywheel"
+	SessionTaskQueue = "flywheel-sessions"
 	TrainerTaskQueue = "flywheel-trainer"
 	SandboxTaskQueue = "flywheel-sandbox"
 )

@@ -306,7 +306,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		runKey := fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps)
 		var claim ClaimBatchOutput
 		err := workflow.ExecuteActivity(r.light, ClaimBatchActivity, ClaimBatchInput{
-			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: p.MaxStaleness,
+			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(),
 		}).Get(ctx, &claim)
 		if err != nil {
 			return r.st, fmt.Errorf("claim batch: %w", err)
@@ -354,6 +354,17 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
 			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason},
 	})
+}
+
+// claimStaleness is η as the claim measures it, against the serving
+// version: the trainer is Ahead steps past that, and would drop what the
+// claim let through beyond η − Ahead, leaving a step on a sliver of its
+// batch.
+func (r *trainingRun) claimStaleness() int {
+	if r.p.MaxStaleness < 0 {
+		return r.p.MaxStaleness
+	}
+	return max(r.p.MaxStaleness-r.st.Ahead, 0)
 }
 
 func (r *trainingRun) drain() {

@@ -258,14 +258,20 @@ func registrations(d deps) map[string]worker.Registrar {
 	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir, Logger: d.logger}
 	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
 	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
+	sessions := func(r tworker.Registry) {
+		r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflowOpts(workflows.SessionWorkflowName))
+		r.RegisterActivityWithOptions(session.AssembleTrajectory, activityOpts(workflows.AssembleTrajectoryActivity))
+		r.RegisterActivityWithOptions(session.EnqueueSamples, activityOpts(workflows.EnqueueSamplesActivity))
+		r.RegisterActivityWithOptions(session.EndSession, activityOpts(workflows.EndSessionActivity))
+	}
 	return map[string]worker.Registrar{
+		workflows.SessionTaskQueue: sessions,
 		workflows.TaskQueue: func(r tworker.Registry) {
 			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
 			r.RegisterActivityWithOptions(ping.Ping, activityOpts(workflows.PingActivityName))
-			r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflowOpts(workflows.SessionWorkflowName))
-			r.RegisterActivityWithOptions(session.AssembleTrajectory, activityOpts(workflows.AssembleTrajectoryActivity))
-			r.RegisterActivityWithOptions(session.EnqueueSamples, activityOpts(workflows.EnqueueSamplesActivity))
-			r.RegisterActivityWithOptions(session.EndSession, activityOpts(workflows.EndSessionActivity))
+			// Sessions started on this queue before they had their own
+			// (continue-as-new keeps a workflow's queue) still finish.
+			sessions(r)
 			r.RegisterWorkflowWithOptions(workflows.ReleaseWorkflow, workflowOpts(workflows.ReleaseWorkflowName))
 			r.RegisterActivityWithOptions(release.BeginRelease, activityOpts(workflows.BeginReleaseActivity))
 			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"golang.org/x/sync/errgroup"
@@ -19,6 +21,7 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/demo"
+	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/worker"
@@ -86,6 +89,11 @@ func runUp(ctx context.Context, args []string) error {
 	pol, err := newPolicy(ctx, cfg, pool, pb, logger)
 	if err != nil {
 		return err
+	}
+	if pb != nil {
+		if err := installDemoSafetySuite(ctx, pool, cfg.Gateway.PolicyModel); err != nil {
+			return err
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	// One process runs every queue, SWE rollouts included: their agents
@@ -182,4 +190,19 @@ func devKey(ctx context.Context, db store.DBTX, path string) (string, error) {
 		return "", fmt.Errorf("save dev api key: %w", err)
 	}
 	return key, nil
+}
+
+// installDemoSafetySuite gives the demo deployment's safety gate the demo's
+// own refusal prompts (the built-in suite asks for refusals in words,
+// which the demo policy never learnt to give, so both sides would score 0).
+func installDemoSafetySuite(ctx context.Context, pool *pgxpool.Pool, deployment string) error {
+	var prompts []store.EvalPrompt
+	for _, p := range demo.GateSafetyPrompts() {
+		msgs, err := json.Marshal([]inference.Message{{Role: inference.RoleUser, Content: p.Text}})
+		if err != nil {
+			return err
+		}
+		prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want})
+	}
+	return store.ReplaceEvalSuite(ctx, pool, deployment, workflows.GateSafety, prompts)
 }

@@ -23,6 +23,14 @@ const TemporalNamespace = "flywheel"
 // The server stops at cleanup.
 func Temporal(t testing.TB) client.Client {
 	t.Helper()
+	c, _ := TemporalServer(t)
+	return c
+}
+
+// TemporalServer is Temporal, also returning the server's host:port for
+// code that dials it itself.
+func TemporalServer(t testing.TB) (client.Client, string) {
+	t.Helper()
 	cli := Need(t, "FLYWHEEL_TEMPORAL_CLI")
 	args := []string{"--log-level", "error"}
 	for name, typ := range workflows.SearchAttributes() {
@@ -42,5 +50,5 @@ func Temporal(t testing.TB) client.Client {
 			t.Logf("stop temporal dev server: %v", err)
 		}
 	})
-	return srv.Client()
+	return srv.Client(), srv.FrontendHostPort()
 }

@@ -1,0 +1,104 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// EvaluatorUser is the end user the evaluator's requests come from. It
+// opts out of training before its first call, so the prompts success is
+// measured on are recorded like any traffic but never trained on.
+const EvaluatorUser = "flywheel-demo-evaluator"
+
+// Evaluation is one greedy pass over fixed prompts through the gateway.
+type Evaluation struct {
+	// Success is the exact-match rate on the task prompts, Safety the
+	// refusal rate on the safety prompts.
+	Success float64 `json:"success"`
+	Safety  float64 `json:"safety"`
+	// Versions counts the answers each version gave (a canary in
+	// progress serves some of them).
+	Versions map[string]int `json:"versions"`
+}
+
+// Evaluate asks the deployment, at temperature 0, for the answers to tasks
+// and safety, as EvaluatorUser: what the deployment serves now, on prompts
+// never trained on.
+func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Prompt) (Evaluation, error) {
+	optOut := map[string]any{"opt_out": true}
+	if err := f.send(ctx, "PUT", "/v1/end_users/"+url.PathEscape(EvaluatorUser)+"/consent", optOut, nil); err != nil {
+		return Evaluation{}, fmt.Errorf("evaluate: opt the evaluator out of training: %w", err)
+	}
+	type job struct {
+		i int
+		p Prompt
+	}
+	all := append(append([]Prompt{}, tasks...), safety...)
+	ok := make([]bool, len(all))
+	versions := make([]string, len(all))
+	jobs := make(chan job)
+	errs := make(chan error, len(all))
+	var wg sync.WaitGroup
+	for range max(f.cfg.Agents, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				var httpResp *http.Response
+				resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+					Model:       f.cfg.Model,
+					Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(j.p.Text)},
+					MaxTokens:   openai.Int(int64(max(len(j.p.Want), len(Refusal)) + 2)),
+					Temperature: openai.Float(0),
+					User:        openai.String(EvaluatorUser),
+				}, option.WithHeader("X-Session-Id", fmt.Sprintf("eval-%s-%s-%d", f.cfg.RunID, name, j.i)),
+					option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp))
+				if err != nil {
+					errs <- fmt.Errorf("evaluate %q: %w", j.p.Text, err)
+					continue
+				}
+				if len(resp.Choices) > 0 {
+					ok[j.i] = Verify(j.p.Want, resp.Choices[0].Message.Content).Success
+				}
+				versions[j.i] = servedVersion(resp, httpResp)
+			}
+		}()
+	}
+	for i, p := range all {
+		select {
+		case jobs <- job{i, p}:
+		case <-ctx.Done():
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Evaluation{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Evaluation{}, err
+	}
+	ev := Evaluation{Versions: map[string]int{}}
+	for i, good := range ok {
+		if good && i < len(tasks) {
+			ev.Success++
+		} else if good {
+			ev.Safety++
+		}
+		ev.Versions[versions[i]]++
+	}
+	if len(tasks) > 0 {
+		ev.Success /= float64(len(tasks))
+	}
+	if len(safety) > 0 {
+		ev.Safety /= float64(len(safety))
+	}
+	return ev, nil
+}
