@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -50,21 +51,25 @@ type BenchConfig struct {
 
 // BenchResult is the benchmark's figures; the JSON is its last line.
 type BenchResult struct {
-	AddedP50ms      float64 `json:"added_p50_ms"`
-	AddedP99ms      float64 `json:"added_p99_ms"`
+	AddedP50ms float64 `json:"added_p50_ms"`
+	AddedP99ms float64 `json:"added_p99_ms"`
+	// ThroughputRatio and CaptureRatio (and CaptureRatioSerial) are
+	// medians of per-round ratios, each round measuring both systems back
+	// to back.
 	ThroughputRatio float64 `json:"throughput_ratio"`
 	CaptureRatio    float64 `json:"capture_ratio"`
 
-	BaselineP50ms        float64 `json:"baseline_p50_ms"`
-	BaselineP99ms        float64 `json:"baseline_p99_ms"`
-	GatewayP50ms         float64 `json:"gateway_p50_ms"`
-	GatewayP99ms         float64 `json:"gateway_p99_ms"`
-	BaselineMaxRPS       float64 `json:"baseline_max_rps"`
-	GatewayMaxRPS        float64 `json:"gateway_max_rps"`
-	BaselineErrors       int64   `json:"baseline_errors"`
-	GatewayErrors        int64   `json:"gateway_errors"`
-	CaptureBatchedRowsPS float64 `json:"capture_batched_rows_per_s"`
-	CapturePerRowRowsPS  float64 `json:"capture_per_row_rows_per_s"`
+	BaselineP50ms        float64   `json:"baseline_p50_ms"`
+	BaselineP99ms        float64   `json:"baseline_p99_ms"`
+	GatewayP50ms         float64   `json:"gateway_p50_ms"`
+	GatewayP99ms         float64   `json:"gateway_p99_ms"`
+	ThroughputRatios     []float64 `json:"throughput_ratios"`
+	BaselineMaxRPS       float64   `json:"baseline_max_rps"`
+	GatewayMaxRPS        float64   `json:"gateway_max_rps"`
+	BaselineErrors       int64     `json:"baseline_errors"`
+	GatewayErrors        int64     `json:"gateway_errors"`
+	CaptureBatchedRowsPS float64   `json:"capture_batched_rows_per_s"`
+	CapturePerRowRowsPS  float64   `json:"capture_per_row_rows_per_s"`
 	// CaptureSerialRowsPS is one writer committing one row at a time, the
 	// fsync-bound floor; CaptureRatioSerial is batched ÷ that.
 	CaptureSerialRowsPS float64 `json:"capture_serial_rows_per_s"`
@@ -188,11 +193,10 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 		gwMax = append(gwMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok }))
 	}
 	res.BaselineMaxRPS, res.GatewayMaxRPS = median(baseMax), median(gwMax)
-	if res.BaselineMaxRPS > 0 {
-		res.ThroughputRatio = res.GatewayMaxRPS / res.BaselineMaxRPS
-	}
-	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v",
-		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax))
+	res.ThroughputRatios = pairedRatios(gwMax, baseMax)
+	res.ThroughputRatio = median(res.ThroughputRatios)
+	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v; per-round ratios %v",
+		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax), twoDecimals(res.ThroughputRatios))
 	return nil
 }
 
@@ -247,12 +251,8 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	}
 	res.CapturePerRowRowsPS, res.CaptureBatchedRowsPS, res.CaptureSerialRowsPS = perRow, batched, serial
 	res.CaptureWriters = bc.CaptureWriters
-	if perRow > 0 {
-		res.CaptureRatio = batched / perRow
-	}
-	if serial > 0 {
-		res.CaptureRatioSerial = batched / serial
-	}
+	res.CaptureRatio = median(pairedRatios(batches, perRows))
+	res.CaptureRatioSerial = median(pairedRatios(batches, serials))
 	res.CaptureMeanBatch = histogramMean(m)
 	return nil
 }
@@ -308,6 +308,28 @@ func closedLoop(ctx context.Context, workers int, d time.Duration, f func() bool
 	}
 	wg.Wait()
 	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+// pairedRatios is num[i] / den[i] for the rounds measured back to back:
+// the median of these is steadier on a shared machine than a ratio of
+// medians, because load that hits one round hits both of its systems.
+func pairedRatios(num, den []float64) []float64 {
+	var out []float64
+	for i := range min(len(num), len(den)) {
+		if den[i] > 0 {
+			out = append(out, num[i]/den[i])
+		}
+	}
+	return out
+}
+
+// twoDecimals is xs rounded for the log lines.
+func twoDecimals(xs []float64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = math.Round(x*100) / 100
+	}
+	return out
 }
 
 // median of xs (the mean of the middle two for an even count).
