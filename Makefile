@@ -1,6 +1,7 @@
-# The two quick-start commands are `make up` and `make test`; both start the
-# local services first (scripts/services.sh: Postgres, Temporal, Docker
-# images), installing what is missing.
+# The two quick-start commands are `make demo` (the main job) and `make test`;
+# both start the local services first (scripts/services.sh: Postgres,
+# Temporal, Docker images), installing what is missing. `make up` starts the
+# system without the demo.
 
 SHELL := /bin/bash
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
@@ -8,11 +9,23 @@ STATE ?= $(CURDIR)/.flywheel
 SERVICES := scripts/services.sh
 ENV := eval "$$($(SERVICES) env)"
 
-.PHONY: up down services test test-short vet lint bench status
+MINUTES ?= 10
+DEMO_MODEL ?= flywheel-demo
+
+.PHONY: up demo down services test test-short vet lint bench status
 
 ## up: start the services and `flywheel up` in the background; prints URLs and an API key
 up: services
 	@$(ENV); scripts/up.sh start
+
+## demo: the main job: the services, `flywheel up` serving the demo's policy
+## (restarted if it runs with another), then demo agents for MINUTES minutes
+## while the control plane trains, gates and releases on its own
+demo: services
+	@scripts/up.sh stop >/dev/null || true
+	@$(ENV); FLYWHEEL_POLICY_BASE=demo FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) scripts/up.sh start
+	@FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) $(STATE)/bin/flywheel demo --minutes $(MINUTES) \
+		--base-url http://127.0.0.1:8080 --api-key "$$(cat $(STATE)/data/dev-api-key)" --out $(STATE)/demo
 
 ## down: stop flywheel and the services
 down:

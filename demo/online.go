@@ -126,7 +126,7 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	lastSample := time.Time{}
 	status := func(st FleetStats) Status {
 		note := fmt.Sprintf("calls %d, errors %d", st.Calls, st.Errors)
-		if st.Calls == 0 && st.LastError != "" {
+		if st.Errors > 0 && st.LastError != "" {
 			note += " (" + truncate(st.LastError, 60) + ")"
 		}
 		return Status{Elapsed: time.Since(start), Success: latest.Success, Safety: latest.Safety, Version: st.Version,
