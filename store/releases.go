@@ -258,12 +258,13 @@ func OutcomesSince(ctx context.Context, db DBTX, deployment, version string, sin
 	var o VersionOutcomes
 	err := db.QueryRow(ctx, `
 WITH inter AS (
-    SELECT i.id, i.session_id, i.status FROM interactions i
+    SELECT i.id, i.tenant_id, i.session_id, i.status FROM interactions i
     WHERE i.deployment = $1 AND i.model_version = $2 AND i.created_at >= $3
 ), scored AS (
     SELECT inter.id, inter.status, COALESCE(
         (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = inter.id),
-        (SELECT avg(w.value) FROM rewards w WHERE w.session_id = inter.session_id AND w.interaction_id IS NULL)) AS reward
+        (SELECT avg(w.value) FROM rewards w
+         WHERE w.tenant_id = inter.tenant_id AND w.session_id = inter.session_id AND w.interaction_id IS NULL)) AS reward
     FROM inter
 )
 SELECT count(*), count(*) FILTER (WHERE status <> 'ok'), count(reward),
@@ -289,14 +290,14 @@ type RecordedPrompt struct {
 // since t, newest first; rewardedOnly keeps those with a reward.
 func RecentPrompts(ctx context.Context, db DBTX, deployment string, since time.Time, limit int, rewardedOnly bool) ([]RecordedPrompt, error) {
 	rows, err := db.Query(ctx, `
-SELECT id, request, response, status, reward FROM (
-    SELECT i.id, i.request, COALESCE(i.response, 'null'::jsonb) AS response, i.status, i.created_at, COALESCE(
-        (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = i.id),
-        (SELECT avg(w.value) FROM rewards w WHERE w.session_id = i.session_id AND w.interaction_id IS NULL)) AS reward
-    FROM interactions i
-    WHERE i.deployment = $1 AND i.created_at >= $2
-) x WHERE NOT $4 OR reward IS NOT NULL
-ORDER BY created_at DESC, id DESC
+SELECT i.id, i.request, COALESCE(i.response, 'null'::jsonb), i.status, r.reward
+FROM interactions i
+CROSS JOIN LATERAL (SELECT COALESCE(
+    (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = i.id),
+    (SELECT avg(w.value) FROM rewards w
+     WHERE w.tenant_id = i.tenant_id AND w.session_id = i.session_id AND w.interaction_id IS NULL)) AS reward) r
+WHERE i.deployment = $1 AND i.created_at >= $2 AND (NOT $4 OR r.reward IS NOT NULL)
+ORDER BY i.created_at DESC, i.id DESC
 LIMIT $3`, deployment, since, limit, rewardedOnly)
 	if err != nil {
 		return nil, fmt.Errorf("recent prompts of %s: %w", deployment, err)
