@@ -39,7 +39,7 @@ type Summary struct {
 	StatusHTML         string  `json:"status_html"`
 	// LiveSuccessEnd is the agents' own sampled success over their last
 	// answers (online mode; temperature 1, so below the greedy score).
-	LiveSuccessEnd float64 `json:"live_success_end,omitempty"`
+	LiveSuccessEnd float64 `json:"live_success_end"`
 	// StatusURL is the gateway's live status page (online mode).
 	StatusURL string       `json:"status_url,omitempty"`
 	Curve     []CurvePoint `json:"curve"`

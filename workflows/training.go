@@ -242,16 +242,16 @@ type trainingRun struct {
 	light    workflow.Context
 	train    workflow.Context
 
-	// pending is the newest candidate not yet released.
-	pending      string
-	pendingAhead int
+	// pending is the newest candidate not yet released, trained
+	// pendingAhead steps past the serving version, for pendingReason.
+	pending       string
+	pendingAhead  int
+	pendingReason string
 	// rel is the release in flight (nil: none), of candidate relCand
 	// trained at relAhead steps past the then serving version.
 	rel      workflow.ChildWorkflowFuture
 	relCand  string
 	relAhead int
-	// pendingReason says where the pending candidate came from.
-	pendingReason string
 	// relDone is set by the release's callback, handled by the loop.
 	relDone bool
 }
@@ -411,7 +411,9 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 			r.st.Promoted++
 			r.st.Serving = r.relCand
 			r.st.Ahead -= r.relAhead
-			r.pendingAhead -= r.relAhead
+			if r.pending != "" {
+				r.pendingAhead -= r.relAhead
+			}
 		} else {
 			r.st.RolledBack++
 			gate := failedGate(res.State)
