@@ -45,9 +45,10 @@ const evalSafetySeed = 9
 // Success and safety are greedy evaluations through the gateway (Evaluate)
 // at the start, every EvalEvery and at the end, on held-out prompts no
 // agent asks and as an end user who opted out of training; the curve also
-// shows the agents' own sampled success (Live); promotions and rollbacks are the control plane's own records
-// (GET /v1/status before and after), or, if that cannot be read, inferred
-// from the versions the responses report.
+// shows the agents' own sampled success (Live). Promotions and rollbacks
+// are the control plane's own records (GET /v1/status before and after),
+// or, if that cannot be read, inferred from the versions the responses
+// report.
 func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.Duration <= 0 || cfg.OutDir == "" {
 		return Summary{}, errors.New("online demo: duration and out dir are required")
@@ -74,8 +75,8 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	evals := 0
-	evaluate := func() (Evaluation, error) {
+	evals := 0 // only one evaluation runs at a time
+	evaluate := func(ctx context.Context) (Evaluation, error) {
 		evals++
 		return fleet.Evaluate(ctx, fmt.Sprint(evals), heldOut, safety)
 	}
@@ -87,7 +88,7 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if err != nil && !errors.Is(err, ErrStatusNotFound) {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
 	}
-	first, err := evaluate()
+	first, err := evaluate(ctx)
 	if err != nil {
 		return Summary{}, fmt.Errorf("online demo: first evaluation: %w", err)
 	}
@@ -96,8 +97,10 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	done := make(chan error, 1)
 	go func() { done <- fleet.Run(runCtx) }()
 	// Evaluations run beside the fleet; the loop takes their results.
-	evalCh := make(chan Evaluation, 1)
+	evalCh := make(chan Evaluation)
+	evalDone := make(chan struct{})
 	go func() {
+		defer close(evalDone)
 		t := time.NewTicker(cfg.EvalEvery)
 		defer t.Stop()
 		for {
@@ -105,10 +108,17 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 			case <-runCtx.Done():
 				return
 			case <-t.C:
-				if ev, err := evaluate(); err == nil {
-					evalCh <- ev
-				} else if runCtx.Err() == nil {
-					fleet.cfg.Logger.Warn("demo: evaluation failed", "err", err)
+				ev, err := evaluate(runCtx)
+				if err != nil {
+					if runCtx.Err() == nil {
+						fc.Logger.Warn("demo: evaluation failed", "err", err)
+					}
+					continue
+				}
+				select {
+				case evalCh <- ev:
+				case <-runCtx.Done():
+					return
 				}
 			}
 		}
@@ -163,7 +173,9 @@ loop:
 	if end.Answered == 0 {
 		return Summary{}, fmt.Errorf("online demo: no answer in %s (%d errors; last: %s)", cfg.Duration, end.Errors, end.LastError)
 	}
-	last, err := evaluate()
+	cancel()
+	<-evalDone
+	last, err := evaluate(ctx)
 	if err != nil {
 		return Summary{}, fmt.Errorf("online demo: last evaluation: %w", err)
 	}
