@@ -64,8 +64,10 @@ func TrainingPolicy() workflows.TrainingPolicy {
 		PollInterval: 500 * time.Millisecond,
 		// Samples taken more than this many steps back are dropped; the
 		// trainer runs up to this far past the serving version while a
-		// candidate is gated.
-		MaxStaleness: 8,
+		// candidate is gated. The rehearsal, sampling 4 steps behind the
+		// trainer, learns as fast as on-policy (0.50 vs 0.52 at step 400);
+		// 8 steps behind it does not learn at all in 500 steps.
+		MaxStaleness: 4,
 		StepTimeout:  5 * time.Minute,
 		Release: workflows.ReleasePolicy{
 			ShadowDuration:   2 * time.Second,
