@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -457,31 +458,58 @@ func (f *Fleet) postInto(ctx context.Context, path string, body any, out any) er
 func (f *Fleet) send(ctx context.Context, method, path string, body any, out any) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
-		return fmt.Errorf("post %s: %w", path, err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, f.root+path, bytes.NewReader(raw))
-	if err != nil {
-		return fmt.Errorf("post %s: %w", path, err)
-	}
-	req.Header.Set("Authorization", "Bearer "+f.cfg.APIKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := f.cfg.HTTPClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("post %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		return fmt.Errorf("post %s: status %d: %s", path, resp.StatusCode, strings.TrimSpace(string(msg)))
-	}
-	if out != nil {
-		if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
-			return fmt.Errorf("post %s: decode answer: %w", path, err)
+	// A 429 is the key's rate limit, not a verdict: wait as told and retry,
+	// so a reward is not lost to a burst (the OpenAI client does the same
+	// for model calls).
+	for attempt := 1; ; attempt++ {
+		req, err := http.NewRequestWithContext(ctx, method, f.root+path, bytes.NewReader(raw))
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err)
 		}
+		req.Header.Set("Authorization", "Bearer "+f.cfg.APIKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := f.cfg.HTTPClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err)
+		}
+		if resp.StatusCode == http.StatusTooManyRequests && attempt < maxSendAttempts {
+			wait := retryAfter(resp.Header.Get("Retry-After"))
+			resp.Body.Close()
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s %s: rate limited: %w", method, path, ctx.Err())
+			case <-time.After(wait):
+			}
+			continue
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+			return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
+		}
+		if out != nil {
+			if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
+				return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+			}
+		}
+		return nil
 	}
-	return nil
+}
+
+// maxSendAttempts bounds the retries of a rate-limited request.
+const maxSendAttempts = 5
+
+// retryAfter reads a Retry-After in seconds (default and cap: 1s and 5s).
+func retryAfter(h string) time.Duration {
+	secs, err := strconv.Atoi(strings.TrimSpace(h))
+	if err != nil || secs <= 0 {
+		return time.Second
+	}
+	return min(time.Duration(secs)*time.Second, 5*time.Second)
 }
 
 // rolling is a fixed-size window of outcomes.

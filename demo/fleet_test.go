@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,4 +357,25 @@ func TestRolling(t *testing.T) {
 	require.Zero(t, r.mean())
 	r.add(true)
 	require.InDelta(t, 1.0/3, r.mean(), 1e-9)
+}
+
+func TestFleetRetriesARateLimitedPost(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 2 {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, `{"error":{"message":"rate limited"}}`, http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	f, err := NewFleet(FleetConfig{BaseURL: srv.URL, APIKey: "k"})
+	require.NoError(t, err)
+	require.NoError(t, f.post(context.Background(), "/v1/feedback", map[string]any{"value": 1}))
+	require.Equal(t, int32(3), calls.Load(), "two 429s waited out, then the reward landed")
+
+	calls.Store(-100) // every answer a 429 now: give up after maxSendAttempts
+	err = f.post(context.Background(), "/v1/feedback", map[string]any{"value": 1})
+	require.ErrorContains(t, err, "status 429")
 }
