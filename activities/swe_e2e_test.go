@@ -4,16 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	historypb "go.temporal.io/api/history/v1"
 	tclient "go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
@@ -91,23 +88,5 @@ func TestSWERolloutEndToEnd(t *testing.T) {
 	require.Equal(t, workflows.SWERewardSource, source)
 	require.True(t, final)
 	requireRemoved(t, cli, out.SandboxID)
-	recordSWEHistory(t, tc, run.GetID(), "swe_rollout_e2e.history.json")
-}
-
-// recordSWEHistory writes a workflow's history next to the SWE workflows
-// when FLYWHEEL_RECORD_HISTORIES=1, for workflows/swe_rollout_replay_test.go.
-func recordSWEHistory(t *testing.T, tc tclient.Client, id, file string) {
-	if os.Getenv("FLYWHEEL_RECORD_HISTORIES") != "1" {
-		return
-	}
-	it := tc.GetWorkflowHistory(context.Background(), id, "", false, 0)
-	h := &historypb.History{}
-	for it.HasNext() {
-		ev, err := it.Next()
-		require.NoError(t, err)
-		h.Events = append(h.Events, ev)
-	}
-	raw, err := protojson.MarshalOptions{Indent: "  "}.Marshal(h)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join("..", "workflows", "testdata", file), raw, 0o644))
+	testenv.RecordHistory(t, tc, run.GetID(), filepath.Join("..", "workflows", "testdata", "swe_rollout_e2e.history.json"))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -218,5 +219,5 @@ func TestSWEGroupOnTemporalDevServer(t *testing.T) {
 		require.Equal(t, []float64{1}, rewards[r.SessionID])
 		requireRemoved(t, cli, r.SandboxID)
 	}
-	recordSWEHistory(t, tc, run.GetID(), "swe_group.history.json")
+	testenv.RecordHistory(t, tc, run.GetID(), filepath.Join("..", "workflows", "testdata", "swe_group.history.json"))
 }

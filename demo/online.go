@@ -194,7 +194,7 @@ loop:
 				sum.ServingVersion = d.ServingVersion
 			}
 		}
-		sum.StatusURL = strings.TrimSuffix(strings.TrimSuffix(fc.BaseURL, "/"), "/v1") + "/status?deployment=" + url.QueryEscape(fc.Model)
+		sum.StatusURL = fleet.root + "/status?deployment=" + url.QueryEscape(fc.Model)
 	} else {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,12 +16,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
@@ -161,24 +158,6 @@ func (s *stack) versionOf(completionID string) string {
 	return v
 }
 
-// recordHistory writes a workflow's history into testdata when
-// FLYWHEEL_RECORD_HISTORIES=1, for the replay tests.
-func recordHistory(t *testing.T, tc client.Client, id, file string) {
-	if os.Getenv("FLYWHEEL_RECORD_HISTORIES") != "1" {
-		return
-	}
-	it := tc.GetWorkflowHistory(context.Background(), id, "", false, 0)
-	h := &historypb.History{}
-	for it.HasNext() {
-		ev, err := it.Next()
-		require.NoError(t, err)
-		h.Events = append(h.Events, ev)
-	}
-	raw, err := protojson.MarshalOptions{Indent: "  "}.Marshal(h)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join("testdata", file), raw, 0o644))
-}
-
 func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -213,7 +192,7 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	var state workflows.SessionState
 	require.NoError(t, v.Get(&state))
 	require.Equal(t, "done", state.Phase)
-	recordHistory(t, s.tc, session, "session_history.json")
+	testenv.RecordHistory(t, s.tc, session, filepath.Join("testdata", "session_history.json"))
 }
 
 func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T) {
@@ -307,7 +286,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, v1, s.versionOf(cid))
 	}
-	recordHistory(t, s.tc, id, "release_rollback_history.json")
+	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "release_rollback_history.json"))
 }
 
 // TestIntegrationTrainingLoop runs the loop on the real services: sessions
@@ -343,7 +322,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	}, 2*time.Minute, 500*time.Millisecond, "the candidate goes through a release")
 	require.Equal(t, workflows.ReleaseRolledBack, rel.State.Status, rel.State.Reason)
 	require.NoError(t, s.tc.TerminateWorkflow(ctx, id, "", "test done"))
-	recordHistory(t, s.tc, id, "training_history.json")
+	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "training_history.json"))
 
 	var lineage, used int
 	var parent, status string
@@ -427,7 +406,7 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 		require.NoError(t, s.pool.QueryRow(ctx, `SELECT request::text FROM interactions WHERE completion_id = $1`, cid).Scan(&stored))
 		return strings.Contains(stored, "Playbook") && strings.Contains(stored, "Paris")
 	}, 30*time.Second, 300*time.Millisecond, "the promoted playbook is injected by the gateway")
-	recordHistory(t, s.tc, "evolution-it", "evolution_history.json")
+	testenv.RecordHistory(t, s.tc, "evolution-it", filepath.Join("testdata", "evolution_history.json"))
 }
 
 // queueSamples runs n rewarded two-call sessions through the gateway and
