@@ -222,7 +222,7 @@ func (o *Optimizer) Step(w, grad []float32) (norm, lr float64, err error) {
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
 		return norm, 0, fmt.Errorf("gradient norm is %v; weights left unchanged", norm)
 	}
-	return norm, o.a.update(w, grad), nil
+	return norm, o.a.update(w, grad, 1), nil
 }
 
 // Validate checks b as Local's step does, for a model of this vocabulary

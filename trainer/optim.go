@@ -117,10 +117,11 @@ func clipGrad(grad []float32, maxNorm float64) float64 {
 	return norm
 }
 
-// update applies one AdamW step to w and returns the learning rate used.
-func (a *adamW) update(w, grad []float32) float64 {
+// update applies one AdamW step to w, at scale times the scheduled rate,
+// and returns the learning rate used.
+func (a *adamW) update(w, grad []float32, scale float64) float64 {
 	c := a.cfg
-	lr := c.LRAt(a.step)
+	lr := c.LRAt(a.step) * scale
 	a.step++
 	b1, b2 := float32(c.Beta1), float32(c.Beta2)
 	bc1 := 1 - math.Pow(c.Beta1, float64(a.step))

@@ -72,6 +72,13 @@ type Config struct {
 	// policy, the weights the step started from, which is what makes the
 	// PPO clip bite after the first update. Default 1.
 	MiniBatches int `json:"mini_batches"`
+	// NominalBatch is the batch size the learning rate is tuned for: a
+	// step that trains fewer samples (a batch cut short by age or by stale
+	// samples) scales its rate by samples/NominalBatch. Adam makes every
+	// step about the same size, so without it a step on a sliver of a batch
+	// moves the weights as far as a full one on far noisier evidence.
+	// Default 0: no scaling.
+	NominalBatch int `json:"nominal_batch"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
 }
@@ -96,6 +103,9 @@ func (c Config) validate() error {
 	var mb error
 	if c.MiniBatches < 1 || c.MiniBatches > 1024 {
 		mb = fmt.Errorf("mini_batches %d must be in [1, 1024]", c.MiniBatches)
+	}
+	if c.NominalBatch < 0 {
+		mb = errors.Join(mb, fmt.Errorf("nominal_batch %d must be ≥ 0", c.NominalBatch))
 	}
 	return errors.Join(c.Loss.validate(), c.Advantage.validate(), c.Optim.validate(), mb)
 }
@@ -236,6 +246,10 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 			prox[i] = l.model.forward(packs[i].pk, packs[i].targets, temp).TargetLogp
 		}
 	}
+	scale := 1.0
+	if n := len(samples); l.cfg.NominalBatch > 0 && n < l.cfg.NominalBatch {
+		scale = float64(n) / float64(l.cfg.NominalBatch)
+	}
 	var loss, kl, gradNorm, entropy float64
 	for i, p := range parts {
 		part := StepResult{}
@@ -249,7 +263,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 			restore()
 			return res, fmt.Errorf("train step: gradient norm is %v; update %d of %d skipped", norm, i+1, len(parts))
 		}
-		res.LR = l.opt.update(l.model.W, grad)
+		res.LR = l.opt.update(l.model.W, grad, scale)
 		n := float64(part.TrainedTokens)
 		loss += part.Loss * n
 		kl += part.MeanKL * n

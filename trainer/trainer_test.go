@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -21,7 +22,7 @@ func TestAdamWStepHandComputed(t *testing.T) {
 	for i := range g {
 		g[i] = 0.2
 	}
-	lr := opt.update(w, g)
+	lr := opt.update(w, g, 1)
 	require.InDelta(t, 0.1, lr, 1e-12)
 	// Step 1: m̂ = g, v̂ = g², so the move is lr·g/(|g|+eps) = lr; matrices
 	// also decay by lr·wd·w first, norms do not.
@@ -246,4 +247,32 @@ func TestStepReportsEntropy(t *testing.T) {
 	require.NoError(t, err)
 	// A fresh model is close to uniform over the vocabulary.
 	require.InDelta(t, math.Log(VocabSize), res.MeanEntropy, 0.05)
+}
+
+func TestNominalBatchScalesTheStepOfAShortBatch(t *testing.T) {
+	step := func(nominal int) (before, after []float32, lr float64) {
+		m, err := NewModel(ModelConfig{Context: 32, Layers: 1, Heads: 2, DModel: 16, FFN: 32}, 1)
+		require.NoError(t, err)
+		l, err := NewLocal(m, 1, Config{Optim: OptimConfig{LR: 1e-2}, NominalBatch: nominal, Logger: slog.New(slog.DiscardHandler)}, nil)
+		require.NoError(t, err)
+		before = append([]float32{}, l.Snapshot().W...)
+		res, err := l.TrainStep(context.Background(), &Batch{Objective: ObjectiveSFT, Samples: []Sample{validSample(12, 0)}})
+		require.NoError(t, err)
+		return before, l.Snapshot().W, res.LR
+	}
+	w0, full, lrFull := step(0)
+	_, quarter, lrQuarter := step(4) // 1 sample of a nominal 4
+	require.InDelta(t, 1e-2, lrFull, 1e-12)
+	require.InDelta(t, 0.25e-2, lrQuarter, 1e-12)
+	moved := 0
+	for i := range w0 {
+		d, q := float64(full[i]-w0[i]), float64(quarter[i]-w0[i])
+		require.InDelta(t, d/4, q, 1e-6, "weight %d", i)
+		if d != 0 {
+			moved++
+		}
+	}
+	require.Positive(t, moved)
+	_, err := NewLocal(nil, 0, Config{NominalBatch: -1}, nil)
+	require.Error(t, err)
 }
