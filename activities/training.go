@@ -58,6 +58,9 @@ type Training struct {
 // CheckBatch reports the deployment's queue.
 func (t *Training) CheckBatch(ctx context.Context, in workflows.CheckBatchInput) (workflows.CheckBatchOutput, error) {
 	n, age, err := store.QueueStats(ctx, t.DB, in.Deployment)
+	if in.FreshOnly {
+		n, age, err = store.FreshQueueStats(ctx, t.DB, in.Deployment, in.MaxStaleness)
+	}
 	if err != nil {
 		return workflows.CheckBatchOutput{}, err
 	}

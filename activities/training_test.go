@@ -151,6 +151,14 @@ func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
 	queueSamples(t, db, "acme", "dep", "dep@v5", 2, 1) // 5 behind: stale at η = 4
 	queueSamples(t, db, "acme", "dep", "dep@v6", 1, 1) // 4 behind: kept
 	acts := &Training{DB: db}
+	// The check counts what the claim will keep, so a loop waits for a
+	// full batch of fresh samples instead of training on a sliver.
+	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Queued)
+	q, err = acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep"})
+	require.NoError(t, err)
+	require.Equal(t, 3, q.Queued, "without FreshOnly (older histories) every queued sample counts")
 	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 2, claim.DroppedStale)

@@ -32,10 +32,36 @@ func VersionID(deployment string, n int64) string {
 // QueueStats says how many samples of a deployment are queued and how long
 // the oldest has waited.
 func QueueStats(ctx context.Context, db DBTX, deployment string) (queued int, oldest time.Duration, err error) {
+	return queueStats(ctx, db, deployment, -1)
+}
+
+// FreshQueueStats is QueueStats for the samples a claim with staleness
+// bound eta would keep: behaviour version no more than eta behind the
+// serving one (eta < 0, or a version that is not "<name>@v<N>": all).
+// A training loop that counted the stale ones too started steps on a
+// sliver of fresh samples, each as large an update as a full batch.
+func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int) (queued int, oldest time.Duration, err error) {
+	if eta < 0 {
+		return queueStats(ctx, db, deployment, -1)
+	}
+	serving, err := ServingOf(ctx, db, deployment, "weights")
+	if err != nil {
+		return 0, 0, err
+	}
+	cur, ok := VersionNumber(serving)
+	if !ok {
+		return queueStats(ctx, db, deployment, -1)
+	}
+	return queueStats(ctx, db, deployment, max(cur-int64(eta), 0))
+}
+
+func queueStats(ctx context.Context, db DBTX, deployment string, minVersion int64) (queued int, oldest time.Duration, err error) {
 	var secs float64
 	err = db.QueryRow(ctx, `
 SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM training_samples WHERE deployment = $1 AND status = 'queued'`, deployment).Scan(&queued, &secs)
+FROM training_samples WHERE deployment = $1 AND status = 'queued'
+  AND ($2::bigint <= 0 OR substring(behaviour_version from '@v([0-9]+)$') IS NULL
+       OR substring(behaviour_version from '@v([0-9]+)$')::bigint >= $2)`, deployment, minVersion).Scan(&queued, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("queue stats of %s: %w", deployment, err)
 	}

@@ -144,6 +144,10 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 // CheckBatchInput asks how the deployment's queue stands.
 type CheckBatchInput struct {
 	Deployment string
+	// MaxStaleness counts only the samples a claim with this bound would
+	// keep; 0 with FreshOnly false (histories from before it): all.
+	MaxStaleness int
+	FreshOnly    bool
 }
 
 // CheckBatchOutput is the queue's state.
@@ -293,7 +297,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 			continue
 		}
 		var q CheckBatchOutput
-		if err := workflow.ExecuteLocalActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment}).Get(ctx, &q); err != nil {
+		if err := workflow.ExecuteLocalActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true}).Get(ctx, &q); err != nil {
 			return r.st, fmt.Errorf("check batch: %w", err)
 		}
 		r.st.Queued = q.Queued
