@@ -287,7 +287,13 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 	if ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise); !ok {
 		return workflows.GateResult{Passed: false, Reason: "requests the candidate cannot take: " + why, Metrics: m}, nil
 	}
-	ok, why := evolution.Verdict(c, b, in.Policy.MaxRewardDrop)
+	// Paired: both sides answered the same prompts, so the noise is that of
+	// the per-prompt differences. A fixed margin on 20 prompts rolled back
+	// 7 of 10 candidates in the last minutes of a demo run that was still
+	// improving.
+	se := evolution.PairedSE(cs, bs)
+	m["score_diff_se"] = se
+	ok, why := evolution.SignificantVerdict(c, b, se, in.Policy.MaxRewardDrop)
 	return workflows.GateResult{Passed: ok, Reason: why, Metrics: m}, nil
 }
 

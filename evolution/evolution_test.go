@@ -150,3 +150,25 @@ func TestSignificantVerdictIgnoresNoiseButNotAClearLoss(t *testing.T) {
 	ok, _ = SignificantVerdict(math.NaN(), 1, 0, 0.05)
 	require.False(t, ok)
 }
+
+func TestPairedSEMeasuresTheDifferencesNotTheScores(t *testing.T) {
+	// Both sides agree on every prompt but one: the scores vary a lot,
+	// their differences hardly.
+	a := []float64{1, 0, 1, 0, 1, 0, 1, 0, 1, 1}
+	b := []float64{1, 0, 1, 0, 1, 0, 1, 0, 1, 0}
+	se := PairedSE(a, b)
+	require.InDelta(t, math.Sqrt(0.9/9/10), se, 1e-12) // diffs: one 1, nine 0; sd² = 0.1
+	require.Less(t, se, MeanDiffSE(0.5, 10, 0.5, 10)/2)
+	// A clear, consistent loss on 20 prompts fails; noise on a few passes.
+	loss, base := make([]float64, 20), make([]float64, 20)
+	for i := range base {
+		base[i], loss[i] = 0.6, 0.1
+	}
+	ok, why := SignificantVerdict(Mean(loss), Mean(base), PairedSE(loss, base), 0.05)
+	require.False(t, ok, why)
+	noisy := append([]float64{}, base...)
+	noisy[0], noisy[1] = 0, 0
+	ok, why = SignificantVerdict(Mean(noisy), Mean(base), PairedSE(noisy, base), 0.05)
+	require.True(t, ok, why)
+	require.Zero(t, PairedSE([]float64{1}, []float64{0}), "one pair has no spread: judged on the margin alone")
+}

@@ -126,6 +126,28 @@ func MeanDiffSE(sdA float64, nA int, sdB float64, nB int) float64 {
 	return math.Sqrt(sdA*sdA/float64(nA) + sdB*sdB/float64(nB))
 }
 
+// PairedSE is the standard error of the mean of the differences a[i] − b[i]
+// of two paired samples (the same prompts answered by both sides): far
+// smaller than MeanDiffSE when both sides mostly agree. Fewer than two
+// pairs have no spread to measure: 0, so they are judged on the allowed
+// drop alone.
+func PairedSE(a, b []float64) float64 {
+	n := min(len(a), len(b))
+	if n < 2 {
+		return 0
+	}
+	d := make([]float64, n)
+	for i := range d {
+		d[i] = a[i] - b[i]
+	}
+	m := Mean(d)
+	var ss float64
+	for _, x := range d {
+		ss += (x - m) * (x - m)
+	}
+	return math.Sqrt(ss / float64(n-1) / float64(n))
+}
+
 // Mean is the arithmetic mean (0 for none).
 func Mean(xs []float64) float64 {
 	if len(xs) == 0 {
