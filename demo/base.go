@@ -42,7 +42,11 @@ type BaseConfig struct {
 	Model trainer.ModelConfig `json:"model"`
 	// Seed makes the base policy reproducible. Default 1.
 	Seed uint64 `json:"seed"`
-	// Steps of supervised training. Default 800.
+	// Steps of supervised training. Default 2500: at 800 the base sampled
+	// at temperature 1 wrote letters that are not in the prompt 45% of the
+	// time and GRPO unlearned more than it learned for 200 steps; at 2500
+	// 60% of its answers are walks (10% the reversal) and RL rises from the
+	// first steps. 5000 measured no better.
 	Steps int `json:"steps"`
 	// BatchSize is the number of prompts per step. Default 32.
 	BatchSize int `json:"batch_size"`
@@ -69,7 +73,7 @@ func (c BaseConfig) withDefaults() BaseConfig {
 		c.Seed = 1
 	}
 	if c.Steps == 0 {
-		c.Steps = 800
+		c.Steps = 2500
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 32

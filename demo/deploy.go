@@ -40,12 +40,17 @@ func BaseOrigin() string {
 func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 16) }
 
 // TrainerConfig is the online trainer's configuration for the demo: the
-// learning rate RunOffline measured to learn the task in minutes, and the
+// rehearsal's (learning rate, advantage, updates per batch), a learning
+// rate scaled down for batches shorter than TrainingPolicy's, and the
 // staleness bound η of TrainingPolicy (the trainer and the training loop
 // must agree on it, or the loop claims batches the trainer refuses). The
 // behaviour temperature is the trainer's default 1, the agents' default.
 func TrainerConfig(log *slog.Logger) trainer.Config {
-	return trainer.Config{Optim: trainer.OptimConfig{LR: RehearsalConfig{}.withDefaults().LR}, MaxStaleness: TrainingPolicy().MaxStaleness, Logger: log}
+	r := RehearsalConfig{}.withDefaults()
+	c := r.Trainer
+	p := TrainingPolicy()
+	c.Optim.LR, c.MaxStaleness, c.NominalBatch, c.Logger = r.LR, p.MaxStaleness, p.BatchSize, log
+	return c
 }
 
 // TrainingPolicy is the demo deployment's control plane, scaled to a run of
@@ -55,25 +60,29 @@ func TrainerConfig(log *slog.Logger) trainer.Config {
 // serving version.
 func TrainingPolicy() workflows.TrainingPolicy {
 	return workflows.TrainingPolicy{
-		// Eight GRPO groups of eight a step: with four groups or fewer
-		// the task does not learn at all (measured with RunOffline's
-		// rehearsal: 600 steps of 32 samples stay at 0% while 400 steps of
-		// 64 reach 52%).
+		// Eight GRPO groups of eight a step. Per sample, steps of 32
+		// learned about as fast in the rehearsal (0.53 after 6,400
+		// samples), but twice the steps is twice the releases and twice
+		// the staleness counted in steps.
 		BatchSize:    64,
 		MaxBatchAge:  5 * time.Second,
 		PollInterval: 500 * time.Millisecond,
 		// Samples taken more than this many steps back are dropped; the
 		// trainer runs up to this far past the serving version while a
-		// candidate is gated. The rehearsal, sampling 4 steps behind the
-		// trainer, learns as fast as on-policy (0.50 vs 0.52 at step 400);
-		// 8 steps behind it does not learn at all in 500 steps.
-		MaxStaleness: 4,
+		// candidate is gated. With the rehearsal's trainer (Dr. GRPO, two
+		// updates a batch) sampling 8 steps behind learns nearly as fast as
+		// 4 (0.64 vs 0.70 at step 160), and η = 4 online dropped a third
+		// of the samples as stale while releases trailed the trainer.
+		MaxStaleness: 8,
 		StepTimeout:  5 * time.Minute,
 		Release: workflows.ReleasePolicy{
-			ShadowDuration:   2 * time.Second,
+			// A release every few seconds: the replay and safety gates
+			// judge every candidate on fixed prompts, so the live canary
+			// only has to catch a clear loss on real traffic.
+			ShadowDuration:   time.Second,
 			CanaryShare:      0.5,
-			CanaryDuration:   10 * time.Second,
-			CanaryChecks:     2,
+			CanaryDuration:   4 * time.Second,
+			CanaryChecks:     1,
 			MinCanarySamples: 12,
 		},
 	}

@@ -29,7 +29,9 @@ type RehearsalConfig struct {
 	SafetyGroups int `json:"safety_groups"`
 	// Temperature for sampling. Default 1.
 	Temperature float64 `json:"temperature"`
-	// LR is the RL learning rate. Default 1e-3.
+	// LR is the RL learning rate. Default 5e-4: sampling 4 steps behind the
+	// trainer (as online), 1e-3 learned on one seed of two and 2e-3 or more
+	// not at all.
 	LR float64 `json:"lr"`
 	// EvalEvery is the number of steps between evaluations. Default 5.
 	EvalEvery int `json:"eval_every"`
@@ -58,6 +60,20 @@ type RehearsalConfig struct {
 	Seed uint64 `json:"seed"`
 	// CacheDir keeps the base policy between runs; "" rebuilds it.
 	CacheDir string `json:"cache_dir"`
+	// RLSeed varies the RL loop's prompts and sampling without changing
+	// the base or the held-out sets. Default 0.
+	RLSeed uint64 `json:"rl_seed"`
+	// Lag samples each step with the weights from that many steps before,
+	// as an online loop whose releases trail the trainer does. Default 0.
+	Lag int `json:"lag"`
+	// Trainer configures the RL trainer; LR comes from LR when
+	// Trainer.Optim.LR is 0. Defaults: the Dr. GRPO advantage (r − group
+	// mean, no division by the group's std: with partial credit a group of
+	// near-equal rewards otherwise gets full-size advantages from noise,
+	// and held-out success fell from 0.09 to 0.00 for 100 steps), and two
+	// optimizer updates per batch (0.70 vs 0.59 at step 160, 4 steps
+	// behind).
+	Trainer trainer.Config `json:"trainer"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
 }
@@ -81,7 +97,7 @@ func (c RehearsalConfig) withDefaults() RehearsalConfig {
 		c.Temperature = 1
 	}
 	if c.LR == 0 {
-		c.LR = 1e-3
+		c.LR = 5e-4
 	}
 	if c.EvalEvery == 0 {
 		c.EvalEvery = 5
@@ -106,6 +122,12 @@ func (c RehearsalConfig) withDefaults() RehearsalConfig {
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
+	}
+	if c.Trainer.Advantage.Estimator == "" {
+		c.Trainer.Advantage.Estimator = trainer.AdvMean
+	}
+	if c.Trainer.MiniBatches == 0 {
+		c.Trainer.MiniBatches = 2
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -141,6 +163,9 @@ func (c RehearsalConfig) validate() error {
 	}
 	if c.GatePrompts < 1 || c.GatePrompts > 10_000 || c.GateTolerance < 0 || c.GateTolerance > 1 || c.SafetyTolerance < 0 || c.SafetyTolerance > 1 {
 		errs = append(errs, fmt.Errorf("gate_prompts %d must be in [1, 10000], gate_tolerance %v and safety_tolerance %v in [0, 1]", c.GatePrompts, c.GateTolerance, c.SafetyTolerance))
+	}
+	if c.Lag < 0 || c.Lag > 64 {
+		errs = append(errs, fmt.Errorf("lag %d must be in [0, 64]", c.Lag))
 	}
 	if c.Budget < 0 || c.MaxSteps < 0 {
 		errs = append(errs, fmt.Errorf("budget %v and max_steps %d must be ≥ 0", c.Budget, c.MaxSteps))
@@ -323,11 +348,15 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 		return res, err
 	}
 	exclude := append(append(append([]Prompt{}, heldOut...), gatePrompts...), suite...)
-	gen, err := NewGenerator(cfg.Task, cfg.Seed^0x7a1, exclude)
+	gen, err := NewGenerator(cfg.Task, cfg.Seed^0x7a1+cfg.RLSeed, exclude)
 	if err != nil {
 		return res, err
 	}
-	trCfg := trainer.Config{Optim: trainer.OptimConfig{LR: cfg.LR}, Logger: cfg.Logger}
+	trCfg := cfg.Trainer
+	if trCfg.Optim.LR == 0 {
+		trCfg.Optim.LR = cfg.LR
+	}
+	trCfg.Logger = cfg.Logger
 	cur := &latest{model: base, version: 0}
 	tr, err := trainer.NewLocal(base, 0, trCfg, cur)
 	if err != nil {
@@ -416,13 +445,19 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 
 	temp := cfg.Temperature
 	maxTok := max(cfg.Task.MaxLetters, len(Refusal)) + 2
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5a3b))
+	rng := rand.New(rand.NewPCG(cfg.Seed+cfg.RLSeed, 0x5a3b))
 	step := 0
+	var history []latest
 	for (cfg.MaxSteps == 0 || step < cfg.MaxSteps) && time.Since(loopStart) < cfg.Budget {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		model, version := cur.model, cur.version
+		history = append(history, latest{model: model, version: version})
+		if len(history) > cfg.Lag+1 {
+			history = history[1:]
+		}
+		model, version = history[0].model, history[0].version
 		prompts := make([]Prompt, 0, cfg.Groups*cfg.GroupSize)
 		ids := make([][]int, 0, cfg.Groups*cfg.GroupSize)
 		for g := 0; g < cfg.Groups; g++ {

@@ -36,7 +36,7 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.BoolVar(&offline, "offline", false, "run in process: sample, verify, train, gate and release without the gateway or services")
 		fs.IntVar(&agents, "agents", 4, "concurrent demo agents (online mode)")
 		fs.IntVar(&group, "group-size", 8, "answers per prompt, sent as one GRPO group of sessions (online mode; 1: one X-Session-Id session per prompt)")
-		fs.Float64Var(&pace, "sessions-per-second", 15, "cap on the sessions the fleet opens per second, so the control plane keeps up (online mode; 0: none)")
+		fs.Float64Var(&pace, "sessions-per-second", 25, "cap on the sessions the fleet opens per second, so the control plane keeps up (online mode; 0: none)")
 		fs.StringVar(&baseURL, "base-url", "", "gateway URL the agents use (online mode), e.g. http://127.0.0.1:8080")
 		fs.StringVar(&apiKey, "api-key", os.Getenv("FLYWHEEL_API_KEY"), "API key the agents use (online mode; default $FLYWHEEL_API_KEY)")
 		fs.StringVar(&outDir, "out", "", "directory for the curve and the status page (default DATA_DIR/demo)")
