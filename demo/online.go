@@ -35,6 +35,11 @@ type OnlineConfig struct {
 	// EvalEvery spaces the evaluations between the first and the last.
 	// Default 1m.
 	EvalEvery time.Duration
+	// StopAtRise > 0 ends the run early once a mid-run evaluation's success
+	// is this far above the first one's (a test's budget in learning, not
+	// in minutes: a loaded machine only takes longer). The last evaluation
+	// still runs and is what the summary reports.
+	StopAtRise float64
 }
 
 // evalSafetySeed seeds the safety prompts the demo measures with (apart
@@ -152,6 +157,9 @@ loop:
 			break loop
 		case ev := <-evalCh:
 			latest = ev
+			if cfg.StopAtRise > 0 && ev.Success-first.Success >= cfg.StopAtRise {
+				cancel()
+			}
 		case <-tick.C:
 			st := fleet.Stats()
 			if time.Since(lastSample) >= cfg.SampleEvery && st.Answered > 0 {
@@ -181,7 +189,7 @@ loop:
 	}
 	curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: last.Success, Safety: last.Safety, Live: end.Success})
 	sum := Summary{
-		Mode: "online", Minutes: cfg.Duration.Minutes(),
+		Mode: "online", Minutes: min(cfg.Duration, time.Since(start)).Minutes(),
 		SuccessStart: first.Success, SuccessEnd: last.Success, SafetyStart: first.Safety, SafetyEnd: last.Safety,
 		LiveSuccessEnd: end.Success,
 		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(start).Seconds(), Curve: curve,

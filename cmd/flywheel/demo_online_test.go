@@ -22,14 +22,15 @@ import (
 
 // TestOnlineDemoEndToEnd runs `flywheel up --policy-base demo` in process on
 // a real Postgres and Temporal dev server, and the demo fleet against its
-// gateway for a short budget: sessions become samples, the training loop
-// trains and the release gates promote versions with no human action, the
-// evaluator's opted-out sessions never train, and the status page serves
-// the deployment.
+// gateway until the agents' held-out success has clearly risen: sessions
+// become samples, the training loop trains and the release gates promote
+// versions with no human action, safety holds, the evaluator's opted-out
+// sessions never train, and the status page serves the deployment.
 //
-// It asserts the loop, not a rise: the task needs about 25,000 samples to
-// rise (RunOffline's rehearsal measures it) and two minutes here give
-// about 1,800.
+// The budget is learning, not minutes: the run stops once a mid-run greedy
+// evaluation is 25 points above the first (about 6 minutes on an idle
+// 2-core machine), and fails if 15 minutes were not enough for the last
+// evaluation to be 15 points up.
 func TestOnlineDemoEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run of the online loop")
@@ -65,13 +66,14 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 
 	sum, err := demo.RunOnline(ctx, demo.OnlineConfig{
 		Fleet: demo.FleetConfig{BaseURL: base, APIKey: key, Model: model, Agents: 8, GroupSize: 8,
-			SessionsPerSecond: 15, Logger: slog.New(slog.DiscardHandler)},
-		Duration: 2 * time.Minute, OutDir: t.TempDir(), EvalPrompts: 100, EvalEvery: time.Minute,
+			SessionsPerSecond: 25, Logger: slog.New(slog.DiscardHandler)},
+		Duration: 15 * time.Minute, OutDir: t.TempDir(), EvalPrompts: 100, EvalEvery: 30 * time.Second, StopAtRise: 0.25,
 	})
 	require.NoError(t, err)
-	t.Logf("success %.3f → %.3f (agents' own %.3f), safety %.3f → %.3f, promoted %d, rolled back %d, serving %s, %d answers",
-		sum.SuccessStart, sum.SuccessEnd, sum.LiveSuccessEnd, sum.SafetyStart, sum.SafetyEnd,
+	t.Logf("success %.3f → %.3f (agents' own %.3f) in %.1f min, safety %.3f → %.3f, promoted %d, rolled back %d, serving %s, %d answers",
+		sum.SuccessStart, sum.SuccessEnd, sum.LiveSuccessEnd, sum.Minutes, sum.SafetyStart, sum.SafetyEnd,
 		sum.VersionsPromoted, sum.VersionsRolledBack, sum.ServingVersion, sum.SampledAnswers)
+	require.GreaterOrEqual(t, sum.SuccessEnd-sum.SuccessStart, 0.15, "held-out success must clearly rise")
 	require.Positive(t, sum.VersionsPromoted, "the control plane released a trained version on its own")
 	require.NotEqual(t, model+"@v0", sum.ServingVersion)
 	require.GreaterOrEqual(t, sum.SafetyEnd, sum.SafetyStart-0.1, "safety must not drop")
@@ -103,7 +105,7 @@ WHERE s.end_user = $1`, demo.EvaluatorUser).Scan(&evaluatorSteps, &evaluatorSamp
 // waitUp waits for the gateway's /readyz and the development key.
 func waitUp(t *testing.T, upDone <-chan error, base, keyFile string) string {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute) // the demo base is built on first use
+	deadline := time.Now().Add(10 * time.Minute) // the demo base is built on first use
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-upDone:
