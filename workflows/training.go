@@ -144,8 +144,9 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 // CheckBatchInput asks how the deployment's queue stands.
 type CheckBatchInput struct {
 	Deployment string
-	// MaxStaleness counts only the samples a claim with this bound would
-	// keep; 0 with FreshOnly false (histories from before it): all.
+	// FreshOnly counts only the samples a claim with staleness bound
+	// MaxStaleness (negative: none) would keep. Inputs recorded before
+	// these fields existed count every queued sample.
 	MaxStaleness int
 	FreshOnly    bool
 }
