@@ -215,14 +215,15 @@ func NewOptimizer(cfg OptimConfig, m *Model) (*Optimizer, error) {
 	return &Optimizer{a: newAdamW(cfg, m.lay), clip: cfg.ClipNorm}, nil
 }
 
-// Step clips grad in place, applies one update to w and returns the norm
-// before clipping and the learning rate; a non-finite norm leaves w alone.
-func (o *Optimizer) Step(w, grad []float32) (norm, lr float64, err error) {
+// Step clips grad in place, applies one update to w at scale times the
+// scheduled rate (Config.LRScale) and returns the norm before clipping and
+// the learning rate; a non-finite norm leaves w alone.
+func (o *Optimizer) Step(w, grad []float32, scale float64) (norm, lr float64, err error) {
 	norm = clipGrad(grad, o.clip)
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
 		return norm, 0, fmt.Errorf("gradient norm is %v; weights left unchanged", norm)
 	}
-	return norm, o.a.update(w, grad, 1), nil
+	return norm, o.a.update(w, grad, scale), nil
 }
 
 // Validate checks b as Local's step does, for a model of this vocabulary

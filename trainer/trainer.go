@@ -77,7 +77,7 @@ type Config struct {
 	// samples) scales its rate by samples/NominalBatch. Adam makes every
 	// step about the same size, so without it a step on a sliver of a batch
 	// moves the weights as far as a full one on far noisier evidence.
-	// Default 0: no scaling.
+	// Default 0: no scaling. Both trainers apply it (LRScale).
 	NominalBatch int `json:"nominal_batch"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
@@ -97,6 +97,15 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// LRScale is the factor on a step's learning rate for a batch of n trained
+// samples: n/NominalBatch when that is below 1, else 1.
+func (c Config) LRScale(n int) float64 {
+	if c.NominalBatch > 0 && n < c.NominalBatch {
+		return float64(n) / float64(c.NominalBatch)
+	}
+	return 1
 }
 
 func (c Config) validate() error {
@@ -246,10 +255,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 			prox[i] = l.model.forward(packs[i].pk, packs[i].targets, temp).TargetLogp
 		}
 	}
-	scale := 1.0
-	if n := len(samples); l.cfg.NominalBatch > 0 && n < l.cfg.NominalBatch {
-		scale = float64(n) / float64(l.cfg.NominalBatch)
-	}
+	scale := l.cfg.LRScale(len(samples))
 	var loss, kl, gradNorm, entropy float64
 	for i, p := range parts {
 		part := StepResult{}

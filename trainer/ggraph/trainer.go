@@ -116,7 +116,7 @@ func (t *Trainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.Step
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.GradNorm, res.LR, err = t.opt.Step(t.model.W, out.Grad)
+	res.GradNorm, res.LR, err = t.opt.Step(t.model.W, out.Grad, t.cfg.LRScale(len(samples)))
 	if err != nil {
 		return res, fmt.Errorf("train step: %w", err)
 	}
