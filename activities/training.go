@@ -57,10 +57,11 @@ type Training struct {
 
 // CheckBatch reports the deployment's queue.
 func (t *Training) CheckBatch(ctx context.Context, in workflows.CheckBatchInput) (workflows.CheckBatchOutput, error) {
-	n, age, err := store.QueueStats(ctx, t.DB, in.Deployment)
+	eta := -1 // inputs recorded before FreshOnly existed count every sample
 	if in.FreshOnly {
-		n, age, err = store.FreshQueueStats(ctx, t.DB, in.Deployment, in.MaxStaleness)
+		eta = in.MaxStaleness
 	}
+	n, age, err := store.FreshQueueStats(ctx, t.DB, in.Deployment, eta)
 	if err != nil {
 		return workflows.CheckBatchOutput{}, err
 	}

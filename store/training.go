@@ -41,27 +41,39 @@ func QueueStats(ctx context.Context, db DBTX, deployment string) (queued int, ol
 // A training loop that counted the stale ones too started steps on a
 // sliver of fresh samples, each as large an update as a full batch.
 func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int) (queued int, oldest time.Duration, err error) {
-	if eta < 0 {
-		return queueStats(ctx, db, deployment, -1)
+	floor := int64(-1)
+	if eta >= 0 {
+		serving, err := ServingOf(ctx, db, deployment, "weights")
+		if err != nil {
+			return 0, 0, err
+		}
+		floor = freshFloor(serving, eta)
 	}
-	serving, err := ServingOf(ctx, db, deployment, "weights")
-	if err != nil {
-		return 0, 0, err
-	}
-	cur, ok := VersionNumber(serving)
-	if !ok {
-		return queueStats(ctx, db, deployment, -1)
-	}
-	return queueStats(ctx, db, deployment, max(cur-int64(eta), 0))
+	return queueStats(ctx, db, deployment, floor)
 }
 
-func queueStats(ctx context.Context, db DBTX, deployment string, minVersion int64) (queued int, oldest time.Duration, err error) {
+// behaviourVersionN is a training sample's behaviour version number, NULL
+// for names that are not "<name>@v<N>" (whose staleness cannot be judged).
+const behaviourVersionN = `substring(behaviour_version from '@v([0-9]+)$')`
+
+// freshFloor is the oldest behaviour version a claim with staleness bound
+// eta keeps while serving serves; -1: no bound.
+func freshFloor(serving string, eta int) int64 {
+	cur, ok := VersionNumber(serving)
+	if !ok || eta < 0 {
+		return -1
+	}
+	return cur - int64(eta)
+}
+
+// queueStats counts the queued samples whose behaviour version is at least
+// floor (or unnumbered); floor < 0 counts all.
+func queueStats(ctx context.Context, db DBTX, deployment string, floor int64) (queued int, oldest time.Duration, err error) {
 	var secs float64
 	err = db.QueryRow(ctx, `
 SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8
 FROM training_samples WHERE deployment = $1 AND status = 'queued'
-  AND ($2::bigint <= 0 OR substring(behaviour_version from '@v([0-9]+)$') IS NULL
-       OR substring(behaviour_version from '@v([0-9]+)$')::bigint >= $2)`, deployment, minVersion).Scan(&queued, &secs)
+  AND ($2::bigint < 0 OR `+behaviourVersionN+` IS NULL OR `+behaviourVersionN+`::bigint >= $2)`, deployment, floor).Scan(&queued, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("queue stats of %s: %w", deployment, err)
 	}
@@ -107,12 +119,10 @@ func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, siz
 			return err
 		}
 		run.BaseVersion = base
-		if cur, ok := VersionNumber(base); ok && eta >= 0 {
+		if floor := freshFloor(base, eta); floor >= 0 {
 			tag, err := tx.Exec(ctx, `
 UPDATE training_samples SET status = 'dropped_stale'
-WHERE deployment = $1 AND status = 'queued'
-  AND substring(behaviour_version from '@v([0-9]+)$') IS NOT NULL
-  AND substring(behaviour_version from '@v([0-9]+)$')::bigint < $2`, deployment, cur-int64(eta))
+WHERE deployment = $1 AND status = 'queued' AND `+behaviourVersionN+`::bigint < $2`, deployment, floor)
 			if err != nil {
 				return fmt.Errorf("drop stale samples: %w", err)
 			}
