@@ -188,6 +188,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	// Alternate the systems round by round and keep medians: on a shared
 	// machine one round can be hit by someone else's build.
 	var baseMax, gwMax []float64
+	capBefore = captureSnapshot(srv.metrics)
 	for range bc.Rounds {
 		baseMax = append(baseMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(baseURL); return ok }))
 		gwMax = append(gwMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok }))
@@ -195,8 +196,9 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	res.BaselineMaxRPS, res.GatewayMaxRPS = median(baseMax), median(gwMax)
 	res.ThroughputRatios = pairedRatios(gwMax, baseMax)
 	res.ThroughputRatio = median(res.ThroughputRatios)
-	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v; per-round ratios %v",
-		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax), twoDecimals(res.ThroughputRatios))
+	meanBatch, meanCommit = captureSnapshot(srv.metrics).since(capBefore)
+	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v (capture commits %.3f ms mean for %.1f rows mean); per-round ratios %v",
+		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax), meanCommit, meanBatch, twoDecimals(res.ThroughputRatios))
 	return nil
 }
 
@@ -240,7 +242,10 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	for range bc.Rounds {
 		serials = append(serials, closedLoop(ctx, 1, bc.CaptureDuration, insert(nil)))
 		perRows = append(perRows, closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, insert(nil)))
-		c := newCommitter(bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
+		c, err := newCommitter(ctx, bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
+		if err != nil {
+			return err
+		}
 		batches = append(batches, closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, insert(c)))
 		c.Close()
 	}

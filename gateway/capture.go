@@ -53,13 +53,27 @@ type captureResult struct {
 // delay at no cost in batch size.
 const committerWorkers = 2
 
-func newCommitter(pool *pgxpool.Pool, maxBatch int, wait time.Duration, logger *slog.Logger, m *metrics) *committer {
+// newCommitter opens the committer's own connections next to db's: one
+// per worker, so capture never queues behind other queries for a
+// connection, and each running the capture statement with a generic plan.
+// The statement's plan does not depend on its values (arrays unnested and
+// joined on the session id), but Postgres would otherwise re-plan it on
+// every call: about 70 µs of server CPU per commit, measured.
+func newCommitter(ctx context.Context, db *pgxpool.Pool, maxBatch int, wait time.Duration, logger *slog.Logger, m *metrics) (*committer, error) {
+	cfg := db.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = committerWorkers, committerWorkers
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	cfg.ConnConfig.RuntimeParams["application_name"] = "flywheel-capture"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("capture connections: %w", err)
+	}
 	c := &committer{pool: pool, in: make(chan *pendingRow, maxBatch*4), maxBatch: maxBatch, wait: wait, logger: logger, metrics: m}
 	for range committerWorkers {
 		c.wg.Add(1)
 		go c.run()
 	}
-	return c
+	return c, nil
 }
 
 // Submit queues row and waits until its batch commits. A cancelled ctx
@@ -95,6 +109,7 @@ func (c *committer) Close() {
 	}
 	c.mu.Unlock()
 	c.wg.Wait()
+	c.pool.Close()
 }
 
 func (c *committer) run() {

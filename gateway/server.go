@@ -97,7 +97,9 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if tn, ok := s.notifier.(*TemporalNotifier); ok {
 		tn.metrics = m
 	}
-	s.capture = newCommitter(deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m)
+	if s.capture, err = newCommitter(context.Background(), deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m); err != nil {
+		return nil, err
+	}
 	s.routes()
 	return s, nil
 }
