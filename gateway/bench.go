@@ -104,6 +104,11 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	if err := benchCapture(ctx, bc, res, logf); err != nil {
 		return nil, err
 	}
+	// An interrupted run measured part of a phase: no figures at all
+	// rather than ratios of zeros.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("interrupted: %w", err)
+	}
 	logf("capture (%d writers, same pool, median of %d rounds): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
 		bc.CaptureWriters, bc.Rounds, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
 	return res, nil
