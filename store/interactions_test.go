@@ -15,8 +15,10 @@ import (
 
 // TestInsertInteractionsBatch checks the one-statement batch: rows of one
 // session numbered in batch order after what the session already holds,
-// new sessions starting at 0, and rows for a closed or foreign session
-// refused without failing the others.
+// new sessions starting at 0, rows for a closed or foreign session refused
+// without failing the others, and each row's own token ids and logprobs
+// (of different lengths, empty, or absent) sliced out of the batch's flat
+// arrays.
 func TestInsertInteractionsBatch(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
@@ -25,11 +27,19 @@ func TestInsertInteractionsBatch(t *testing.T) {
 	n := 0
 	row := func(tenant, session string) *store.NewInteraction {
 		n++
+		prompt := make([]int32, n%3) // every third row's is empty
+		for i := range prompt {
+			prompt[i] = int32(100*n + i)
+		}
+		var logprobs []float32 // every other row has none (NULL)
+		if n%2 == 0 {
+			logprobs = []float32{-float32(n) / 8, -0.25}
+		}
 		return &store.NewInteraction{TenantID: tenant, SessionID: session, IdentityMode: "header",
 			CompletionID: fmt.Sprintf("c-%d", n), Protocol: "openai", Deployment: "d", ModelVersion: "d",
 			Request: json.RawMessage(`{"x":1}`), Response: json.RawMessage(`{"y":2}`),
-			PromptTokenIDs: []int32{1, 2}, CompletionTokenIDs: []int32{3}, Logprobs: []float32{-0.5},
-			PromptTokens: 2, CompletionTokens: 1, FinishReason: "stop", Status: "ok"}
+			PromptTokenIDs: prompt, CompletionTokenIDs: []int32{int32(n)}, Logprobs: logprobs,
+			PromptTokens: len(prompt), CompletionTokens: 1, FinishReason: "stop", Status: "ok"}
 	}
 	// "old" already has two steps; "ended" is closed; "theirs" is b's.
 	for range 2 {
@@ -64,8 +74,16 @@ func TestInsertInteractionsBatch(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, got[i].ID, it.ID)
 		require.Equal(t, rows[i].SessionID, it.SessionID)
-		require.Equal(t, []int32{1, 2}, it.PromptTokenIDs)
-		require.Equal(t, []float32{-0.5}, it.Logprobs)
+		require.Equal(t, rows[i].PromptTokenIDs, it.PromptTokenIDs, "row %d", i)
+		require.Equal(t, rows[i].CompletionTokenIDs, it.CompletionTokenIDs, "row %d", i)
+		var promptEmpty, logprobsNull bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT prompt_token_ids = '{}', logprobs IS NULL FROM interactions WHERE id = $1`,
+			it.ID).Scan(&promptEmpty, &logprobsNull))
+		require.Equal(t, len(rows[i].PromptTokenIDs) == 0, promptEmpty, "row %d: an empty prompt is stored empty, not NULL", i)
+		require.Equal(t, rows[i].Logprobs == nil, logprobsNull, "row %d", i)
+		if rows[i].Logprobs != nil {
+			require.Equal(t, rows[i].Logprobs, it.Logprobs, "row %d", i)
+		}
 	}
 	// The counters moved by exactly the accepted rows: the next step of
 	// each session follows the batch's.
