@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ type BenchConfig struct {
 	// CaptureWriters and CaptureDuration are the capture phase.
 	CaptureWriters  int
 	CaptureDuration time.Duration
+	// CaptureConversationKB sizes the captured rows' conversation (and
+	// their prompt token ids, about one per 4 bytes); 0 is a one-line
+	// chat.
+	CaptureConversationKB int
 	// CaptureOnly skips the HTTP phases.
 	CaptureOnly bool
 	// Rounds is how many times the throughput and capture measurements
@@ -76,6 +81,7 @@ type BenchResult struct {
 	CaptureRatioSerial  float64 `json:"capture_ratio_vs_serial"`
 	CaptureWriters      int     `json:"capture_writers"`
 	CaptureMeanBatch    float64 `json:"capture_mean_batch"`
+	CaptureRowBytes     int     `json:"capture_row_request_bytes"`
 	UpstreamLatencyMS   float64 `json:"upstream_latency_ms"`
 	RPS                 int     `json:"rps"`
 	Concurrency         int     `json:"concurrency"`
@@ -109,8 +115,8 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("interrupted: %w", err)
 	}
-	logf("capture (%d writers, same pool, median of %d rounds): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
-		bc.CaptureWriters, bc.Rounds, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
+	logf("capture (%d writers, same pool, median of %d rounds, %d-byte requests): group commit %.0f rows/s (mean batch %.1f), per-row INSERT %.0f rows/s; one serial writer %.0f rows/s",
+		bc.CaptureWriters, bc.Rounds, res.CaptureRowBytes, res.CaptureBatchedRowsPS, res.CaptureMeanBatch, res.CapturePerRowRowsPS, res.CaptureSerialRowsPS)
 	return res, nil
 }
 
@@ -211,6 +217,8 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 // row, both fed by the same number of concurrent writers.
 func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
 	var seq atomic.Int64
+	request, promptIDs := benchConversation(bc.CaptureConversationKB)
+	res.CaptureRowBytes = len(request)
 	// Each row opens its own session, as single-turn traffic does: an
 	// agent session has one call in flight at a time, so concurrent
 	// batches rarely wait on each other's session row locks.
@@ -218,10 +226,10 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 		n := seq.Add(1)
 		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n), IdentityMode: modeHeader,
 			CompletionID: fmt.Sprintf("bench-cap-%d-%d", time.Now().UnixNano(), n), Protocol: protoOpenAI, Deployment: "fixture-model",
-			ModelVersion: "fixture-model", Request: json.RawMessage(`{"model":"fixture-model","messages":[{"role":"user","content":"hello"}]}`),
+			ModelVersion: "fixture-model", Request: request,
 			Response:       json.RawMessage(`{"message":{"role":"assistant","content":"echo: hello"},"finish_reason":"stop"}`),
-			PromptTokenIDs: []int32{1, 2, 3, 4, 5, 6, 7, 8}, CompletionTokenIDs: []int32{9, 10, 11, 12}, Logprobs: []float32{-.1, -.2, -.3, -.4},
-			PromptTokens: 8, CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
+			PromptTokenIDs: promptIDs, CompletionTokenIDs: []int32{9, 10, 11, 12}, Logprobs: []float32{-.1, -.2, -.3, -.4},
+			PromptTokens: len(promptIDs), CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
 	}
 	var failed atomic.Int64
 	insert := func(c *committer) func() bool {
@@ -265,6 +273,35 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	res.CaptureRatioSerial = median(pairedRatios(batches, serials))
 	res.CaptureMeanBatch = histogramMean(m)
 	return nil
+}
+
+// benchConversation is a captured request of about kb kilobytes of
+// conversation (a one-line chat for 0) and its prompt token ids, about
+// one per 4 bytes as a BPE tokenizer gives for English.
+func benchConversation(kb int) (json.RawMessage, []int32) {
+	if kb <= 0 {
+		return json.RawMessage(`{"model":"fixture-model","messages":[{"role":"user","content":"hello"}]}`), []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var msgs []message
+	for size, turn := 0, 0; size < kb*1024; turn++ {
+		role := "user"
+		if turn%2 == 1 {
+			role = "assistant"
+		}
+		content := fmt.Sprintf("Turn %d: the build failed at step %d with exit code %d; retrying with a clean cache and verbose logs. ", turn, 7*turn, turn%3)
+		msgs = append(msgs, message{Role: role, Content: strings.Repeat(content, 4)})
+		size += len(msgs[len(msgs)-1].Content) + 30
+	}
+	request, _ := json.Marshal(map[string]any{"model": "fixture-model", "messages": msgs})
+	ids := make([]int32, len(request)/4)
+	for i := range ids {
+		ids[i] = int32(1 + (i*7919)%50000)
+	}
+	return request, ids
 }
 
 // fixedRate sends at rps for d (open loop: a slow answer does not delay

@@ -29,6 +29,7 @@ func init() {
 			fs.IntVar(&bc.CaptureWriters, "capture-writers", 256, "concurrent writers in the capture phase (both methods share one 64-connection pool)")
 			fs.BoolVar(&bc.CaptureOnly, "capture-only", false, "run only the capture phase")
 			fs.DurationVar(&bc.CaptureDuration, "capture-duration", 3*time.Second, "length of each capture measurement")
+			fs.IntVar(&bc.CaptureConversationKB, "capture-conversation-kb", 0, "size of each captured row's conversation in kB, with a prompt token id per 4 bytes (0: a one-line chat)")
 			fs.IntVar(&bc.Rounds, "rounds", 3, "rounds of the throughput and capture phases, alternating the systems; figures are medians")
 			fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (samples carry a \"system\" label: upstream, baseline, gateway)")
 		})
