@@ -45,7 +45,7 @@ type Config struct {
 // DatabaseConfig is the Postgres connection.
 type DatabaseConfig struct {
 	URL      string `yaml:"url" help:"Postgres connection URL (default postgres://flywheel@127.0.0.1:55432/flywheel?sslmode=disable, the cluster scripts/services.sh starts)"`
-	MaxConns int    `yaml:"max_conns" help:"maximum pool connections (default 16)"`
+	MaxConns int    `yaml:"max_conns" help:"maximum pool connections (default 16; a gateway opens 2 more of its own for capture)"`
 }
 
 // TemporalConfig is the Temporal frontend connection.
