@@ -73,7 +73,7 @@ func queueStats(ctx context.Context, db DBTX, deployment string, floor int64) (q
 	err = db.QueryRow(ctx, `
 SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8
 FROM training_samples WHERE deployment = $1 AND status = 'queued'
-  AND ($2::bigint < 0 OR `+behaviourVersionN+` IS NULL OR `+behaviourVersionN+`::bigint >= $2)`, deployment, floor).Scan(&queued, &secs)
+  AND ($2::bigint < 0 OR (`+behaviourVersionN+`::bigint >= $2) IS NOT FALSE)`, deployment, floor).Scan(&queued, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("queue stats of %s: %w", deployment, err)
 	}
