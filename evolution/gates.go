@@ -159,3 +159,181 @@ func Mean(xs []float64) float64 {
 	}
 	return s / float64(len(xs))
 }
+
+// SuiteInput is what a suite gate compares: each side's result (1 passed,
+// 0 failed) on the same prompts, in the same order.
+type SuiteInput struct {
+	Candidate, Baseline []float64
+	// Anchor is the anchor's results (nil: no anchor yet, the baseline is
+	// the only reference). The anchor is the best version promoted on this
+	// suite; see the release package's docs.
+	Anchor []float64
+	// Budget is the total drop allowed below the anchor: every release
+	// since the anchor shares it, so a chain of small drops cannot add up.
+	Budget float64
+	// MaxDrop is the drop allowed below the baseline in one release.
+	MaxDrop float64
+	// Alpha is the error rate all looks at one anchor spend together; Look
+	// numbers this one (1-based) among the candidates judged against it.
+	Alpha float64
+	Look  int
+}
+
+// SuiteVerdict is a suite gate's decision.
+type SuiteVerdict struct {
+	Passed bool
+	// Regressed: the candidate was shown worse than allowed, not merely
+	// not shown good enough. A regressed line is abandoned; an unproven
+	// one trains on.
+	Regressed bool
+	Reason    string
+	Metrics   map[string]float64
+}
+
+// JudgeRegression is the held-out suite gate. The candidate passes when,
+// at the look's share of alpha, it is shown at most Budget below the
+// anchor (a non-inferiority test: the burden of proof is on the
+// candidate), and it is not shown more than MaxDrop below the baseline.
+func JudgeRegression(in SuiteInput) SuiteVerdict {
+	m := suiteMetrics(in)
+	vb := PairDiff(in.Candidate, in.Baseline)
+	m["diff_vs_baseline"], m["se_vs_baseline"] = vb.Diff, vb.SE
+	var va Paired
+	var lower, look float64
+	if in.Anchor != nil {
+		va = PairDiff(in.Candidate, in.Anchor)
+		look = LookAlpha(in.Alpha, in.Look)
+		lower = va.Lower(look)
+		m["diff_vs_anchor"], m["se_vs_anchor"], m["lower_vs_anchor"] = va.Diff, va.SE, lower
+		m["look"], m["look_alpha"] = float64(max(in.Look, 1)), look
+	}
+	if up := vb.Upper(in.Alpha); up < -in.MaxDrop {
+		return SuiteVerdict{Regressed: true, Metrics: m, Reason: fmt.Sprintf(
+			"candidate %.4f vs baseline %.4f: worse by at least %.4f (%.0f%% upper bound), more than the allowed %.4f",
+			m["candidate_pass_rate"], m["baseline_pass_rate"], -up, 100*(1-in.Alpha), in.MaxDrop)}
+	}
+	if in.Anchor == nil {
+		return SuiteVerdict{Passed: true, Metrics: m, Reason: fmt.Sprintf(
+			"candidate %.4f vs baseline %.4f (no anchor yet; allowed drop %.4f)", m["candidate_pass_rate"], m["baseline_pass_rate"], in.MaxDrop)}
+	}
+	if lower >= -in.Budget-1e-12 {
+		return SuiteVerdict{Passed: true, Metrics: m, Reason: fmt.Sprintf(
+			"candidate %.4f vs anchor %.4f: at most %.4f below it (look %d, alpha %.2g), within the budget %.4f",
+			m["candidate_pass_rate"], m["anchor_pass_rate"], math.Max(-lower, 0), max(in.Look, 1), look, in.Budget)}
+	}
+	regressed := va.Upper(in.Alpha) < -in.Budget
+	why := "so it is not shown to be within"
+	if regressed {
+		why = "and is shown to be beyond"
+	}
+	return SuiteVerdict{Regressed: regressed, Metrics: m, Reason: fmt.Sprintf(
+		"candidate %.4f vs anchor %.4f: it may be up to %.4f below (look %d, alpha %.2g), %s the budget %.4f",
+		m["candidate_pass_rate"], m["anchor_pass_rate"], -lower, max(in.Look, 1), look, why, in.Budget)}
+}
+
+// JudgeSafety is the safety suite gate: the suite is answered greedily, so
+// its rate is exact for these prompts and no noise allowance applies. The
+// candidate may fall at most MaxDrop below the baseline and below the
+// anchor; any larger drop is a regression.
+func JudgeSafety(in SuiteInput) SuiteVerdict {
+	m := suiteMetrics(in)
+	c, b := m["candidate_pass_rate"], m["baseline_pass_rate"]
+	if c < b-in.MaxDrop-1e-12 {
+		return SuiteVerdict{Regressed: true, Metrics: m, Reason: fmt.Sprintf(
+			"candidate %.4f is more than %.4f below baseline %.4f", c, in.MaxDrop, b)}
+	}
+	if in.Anchor != nil {
+		if a := m["anchor_pass_rate"]; c < a-in.MaxDrop-1e-12 {
+			return SuiteVerdict{Regressed: true, Metrics: m, Reason: fmt.Sprintf(
+				"candidate %.4f is more than %.4f below anchor %.4f", c, in.MaxDrop, a)}
+		}
+	}
+	return SuiteVerdict{Passed: true, Metrics: m, Reason: fmt.Sprintf(
+		"candidate %.4f vs baseline %.4f and anchor %.4f (allowed drop %.4f)", c, b, m["anchor_pass_rate"], in.MaxDrop)}
+}
+
+func suiteMetrics(in SuiteInput) map[string]float64 {
+	m := map[string]float64{
+		"evaluated": float64(len(in.Candidate)), "candidate_pass_rate": Mean(in.Candidate), "baseline_pass_rate": Mean(in.Baseline),
+	}
+	if in.Anchor != nil {
+		a := Mean(in.Anchor)
+		m["anchor_pass_rate"], m["budget"] = a, in.Budget
+		used := math.Max(a-m["baseline_pass_rate"], 0)
+		m["budget_used"], m["budget_left"] = used, in.Budget-used
+	}
+	return m
+}
+
+// Live is a version's live reward so far: a confidence sequence over its
+// rewarded interactions in the order they were served.
+type Live struct {
+	N            int
+	Mean         float64
+	Lower, Upper float64
+}
+
+// WatchInput is what the watchdog compares: the serving version and the
+// anchor on the held-out suite (nil: none), on the safety suite, and live.
+type WatchInput struct {
+	Serving, Anchor             []float64
+	ServingSafety, AnchorSafety []float64
+	ServingLive, AnchorLive     Live
+	// MinLive is how many rewarded interactions each side needs before
+	// the live comparison counts.
+	MinLive int
+	// Budget, MaxSafetyDrop, MaxRewardDrop and Alpha are the release
+	// policy's.
+	Budget, MaxSafetyDrop, MaxRewardDrop, Alpha float64
+}
+
+// WatchVerdict says whether the serving version must go back to the
+// anchor, and why.
+type WatchVerdict struct {
+	Rollback bool
+	Reason   string
+	Metrics  map[string]float64
+}
+
+// JudgeServing is the watchdog's decision: roll back when the serving
+// version is shown more than the budget below the anchor on the held-out
+// suite, below the anchor's safety by more than allowed (exact: the suite
+// is answered greedily), or live reward more than MaxRewardDrop below the
+// anchor's (the live bounds come from confidence sequences, so checking
+// every minute does not raise the false-alarm rate).
+func JudgeServing(in WatchInput) WatchVerdict {
+	m := map[string]float64{}
+	var why []string
+	if in.Serving != nil && in.Anchor != nil {
+		p := PairDiff(in.Serving, in.Anchor)
+		up := p.Upper(in.Alpha)
+		m["serving_pass_rate"], m["anchor_pass_rate"], m["diff_vs_anchor"], m["upper_vs_anchor"] = Mean(in.Serving), Mean(in.Anchor), p.Diff, up
+		m["evaluated"] = float64(p.N)
+		if up < -in.Budget {
+			why = append(why, fmt.Sprintf("held-out suite: serving %.4f vs anchor %.4f, at least %.4f below (%.0f%% bound), beyond the budget %.4f",
+				Mean(in.Serving), Mean(in.Anchor), -up, 100*(1-in.Alpha), in.Budget))
+		}
+	}
+	if in.ServingSafety != nil && in.AnchorSafety != nil {
+		s, a := Mean(in.ServingSafety), Mean(in.AnchorSafety)
+		m["serving_safety"], m["anchor_safety"] = s, a
+		if s < a-in.MaxSafetyDrop-1e-12 {
+			why = append(why, fmt.Sprintf("safety suite: serving %.4f is more than %.4f below anchor %.4f", s, in.MaxSafetyDrop, a))
+		}
+	}
+	sl, al := in.ServingLive, in.AnchorLive
+	m["serving_live_n"], m["anchor_live_n"] = float64(sl.N), float64(al.N)
+	if sl.N >= in.MinLive && al.N >= in.MinLive && sl.N > 0 && al.N > 0 {
+		m["serving_live_mean"], m["anchor_live_mean"] = sl.Mean, al.Mean
+		up := sl.Upper - al.Lower
+		m["live_diff_upper"] = up
+		if up < -in.MaxRewardDrop {
+			why = append(why, fmt.Sprintf("live reward: serving %.4f vs anchor %.4f, at least %.4f below (confidence sequences), beyond the allowed %.4f",
+				sl.Mean, al.Mean, -up, in.MaxRewardDrop))
+		}
+	}
+	if len(why) > 0 {
+		return WatchVerdict{Rollback: true, Reason: strings.Join(why, "; "), Metrics: m}
+	}
+	return WatchVerdict{Metrics: m, Reason: "no significant drop below the anchor"}
+}

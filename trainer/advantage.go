@@ -22,6 +22,9 @@ type AdvantageConfig struct {
 	BaselineRate float64 `json:"baseline_rate"`
 }
 
+// WithDefaults fills the zero fields with the defaults.
+func (c AdvantageConfig) WithDefaults() AdvantageConfig { return c.withDefaults() }
+
 func (c AdvantageConfig) withDefaults() AdvantageConfig {
 	if c.Estimator == "" {
 		c.Estimator = AdvMeanStd
@@ -60,6 +63,27 @@ func NewBaseline(rate float64) *Baseline {
 	return &Baseline{rate: rate, task: map[string]float64{}}
 }
 
+// NewBaselineFrom continues stored per-task means (a training loop keeps
+// them between steps); the all-task mean starts as their mean.
+func NewBaselineFrom(rate float64, tasks map[string]float64) *Baseline {
+	b := NewBaseline(rate)
+	for k, v := range tasks {
+		b.task[k] = v
+		b.all += v
+	}
+	if len(tasks) > 0 {
+		b.all /= float64(len(tasks))
+		b.seen = true
+	}
+	return b
+}
+
+// Task is task's own running mean, if it has one.
+func (b *Baseline) Task(task string) (float64, bool) {
+	v, ok := b.task[task]
+	return v, ok
+}
+
 // Value is the baseline for task: its own running mean, else the mean over
 // all tasks, else 0.
 func (b *Baseline) Value(task string) float64 {
@@ -94,6 +118,9 @@ type AdvantageStats struct {
 	BaselineSamples int `json:"baseline_samples"`
 	// ZeroSignalGroups had equal rewards throughout, so they teach nothing.
 	ZeroSignalGroups int `json:"zero_signal_groups"`
+	// NoBaseline singletons came before any baseline existed; they are
+	// scored against the batch's mean reward instead.
+	NoBaseline int `json:"no_baseline_samples"`
 }
 
 // ComputeAdvantages fills Advantage for every sample that has none, group by
@@ -124,12 +151,24 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 	}
 	sort.Strings(keys) // deterministic baseline updates
 	var st AdvantageStats
+	// With no baseline yet, a singleton is compared with the batch.
+	fresh := !base.seen
+	var batchMean float64
+	for _, s := range samples {
+		batchMean += s.Reward
+	}
+	batchMean /= float64(max(len(samples), 1))
 	for _, k := range keys {
 		idx := groups[k]
 		st.Groups++
 		if len(idx) == 1 {
 			s := &samples[idx[0]]
-			a := s.Reward - base.Value(s.TaskID)
+			b := base.Value(s.TaskID)
+			if fresh {
+				b = batchMean
+				st.NoBaseline++
+			}
+			a := s.Reward - b
 			s.Advantage = &a
 			base.Observe(s.TaskID, s.Reward)
 			st.BaselineSamples++

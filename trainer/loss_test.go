@@ -109,11 +109,16 @@ func TestGroupAdvantages(t *testing.T) {
 
 func TestSingletonGroupsUseRunningBaseline(t *testing.T) {
 	base := NewBaseline(0.1)
-	samples := []Sample{{TaskID: "t", Reward: 1}}
+	samples := []Sample{{TaskID: "t", Reward: 1}, {TaskID: "t", Reward: 0.5}}
 	st, err := ComputeAdvantages(samples, AdvantageConfig{}, base)
 	require.NoError(t, err)
-	require.Equal(t, 1, st.BaselineSamples)
-	require.InDelta(t, 1, *samples[0].Advantage, 1e-12) // nothing seen yet: baseline 0
+	require.Equal(t, 2, st.BaselineSamples)
+	require.Equal(t, 2, st.NoBaseline)
+	require.InDelta(t, 0.25, *samples[0].Advantage, 1e-12) // nothing seen yet: the batch's mean 0.75
+	base = NewBaseline(0.1)
+	samples = []Sample{{TaskID: "t", Reward: 1}}
+	_, err = ComputeAdvantages(samples, AdvantageConfig{}, base)
+	require.NoError(t, err)
 
 	samples = []Sample{{TaskID: "t", Reward: 0}, {TaskID: "u", Reward: 0.5}}
 	_, err = ComputeAdvantages(samples, AdvantageConfig{}, base)
