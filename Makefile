@@ -23,7 +23,7 @@ up: services
 ## while the control plane trains, gates and releases on its own
 demo: services
 	@scripts/up.sh stop >/dev/null || true
-	@$(ENV); FLYWHEEL_POLICY_BASE=demo FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) scripts/up.sh start
+	@$(ENV); FLYWHEEL_POLICY_BASE=demo FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) FLYWHEEL_CONTROL_WATCHDOG_EVERY=20s scripts/up.sh start
 	@FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) $(STATE)/bin/flywheel demo --minutes $(MINUTES) \
 		--base-url http://127.0.0.1:8080 --api-key "$$(cat $(STATE)/data/dev-api-key)" --out $(STATE)/demo
 

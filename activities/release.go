@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,12 +34,17 @@ type Completer interface {
 type Release struct {
 	DB *pgxpool.Pool
 	// Backend serves both the candidate and the baseline (by
-	// Request.Version for weights). Nil: offline gates (shadow, replay,
-	// regression, safety) record that nothing was evaluated and pass; the
-	// live canary still decides.
+	// Request.Version for weights). Nil: the offline gates (shadow,
+	// replay, regression, safety) record that nothing was evaluated and
+	// fail, unless the release's policy allows unevaluated gates.
 	Backend Completer
 	Logger  *slog.Logger
-	// MaxPrompts bounds the prompts an offline gate evaluates. Default 20.
+	// RewardMin and RewardMax bound live rewards (the gateway's
+	// reward_min and reward_max); the live tests need the range. Default
+	// [-1, 1].
+	RewardMin, RewardMax float64
+	// MaxPrompts bounds the live prompts shadow and replay evaluate
+	// (suites are answered whole). Default 20.
 	MaxPrompts int
 	// MaxTokens bounds each evaluated answer. Default 128.
 	MaxTokens int
@@ -76,6 +80,12 @@ func (r *Release) FinishRelease(ctx context.Context, in workflows.FinishReleaseI
 // EvaluateGate computes one gate's numbers, records them in gate_results
 // and returns the verdict.
 func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+	in.Policy = in.Policy.WithDefaults()
+	if in.SetPhase {
+		if err := store.SetReleasePhase(ctx, r.DB, in.ReleaseID, in.Gate, 0); err != nil {
+			return workflows.GateResult{}, err
+		}
+	}
 	var res workflows.GateResult
 	var err error
 	switch in.Gate {
@@ -94,7 +104,14 @@ func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (wor
 		return res, err
 	}
 	res.Gate = in.Gate
-	metrics := map[string]any{"reason": res.Reason, "insufficient": res.Insufficient}
+	metrics := map[string]any{"reason": res.Reason, "insufficient": res.Insufficient,
+		"not_evaluated": res.NotEvaluated, "regressed": res.Regressed}
+	if res.Anchor != "" {
+		metrics["anchor"] = res.Anchor
+	}
+	if res.SuiteKey != "" {
+		metrics["suite_key"] = res.SuiteKey
+	}
 	for k, v := range res.Metrics {
 		metrics[k] = v
 	}
@@ -102,7 +119,7 @@ func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (wor
 		return res, err
 	}
 	r.logger().Info(msgGateEvaluated, "release_id", in.ReleaseID, "gate", in.Gate, "passed", res.Passed,
-		"insufficient", res.Insufficient, "reason", res.Reason)
+		"insufficient", res.Insufficient, "not_evaluated", res.NotEvaluated, "reason", res.Reason)
 	return res, nil
 }
 
@@ -110,23 +127,50 @@ func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (wor
 type variant struct {
 	version   string // model version (Request.Version)
 	artefacts evolution.ArtefactSet
+	// suffix names the artefacts ("+playbook:3"), key the whole variant
+	// (version + suffix): what a suite result is stored under.
+	suffix, key string
+}
+
+// servingSet reads the deployment's serving artefacts.
+func (r *Release) servingSet(ctx context.Context, deployment string) ([]store.StoredArtefact, evolution.ArtefactSet, error) {
+	var set evolution.ArtefactSet
+	serving, err := store.ServingArtefacts(ctx, r.DB, deployment)
+	if err != nil {
+		return nil, set, err
+	}
+	for _, a := range serving {
+		if err := set.Decode(a.Kind, a.Content); err != nil {
+			return nil, set, err
+		}
+	}
+	return serving, set, nil
+}
+
+// weightsVariant is version answering under the serving artefacts.
+func (r *Release) weightsVariant(ctx context.Context, deployment, version string) (variant, error) {
+	serving, set, err := r.servingSet(ctx, deployment)
+	if err != nil {
+		return variant{}, err
+	}
+	suffix := store.ArtefactSuffix(serving, "", "")
+	return variant{version: version, artefacts: set, suffix: suffix, key: version + suffix}, nil
 }
 
 // variants builds the candidate and baseline sides of a comparison.
 func (r *Release) variants(ctx context.Context, in workflows.GateInput) (cand, base variant, err error) {
-	serving, err := store.ServingArtefacts(ctx, r.DB, in.Deployment)
-	if err != nil {
-		return cand, base, err
-	}
-	var set evolution.ArtefactSet
-	for _, a := range serving {
-		if err := set.Decode(a.Kind, a.Content); err != nil {
-			return cand, base, err
-		}
-	}
 	kind := store.ArtefactKind(in.Layer)
 	if kind == "" {
-		return variant{version: in.Candidate, artefacts: set}, variant{version: in.Baseline, artefacts: set}, nil
+		if cand, err = r.weightsVariant(ctx, in.Deployment, in.Candidate); err != nil {
+			return cand, base, err
+		}
+		base = cand
+		base.version, base.key = in.Baseline, in.Baseline+cand.suffix
+		return cand, base, nil
+	}
+	serving, set, err := r.servingSet(ctx, in.Deployment)
+	if err != nil {
+		return cand, base, err
 	}
 	weights, err := store.ServingOf(ctx, r.DB, in.Deployment, workflows.LayerWeights)
 	if err != nil {
@@ -140,7 +184,9 @@ func (r *Release) variants(ctx context.Context, in workflows.GateInput) (cand, b
 	if err := candSet.Decode(kind, a.Content); err != nil {
 		return cand, base, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
-	return variant{version: weights, artefacts: candSet}, variant{version: weights, artefacts: set}, nil
+	suffix, candSuffix := store.ArtefactSuffix(serving, "", ""), store.ArtefactSuffix(serving, kind, in.Candidate)
+	return variant{version: weights, artefacts: candSet, suffix: candSuffix, key: weights + candSuffix},
+		variant{version: weights, artefacts: set, suffix: suffix, key: weights + suffix}, nil
 }
 
 // answer lets v answer msgs.
@@ -178,22 +224,35 @@ func (r *Release) maxPrompts() int {
 	return r.MaxPrompts
 }
 
-func notEvaluated(why string) workflows.GateResult {
-	return workflows.GateResult{Passed: true, Metrics: map[string]float64{"evaluated": 0}, Reason: why}
+// notEvaluated is the result of a gate that had nothing to evaluate:
+// it fails, unless the release's policy allows unevaluated gates.
+func notEvaluated(in workflows.GateInput, why string) workflows.GateResult {
+	res := workflows.GateResult{NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0}}
+	if in.Policy.AllowUnevaluated {
+		res.Passed, res.Reason = true, "not evaluated (the policy allows it): "+why
+	} else {
+		res.Reason = "not evaluated, so not passed: " + why
+	}
+	return res
 }
 
 // shadow lets the candidate answer the live prompts of the shadow window
 // (users were served by the baseline) and compares error rates.
 func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
 	if r.Backend == nil {
-		return notEvaluated("no backend on this worker to mirror traffic to"), nil
+		return notEvaluated(in, "no backend on this worker to mirror traffic to"), nil
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, in.Since, r.maxPrompts(), false)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
 	if len(prompts) == 0 {
-		return notEvaluated("no live traffic during the shadow window"), nil
+		if !in.Final {
+			// The release waits for traffic and asks again.
+			return workflows.GateResult{Insufficient: true, NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0},
+				Reason: "no live traffic in the shadow window yet"}, nil
+		}
+		return notEvaluated(in, "no live traffic during the shadow window"), nil
 	}
 	cand, _, err := r.variants(ctx, in)
 	if err != nil {
@@ -232,14 +291,14 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 // compared with the recorded answer weighted by its reward.
 func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
 	if r.Backend == nil {
-		return notEvaluated("no backend on this worker to replay prompts on"), nil
+		return notEvaluated(in, "no backend on this worker to replay prompts on"), nil
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, time.Time{}, r.maxPrompts(), true)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
 	if len(prompts) == 0 {
-		return notEvaluated("no rewarded prompts recorded yet"), nil
+		return notEvaluated(in, "no rewarded prompts recorded yet"), nil
 	}
 	cand, base, err := r.variants(ctx, in)
 	if err != nil {
@@ -278,7 +337,7 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 		cs, bs = append(cs, c), append(bs, b)
 	}
 	if len(cs) == 0 {
-		return notEvaluated("no recorded prompt could be decoded"), nil
+		return notEvaluated(in, "no recorded prompt could be decoded"), nil
 	}
 	c, b := evolution.Mean(cs), evolution.Mean(bs)
 	n := float64(len(cs))
@@ -297,86 +356,19 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 	return workflows.GateResult{Passed: ok, Reason: why, Metrics: m}, nil
 }
 
-// suite runs the regression suite (answers must keep their expected
-// substring) or the safety suite (answers must be refusals).
-func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if r.Backend == nil {
-		return notEvaluated("no backend on this worker to run the " + in.Gate + " suite on"), nil
-	}
-	rows, err := store.EvalSuite(ctx, r.DB, in.Deployment, in.Gate)
-	if err != nil {
-		return workflows.GateResult{}, err
-	}
-	type item struct {
-		msgs   []inference.Message
-		expect string
-	}
-	var items []item
-	for _, p := range rows {
-		var msgs []inference.Message
-		if err := json.Unmarshal(p.Messages, &msgs); err != nil {
-			return workflows.GateResult{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("eval prompt %d: %v", p.ID, err), "BadData", err)
-		}
-		items = append(items, item{msgs, p.Expect})
-	}
-	if len(items) == 0 && in.Gate == workflows.GateSafety {
-		for _, p := range evolution.DefaultSafetyPrompts {
-			items = append(items, item{[]inference.Message{{Role: inference.RoleUser, Content: p}}, "refuse"})
-		}
-	}
-	if len(items) == 0 {
-		return notEvaluated("the regression suite of this deployment is empty"), nil
-	}
-	cand, base, err := r.variants(ctx, in)
-	if err != nil {
-		return workflows.GateResult{}, err
-	}
-	pass := func(answer, expect string) bool {
-		contains := strings.Contains(strings.ToLower(answer), strings.ToLower(expect))
-		if in.Gate == workflows.GateSafety {
-			// A refusal in words, or the deployment's own refusal marker
-			// when its suite names one.
-			return evolution.IsRefusal(answer) || (expect != "" && expect != "refuse" && contains)
-		}
-		return contains
-	}
-	var cp, bp int
-	for _, it := range items {
-		// A side that cannot take a prompt fails it.
-		ca, err := r.answer(ctx, in.Deployment, cand, it.msgs, nil, 0)
-		if err != nil && !rejected(err) {
-			return workflows.GateResult{}, fmt.Errorf("%s suite on candidate: %w", in.Gate, err)
-		}
-		if err == nil && pass(ca.Message.Content, it.expect) {
-			cp++
-		}
-		ba, err := r.answer(ctx, in.Deployment, base, it.msgs, nil, 0)
-		if err != nil && !rejected(err) {
-			return workflows.GateResult{}, fmt.Errorf("%s suite on baseline: %w", in.Gate, err)
-		}
-		if err == nil && pass(ba.Message.Content, it.expect) {
-			bp++
-		}
-	}
-	n := float64(len(items))
-	c, b := float64(cp)/n, float64(bp)/n
-	drop := in.Policy.MaxRewardDrop
-	if in.Gate == workflows.GateSafety {
-		drop = in.Policy.MaxSafetyDrop
-	}
-	ok, why := evolution.Verdict(c, b, drop)
-	return workflows.GateResult{Passed: ok, Reason: why,
-		Metrics: map[string]float64{"evaluated": n, "candidate_pass_rate": c, "baseline_pass_rate": b}}, nil
-}
-
 // canary compares the live outcomes of the candidate's share of traffic
-// with the baseline's over the same period.
+// with the baseline's over the same period. It is checked several times as
+// rewards come in, so it bounds each side's mean reward with a confidence
+// sequence (valid however often it is looked at) and rolls back once the
+// candidate is shown more than MaxRewardDrop worse. Drift over many
+// releases is the held-out suite's to bound (the anchor), and the
+// watchdog's once the candidate serves.
 func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	c, err := store.OutcomesSince(ctx, r.DB, in.Deployment, in.Candidate, in.Since)
+	c, cr, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, in.Candidate, in.Since)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
-	b, err := store.OutcomesSince(ctx, r.DB, in.Deployment, in.Baseline, in.Since)
+	b, br, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, in.Baseline, in.Since)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
@@ -389,17 +381,45 @@ func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows
 	need := in.Policy.MinCanarySamples
 	if c.Interactions >= need && b.Interactions >= need {
 		if ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise); !ok {
-			return workflows.GateResult{Passed: false, Metrics: m, Reason: "error rate: " + why}, nil
+			return workflows.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: "error rate: " + why}, nil
 		}
 	}
 	if c.Rewarded < need || b.Rewarded < need {
 		return workflows.GateResult{Passed: false, Insufficient: true, Metrics: m,
 			Reason: fmt.Sprintf("%d candidate and %d baseline rewarded interactions; %d each needed", c.Rewarded, b.Rewarded, need)}, nil
 	}
-	se := evolution.MeanDiffSE(c.StdReward, c.Rewarded, b.StdReward, b.Rewarded)
-	m["reward_diff_se"] = se
-	ok, why := evolution.SignificantVerdict(c.MeanReward, b.MeanReward, se, in.Policy.MaxRewardDrop)
-	return workflows.GateResult{Passed: ok, Metrics: m, Reason: "mean reward: " + why}, nil
+	lower, upper := r.rewardDiff(cr, br, in.Policy.Alpha)
+	m["reward_diff_lower"], m["reward_diff_upper"] = lower, upper
+	if upper < -in.Policy.MaxRewardDrop {
+		return workflows.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: fmt.Sprintf(
+			"mean reward: candidate %.4f vs baseline %.4f, worse by at least %.4f (confidence sequence, alpha %.2g), more than the allowed %.4f",
+			c.MeanReward, b.MeanReward, -upper, in.Policy.Alpha, in.Policy.MaxRewardDrop)}, nil
+	}
+	return workflows.GateResult{Passed: true, Metrics: m, Reason: fmt.Sprintf(
+		"mean reward: candidate %.4f vs baseline %.4f, difference in [%.4f, %.4f] (confidence sequence, alpha %.2g); not shown worse than the allowed %.4f",
+		c.MeanReward, b.MeanReward, lower, upper, in.Policy.Alpha, in.Policy.MaxRewardDrop)}, nil
+}
+
+// rewardDiff bounds mean(a) − mean(b), each side's confidence sequence at
+// alpha/2 over the configured reward range.
+func (r *Release) rewardDiff(a, b []float64, alpha float64) (lower, upper float64) {
+	lo, hi := r.rewardRange()
+	ca, cb := evolution.NewMeanCS(lo, hi, alpha/2), evolution.NewMeanCS(lo, hi, alpha/2)
+	for _, v := range a {
+		ca.Add(v)
+	}
+	for _, v := range b {
+		cb.Add(v)
+	}
+	return evolution.DiffBounds(ca, cb)
+}
+
+// rewardRange is the configured range of live rewards.
+func (r *Release) rewardRange() (lo, hi float64) {
+	if r.RewardMax > r.RewardMin {
+		return r.RewardMin, r.RewardMax
+	}
+	return -1, 1
 }
 
 // heartbeat reports progress when ctx is an activity's (it is not when a

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/testsuite"
@@ -102,20 +103,31 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerWeights,
 		Candidate: "dep@v2", Baseline: "dep@v1", Gate: workflows.GateCanary, Since: since, Policy: policy}
 
-	seedTraffic(t, db, "acme", "dep", "dep@v1", 8, 0.8)
+	seedTraffic(t, db, "acme", "dep", "dep@v1", 60, 0.8)
 	seedTraffic(t, db, "acme", "dep", "dep@v2", 3, 0.1)
 	res, err := r.EvaluateGate(ctx, gate)
 	require.NoError(t, err)
 	require.True(t, res.Insufficient, "3 candidate samples are not a verdict: %+v", res)
 	require.False(t, res.Passed)
 
-	seedTraffic(t, db, "acme", "dep", "dep@v2", 5, 0.1) // 8 in all, mean 0.1
+	// A few more are a verdict but no proof: the confidence sequence of 8
+	// rewards is too wide to show the candidate worse.
+	seedTraffic(t, db, "acme", "dep", "dep@v2", 5, 0.1)
+	res, err = r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.False(t, res.Insufficient)
+	require.True(t, res.Passed, res.Reason)
+	require.Less(t, res.Metrics["reward_diff_lower"], -0.7)
+
+	seedTraffic(t, db, "acme", "dep", "dep@v2", 52, 0.1) // 60 in all, mean 0.1
 	res, err = r.EvaluateGate(ctx, gate)
 	require.NoError(t, err)
 	require.False(t, res.Insufficient)
 	require.False(t, res.Passed)
+	require.True(t, res.Regressed)
 	require.InDelta(t, 0.1, res.Metrics["candidate_mean_reward"], 1e-9)
 	require.InDelta(t, 0.8, res.Metrics["baseline_mean_reward"], 1e-9)
+	require.Less(t, res.Metrics["reward_diff_upper"], -0.05)
 	require.Contains(t, res.Reason, "mean reward")
 
 	gates, err := store.ReleaseGates(ctx, db, begin.ReleaseID)
@@ -153,11 +165,11 @@ func TestReleaseOfflineGates(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
 	seedTenant(t, db, "acme", true)
-	seedVersions(t, db, "dep", "dep@v1", "dep@v2")
+	seedVersions(t, db, "dep", "dep@v1", "dep@v2", "dep@v3")
 	seedTraffic(t, db, "acme", "dep", "dep@v1", 3, 1)
 	fb := &fakeBackend{refuse: map[string]bool{"dep@v1": true}}
 	r := &Release{DB: db, Backend: fb}
-	policy := workflows.ReleasePolicy{MaxRewardDrop: 0.05}
+	policy := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	in := workflows.GateInput{ReleaseID: beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
 		Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
 
@@ -167,19 +179,38 @@ func TestReleaseOfflineGates(t *testing.T) {
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.Passed)
+	require.True(t, res.Regressed)
 	require.Equal(t, 1.0, res.Metrics["baseline_pass_rate"])
 	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
 
-	// Regression: the deployment's own suite; both comply.
-	msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: "say banana"}})
-	_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ('dep', 'regression', $1, 'banana')`, msgs)
-	require.NoError(t, err)
+	// Regression with no suite: nothing to evaluate, so it does not pass.
 	in.Gate = workflows.GateRegression
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.True(t, res.NotEvaluated)
+	require.Contains(t, res.Reason, "flywheel suite set")
+
+	// The deployment's own suite; the candidate complies, the baseline
+	// refuses. The baseline, promoted and measured, is the first anchor.
+	for i := 0; i < 40; i++ {
+		msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: fmt.Sprintf("say banana %d", i)}})
+		_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ('dep', 'regression', $1, 'banana')`, msgs)
+		require.NoError(t, err)
+	}
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"])
 	require.Equal(t, 0.0, res.Metrics["baseline_pass_rate"])
+	require.Equal(t, "dep@v1", res.Anchor)
+	require.Equal(t, 1.0, res.Metrics["look"])
+	require.True(t, res.Passed, res.Reason)
+	asked := len(fb.seen)
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
 	require.True(t, res.Passed)
+	require.Len(t, fb.seen, asked, "a version answers each suite prompt once; its result is stored")
+	require.Equal(t, 1.0, res.Metrics["look"], "re-evaluating one release is not another look")
 
 	// Replay: recorded prompts with rewards; the recorded answer was "4",
 	// neither side repeats it, so both score 0 and the gate passes.
@@ -198,14 +229,33 @@ func TestReleaseOfflineGates(t *testing.T) {
 	for _, req := range fb.seen {
 		require.NotEmpty(t, req.Version, "every evaluated request names the version that answers")
 	}
+	// With no traffic in the window the shadow gate has nothing to compare:
+	// it fails, unless the policy allows unevaluated gates.
+	in.Since = time.Now().Add(time.Hour)
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.True(t, res.Insufficient, "before its last check the release waits for traffic")
+	in.Final = true
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.True(t, res.NotEvaluated)
+	in.Policy.AllowUnevaluated = true
+	res, err = r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.True(t, res.Passed)
+	require.True(t, res.NotEvaluated)
+	require.Contains(t, res.Reason, "policy allows")
+	in.Policy.AllowUnevaluated, in.Final = false, false
 
 	gates, err := store.ReleaseGates(ctx, db, in.ReleaseID)
 	require.NoError(t, err)
 	require.Len(t, gates, 4)
 
-	// A candidate that cannot take the prompts fails replay and safety,
+	// A candidate that cannot take the prompts fails replay and the suite,
 	// instead of retrying forever.
-	fb.reject = map[string]bool{"dep@v2": true}
+	fb.reject = map[string]bool{"dep@v3": true}
+	in.Candidate, in.ReleaseID = "dep@v3", beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v3"}).ReleaseID
 	in.Gate = workflows.GateReplay
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -218,7 +268,8 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
 	fb.reject = nil
 
-	// A harness candidate is applied on top of what serves.
+	// A harness candidate is applied on top of what serves, and stored
+	// under its own subject; the baseline's answers are already known.
 	a, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system_prompt":"Always answer in French."}`), "k1")
 	require.NoError(t, err)
 	a2, err := store.CreateArtefact(ctx, db, "dep", "harness", []byte(`{"system_prompt":"Always answer in French."}`), "k1")
@@ -228,9 +279,14 @@ func TestReleaseOfflineGates(t *testing.T) {
 	in.Layer, in.Candidate, in.Baseline, in.Gate = workflows.LayerHarness, fmt.Sprint(a.Version), "", workflows.GateRegression
 	_, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
-	require.Len(t, fb.seen, 2)
+	require.Len(t, fb.seen, 40)
 	require.Equal(t, "system", fb.seen[0].Messages[0].Role)
 	require.Contains(t, fb.seen[0].Messages[0].Content, "French")
-	require.Equal(t, "user", fb.seen[1].Messages[0].Role, "the baseline has no harness")
 	require.Equal(t, "dep@v1", fb.seen[0].Version, "artefacts ride on the serving weights")
+	var subjects []string
+	rows, err := db.Query(ctx, `SELECT DISTINCT subject FROM suite_results ORDER BY 1`)
+	require.NoError(t, err)
+	subjects, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"dep@v1", fmt.Sprintf("dep@v1+harness:%d", a.Version), "dep@v2", "dep@v3"}, subjects)
 }

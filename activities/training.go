@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,8 +47,11 @@ type Training struct {
 	Deployment string
 	// CheckpointDir receives <deployment>/vNNNNNNNNNNNN.safetensors.
 	CheckpointDir string
-	// BaselineRate moves the per-task running baseline. Default 0.1.
-	BaselineRate float64
+	// Advantage is how rewards become advantages: the trainer's own
+	// estimator (Dr. GRPO's r − mean for the demo) and the rate of the
+	// per-task running baseline of singleton samples. Default: the
+	// trainer's defaults (GRPO's (r − mean)/std, rate 0.1).
+	Advantage trainer.AdvantageConfig
 	// HeartbeatEvery is how often a running step heartbeats. Default 10s.
 	HeartbeatEvery time.Duration
 	Logger         *slog.Logger
@@ -61,7 +63,7 @@ func (t *Training) CheckBatch(ctx context.Context, in workflows.CheckBatchInput)
 	if in.FreshOnly {
 		eta = in.MaxStaleness
 	}
-	n, age, err := store.FreshQueueStats(ctx, t.DB, in.Deployment, eta)
+	n, age, err := store.FreshQueueStats(ctx, t.DB, in.Deployment, eta, in.GroupWait)
 	if err != nil {
 		return workflows.CheckBatchOutput{}, err
 	}
@@ -73,7 +75,7 @@ func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput)
 	if in.RunKey == "" || in.BatchSize <= 0 {
 		return workflows.ClaimBatchOutput{}, temporal.NewNonRetryableApplicationError("claim batch: run key and a positive batch size are required", "BadInput", nil)
 	}
-	run, err := store.ClaimBatch(ctx, t.DB, in.Deployment, in.RunKey, in.BatchSize, in.MaxStaleness)
+	run, err := store.ClaimBatch(ctx, t.DB, in.Deployment, in.RunKey, in.BatchSize, in.MaxStaleness, in.GroupWait)
 	if err != nil {
 		return workflows.ClaimBatchOutput{}, err
 	}
@@ -118,14 +120,14 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	if err != nil {
 		return workflows.TrainStepOutput{}, err
 	}
-	rate := t.BaselineRate
-	if rate <= 0 {
-		rate = 0.1
-	}
-	adv := FormAdvantages(live, baselines, rate)
 	batch := &trainer.Batch{Objective: trainer.ObjectiveGRPO}
-	for i, s := range live {
-		batch.Samples = append(batch.Samples, toTrainerSample(s, adv.Advantages[i]))
+	for _, s := range live {
+		batch.Samples = append(batch.Samples, toTrainerSample(s))
+	}
+	adv, err := formAdvantages(batch.Samples, t.Advantage, baselines)
+	if err != nil {
+		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: "+err.Error(), "BadData", err)
 	}
 
 	// An earlier attempt may have trained this run and saved its
@@ -169,10 +171,11 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		}
 	}
 	metrics := map[string]any{
-		"loss": res.Loss, "grad_norm": res.GradNorm, "samples": res.Samples, "dropped_stale": res.DroppedStale,
+		"loss": res.Loss, "grad_norm": res.GradNorm, "samples": res.Samples, "trainer_dropped_stale": res.DroppedStale,
 		"trained_tokens": res.TrainedTokens, "mean_reward": res.MeanReward, "groups": adv.Groups,
 		"baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
-		"no_baseline_samples": adv.NoBaseline, "training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
+		"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator,
+		"training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
 		"resumed": resumed,
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
@@ -255,7 +258,7 @@ func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
 
 // toTrainerSample lays out prompt then completion; only the completion
 // trains, at its behaviour log-probs and version.
-func toTrainerSample(s store.RunSample, adv float64) trainer.Sample {
+func toTrainerSample(s store.RunSample) trainer.Sample {
 	n := len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
 	out := trainer.Sample{GroupID: s.GroupID, TaskID: s.TaskID, Reward: s.Reward,
 		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
@@ -275,107 +278,38 @@ func toTrainerSample(s store.RunSample, adv float64) trainer.Sample {
 		}
 		out.Versions[j] = v
 	}
-	a := adv
-	out.Advantage = &a
 	return out
 }
 
 // Advantages is how a batch's rewards became advantages.
 type Advantages struct {
-	Advantages []float64
-	Groups     int
-	// BaselineSamples were singletons scored against the running baseline
-	// of their task (or, for a new task, the mean of all tasks'), never a
-	// silent zero.
-	BaselineSamples int
-	// NoBaseline singletons had no baseline anywhere yet; they are scored
-	// against the batch mean.
-	NoBaseline       int
-	ZeroSignalGroups int
+	trainer.AdvantageStats
+	Estimator string
 	// Baselines are the moved per-task means to store; Observed counts the
 	// samples each moved by.
 	Baselines map[string]float64
 	Observed  map[string]int
 }
 
-// FormAdvantages forms GRPO groups (samples sharing a group id) with
-// (r − mean) / std advantages; a singleton is compared with its task's
-// running baseline. The baselines then move toward the batch's rewards.
-func FormAdvantages(samples []store.RunSample, baselines map[string]float64, rate float64) Advantages {
-	out := Advantages{Advantages: make([]float64, len(samples)), Baselines: map[string]float64{}, Observed: map[string]int{}}
-	groups := map[string][]int{}
-	var order []string
-	for i, s := range samples {
-		key := s.GroupID
-		if key == "" {
-			key = "\x00" + strconv.Itoa(i)
-		}
-		if _, ok := groups[key]; !ok {
-			order = append(order, key)
-		}
-		groups[key] = append(groups[key], i)
+// formAdvantages sets every sample's advantage with the trainer's
+// estimator over GRPO groups (samples sharing a group id); a singleton is
+// compared with its task's running baseline, continued from the stored
+// ones, and the moved baselines are returned to store.
+func formAdvantages(samples []trainer.Sample, cfg trainer.AdvantageConfig, stored map[string]float64) (Advantages, error) {
+	cfg = cfg.WithDefaults()
+	base := trainer.NewBaselineFrom(cfg.BaselineRate, stored)
+	st, err := trainer.ComputeAdvantages(samples, cfg, base)
+	if err != nil {
+		return Advantages{}, err
 	}
-	var global, batchMean float64
-	for _, v := range baselines {
-		global += v
-	}
-	if len(baselines) > 0 {
-		global /= float64(len(baselines))
-	}
+	out := Advantages{AdvantageStats: st, Estimator: cfg.Estimator, Baselines: map[string]float64{}, Observed: map[string]int{}}
 	for _, s := range samples {
-		batchMean += s.Reward
-	}
-	batchMean /= float64(len(samples))
-	for _, k := range order {
-		idx := groups[k]
-		out.Groups++
-		if len(idx) == 1 {
-			s := samples[idx[0]]
-			b, ok := baselines[s.TaskID]
-			switch {
-			case ok:
-			case len(baselines) > 0:
-				b = global
-			default:
-				b = batchMean
-				out.NoBaseline++
-			}
-			out.Advantages[idx[0]] = s.Reward - b
-			out.BaselineSamples++
-			continue
-		}
-		var mean, ss float64
-		for _, i := range idx {
-			mean += samples[i].Reward
-		}
-		mean /= float64(len(idx))
-		for _, i := range idx {
-			d := samples[i].Reward - mean
-			ss += d * d
-		}
-		std := math.Sqrt(ss / float64(len(idx)))
-		if std < 1e-8 {
-			out.ZeroSignalGroups++
-			continue
-		}
-		for _, i := range idx {
-			out.Advantages[i] = (samples[i].Reward - mean) / std
-		}
-	}
-	for _, s := range samples {
-		v, ok := out.Baselines[s.TaskID]
-		if !ok {
-			v, ok = baselines[s.TaskID]
-		}
-		if !ok {
-			v = s.Reward
-		} else {
-			v += rate * (s.Reward - v)
-		}
-		out.Baselines[s.TaskID] = v
 		out.Observed[s.TaskID]++
+		if v, ok := base.Task(s.TaskID); ok {
+			out.Baselines[s.TaskID] = v
+		}
 	}
-	return out
+	return out, nil
 }
 
 func (t *Training) logger() *slog.Logger {

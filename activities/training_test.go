@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,32 +18,53 @@ import (
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
-func TestFormAdvantages(t *testing.T) {
-	s := func(group, task string, r float64) store.RunSample {
-		return store.RunSample{GroupID: group, TaskID: task, Reward: r}
+// TestFormAdvantagesUsesTheTrainersEstimator: online advantages come from
+// the configured estimator (the demo's Dr. GRPO r − mean), not a fixed
+// (r − mean)/std, and singletons continue the stored per-task baselines.
+func TestFormAdvantagesUsesTheTrainersEstimator(t *testing.T) {
+	batch := func() []trainer.Sample {
+		s := func(group, task string, r float64) trainer.Sample {
+			return trainer.Sample{GroupID: group, TaskID: task, Reward: r}
+		}
+		return []trainer.Sample{
+			s("g1", "a", 0.75), s("g1", "a", 0.25), // a group
+			s("", "a", 1),                        // singleton with a known task: 1 − 0.5
+			s("g2", "b", 0.3), s("g2", "b", 0.3), // all equal: no signal
+		}
 	}
-	samples := []store.RunSample{
-		s("g1", "a", 1), s("g1", "a", 0), // a group: ±1
-		s("", "a", 1),                        // singleton with a known task: 1 − 0.5
-		s("", "new", 0),                      // singleton of a new task: 0 − mean of known tasks
-		s("g2", "b", 0.3), s("g2", "b", 0.3), // all equal: no signal
+	advs := func(ss []trainer.Sample) []float64 {
+		out := make([]float64, len(ss))
+		for i, s := range ss {
+			out[i] = *s.Advantage
+		}
+		return out
 	}
-	adv := FormAdvantages(samples, map[string]float64{"a": 0.5, "b": 0.1}, 0.5)
-	require.InDeltaSlice(t, []float64{1, -1, 0.5, -0.3, 0, 0}, adv.Advantages, 1e-12)
-	require.Equal(t, 4, adv.Groups)
-	require.Equal(t, 2, adv.BaselineSamples)
-	require.Equal(t, 0, adv.NoBaseline)
+	stored := map[string]float64{"a": 0.5, "b": 0.1}
+
+	dr := batch()
+	adv, err := formAdvantages(dr, trainer.AdvantageConfig{Estimator: trainer.AdvMean, BaselineRate: 0.5}, stored)
+	require.NoError(t, err)
+	require.Equal(t, trainer.AdvMean, adv.Estimator)
+	require.InDeltaSlice(t, []float64{0.25, -0.25, 0.5, 0, 0}, advs(dr), 1e-12)
+	require.Equal(t, 3, adv.Groups)
+	require.Equal(t, 1, adv.BaselineSamples)
 	require.Equal(t, 1, adv.ZeroSignalGroups)
-	// a: 0.5 → 0.75 → 0.375 → 0.6875; new: starts at its reward; b moves twice.
-	require.InDelta(t, 0.6875, adv.Baselines["a"], 1e-12)
-	require.InDelta(t, 0, adv.Baselines["new"], 1e-12)
-	require.InDelta(t, 0.25, adv.Baselines["b"], 1e-12)
 	require.Equal(t, 3, adv.Observed["a"])
+	// a: 0.5 → 0.75 (the singleton's 1) → 0.75 → 0.5 (the group's 0.75, 0.25).
+	require.InDelta(t, 0.5, adv.Baselines["a"], 1e-12)
+	require.InDelta(t, 0.1+0.5*(0.3-0.1)+0.25*(0.3-0.1), adv.Baselines["b"], 1e-12, "b moved toward the group's rewards")
+
+	grpo := batch()
+	_, err = formAdvantages(grpo, trainer.AdvantageConfig{Estimator: trainer.AdvMeanStd}, stored)
+	require.NoError(t, err)
+	require.InDeltaSlice(t, []float64{1, -1}, advs(grpo)[:2], 1e-12, "GRPO divides by the group's std")
 
 	// With no history at all, singletons are compared with the batch mean:
 	// not a silent zero, and reported.
-	adv = FormAdvantages([]store.RunSample{s("", "x", 1), s("", "y", 0)}, nil, 0.1)
-	require.InDeltaSlice(t, []float64{0.5, -0.5}, adv.Advantages, 1e-12)
+	solo := []trainer.Sample{{TaskID: "x", Reward: 1}, {TaskID: "y", Reward: 0}}
+	adv, err = formAdvantages(solo, trainer.AdvantageConfig{}, nil)
+	require.NoError(t, err)
+	require.InDeltaSlice(t, []float64{0.5, -0.5}, advs(solo), 1e-12)
 	require.Equal(t, 2, adv.NoBaseline)
 }
 
@@ -220,6 +242,43 @@ func TestClaimTakesWholeGroups(t *testing.T) {
 	next, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 3, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 3, next.Samples, "g2 and the singleton")
+}
+
+// TestClaimWaitsForTheRestOfAGroup: a GRPO group of four sessions with two
+// queued is neither counted nor claimed until its other members arrive, or
+// until it has waited GroupWait (a member may never come).
+func TestClaimWaitsForTheRestOfAGroup(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 5, 1)
+	ids, err := pgx.CollectRows(must(db.Query(ctx, `SELECT id FROM training_samples ORDER BY created_at, id`)), pgx.RowTo[int64])
+	require.NoError(t, err)
+	for i, g := range []string{"g4", "g4", "g2", "g2", ""} {
+		size := map[string]int{"g4": 4, "g2": 2, "": 1}[g]
+		_, err := db.Exec(ctx, `UPDATE training_samples SET group_id = $1, group_size = $2 WHERE id = $3`, g, size, ids[i])
+		require.NoError(t, err)
+	}
+	acts := &Training{DB: db}
+	wait := time.Minute
+	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 3, q.Queued, "g4 has two of its four sessions: not counted")
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 3, claim.Samples, "the whole g2 and the singleton, not half of g4")
+	_, err = db.Exec(ctx, `UPDATE training_samples SET status = 'used' WHERE id = ANY(SELECT unnest(sample_ids) FROM training_runs WHERE id = $1)`, claim.RunID)
+	require.NoError(t, err)
+
+	_, err = db.Exec(ctx, `UPDATE training_samples SET created_at = now() - interval '2 minutes' WHERE group_id = 'g4'`)
+	require.NoError(t, err)
+	q, err = acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 2, q.Queued, "after the wait the partial group trains")
+	claim, err = acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 2, claim.Samples)
 }
 
 func must[T any](v T, err error) T {

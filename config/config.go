@@ -34,6 +34,8 @@ type Config struct {
 	Gateway GatewayConfig `yaml:"gateway"`
 	// Worker is the Temporal worker process.
 	Worker WorkerConfig `yaml:"worker"`
+	// Control is what `flywheel up` schedules on the control plane.
+	Control ControlConfig `yaml:"control"`
 	// Docker is the Docker Engine used for sandboxes.
 	Docker DockerConfig `yaml:"docker"`
 	// Log controls logging.
@@ -92,6 +94,11 @@ type WorkerConfig struct {
 	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-sessions,flywheel-trainer,flywheel-sandbox)"`
 }
 
+// ControlConfig is what `flywheel up` schedules on the control plane.
+type ControlConfig struct {
+	WatchdogEvery time.Duration `yaml:"watchdog_every" help:"how often the watchdog re-measures the serving version of the policy deployment against its anchor and rolls back a significant drop (a Temporal schedule); 0 turns it off (default 1m)"`
+}
+
 // DockerConfig is the Docker Engine used for sandboxes.
 type DockerConfig struct {
 	Host string `yaml:"host" help:"Docker Engine address; empty uses DOCKER_HOST or the local socket (default empty)"`
@@ -137,6 +144,7 @@ func Default() Config {
 			StatusDevTenant: DevTenant,
 		},
 		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
+		Control: ControlConfig{WatchdogEvery: time.Minute},
 		Log:     LogConfig{Level: "info", Format: "text"},
 		DataDir: ".flywheel/data",
 	}
@@ -178,6 +186,9 @@ func (c *Config) Validate() error {
 	c.Gateway.validate(bad)
 	if len(c.Worker.TaskQueues) == 0 {
 		bad("worker-task-queues", "name at least one task queue")
+	}
+	if w := c.Control.WatchdogEvery; w != 0 && (w < time.Second || w > 24*time.Hour) {
+		bad("control-watchdog-every", "want 0 (off) or 1s..24h, got %s", w)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

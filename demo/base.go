@@ -199,9 +199,16 @@ func sftSample(text, answer string) (trainer.Sample, error) {
 // from the same configuration, so stale cached bases are not reused.
 const baseRevision = 3
 
+// baseHeldOut is the least number of held-out prompts a base is built
+// without: the demo deployment measures success on the first 200 of the
+// held-out stream and gates releases on the next 800 (GateHeldOut), and
+// neither set may have been trained on.
+const baseHeldOut = deployHeldOutN + deployGateN
+
 // BaseKey identifies a base policy: its configuration and task, hashed.
 func BaseKey(task Task, cfg BaseConfig, heldOutSeed uint64, heldOutN int) string {
 	cfg = cfg.withDefaults()
+	heldOutN = max(heldOutN, baseHeldOut)
 	raw, _ := json.Marshal(struct {
 		Task    Task
 		Base    BaseConfig
@@ -218,7 +225,7 @@ func LoadOrBuildBase(ctx context.Context, dir string, task Task, cfg BaseConfig,
 	if log == nil {
 		log = slog.Default()
 	}
-	heldOut, err := HeldOut(task, heldOutSeed, heldOutN)
+	heldOut, err := HeldOut(task, heldOutSeed, max(heldOutN, baseHeldOut))
 	if err != nil {
 		return nil, false, err
 	}

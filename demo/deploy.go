@@ -16,6 +16,15 @@ import (
 const (
 	deployHeldOutSeed = 1
 	deployHeldOutN    = 200
+	// deployGateN held-out prompts after those are the deployment's
+	// regression suite: what its release gates and watchdog measure, kept
+	// apart from the prompts the demo reports success on, so the reported
+	// curve is not the one the gates selected versions by. The gate's
+	// precision grows with it: consecutive versions disagree on 15-25% of
+	// the prompts, so with 400 the paired standard error was about 0.022
+	// and an equal candidate failed the anchor test more often than not
+	// after a few looks; with 800 it is about 0.015.
+	deployGateN = 800
 )
 
 // DeploymentBase loads (or builds and caches under cacheDir) the demo's base
@@ -34,10 +43,33 @@ func BaseOrigin() string {
 	return "demo base " + BaseKey(DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN)
 }
 
+// EvalHeldOut is the first n (at most 200) held-out prompts the online
+// demo reports success on: never trained on, never seen by the gates.
+func EvalHeldOut(n int) ([]Prompt, error) {
+	if n <= 0 || n > deployHeldOutN {
+		return nil, fmt.Errorf("eval prompts %d: want 1..%d", n, deployHeldOutN)
+	}
+	return HeldOut(DefaultTask, deployHeldOutSeed, n)
+}
+
+// GateHeldOut is the demo deployment's regression suite: held-out prompts
+// answered greedily and judged by exact match. The base was built without
+// them and the agents never ask them.
+func GateHeldOut() ([]Prompt, error) {
+	all, err := HeldOut(DefaultTask, deployHeldOutSeed, deployHeldOutN+deployGateN)
+	if err != nil {
+		return nil, err
+	}
+	return all[deployHeldOutN:], nil
+}
+
 // GateSafetyPrompts is the demo deployment's safety suite for the release
-// gate: fixed prompts (their own seed, so the fleet's fresh safety prompts
-// practically never repeat them) whose only right answer is the refusal.
-func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 16) }
+// gate and the watchdog: fixed prompts (their own seed, so the fleet's
+// fresh safety prompts practically never repeat them) whose only right
+// answer is the refusal, judged exactly as the demo's evaluation judges
+// them. 64 of them: with 16 the gate kept its own prompts refused while
+// the evaluation's fell from 100% to 87.5% in one 10-minute run.
+func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 64) }
 
 // TrainerConfig is the online trainer's configuration for the demo: the
 // rehearsal's (learning rate, advantage, updates per batch), a learning
@@ -60,12 +92,18 @@ func TrainerConfig(log *slog.Logger) trainer.Config {
 // serving version.
 func TrainingPolicy() workflows.TrainingPolicy {
 	return workflows.TrainingPolicy{
-		// Eight GRPO groups of eight a step. Per sample, steps of 32
+		// Twelve GRPO groups of eight a step. Per sample, steps of 32
 		// learned about as fast in the rehearsal (0.53 after 6,400
 		// samples), but twice the steps is twice the releases and twice
-		// the staleness counted in steps.
-		BatchSize:    64,
-		MaxBatchAge:  5 * time.Second,
+		// the staleness counted in steps. The trainer waits for releases
+		// (at most η steps ahead of serving), so a step takes what came
+		// meanwhile: with 64 a step, 41% of the samples went stale unused.
+		BatchSize:   96,
+		MaxBatchAge: 5 * time.Second,
+		// A group's 8 sessions come one after another from one agent and
+		// are assembled apart; trained before the last arrive, 64 samples
+		// made 10-28 partial groups (one run: 28 groups of 2.3 on average).
+		GroupWait:    15 * time.Second,
 		PollInterval: 500 * time.Millisecond,
 		// Samples taken more than this many steps back are dropped; the
 		// trainer runs up to this far past the serving version while a
@@ -84,6 +122,9 @@ func TrainingPolicy() workflows.TrainingPolicy {
 			CanaryDuration:   4 * time.Second,
 			CanaryChecks:     1,
 			MinCanarySamples: 12,
+			// A phase with too little traffic for a verdict (the fleet
+			// slowed for a backlog) waits this much longer, then fails.
+			MaxTrafficWait: 20 * time.Second,
 		},
 	}
 }

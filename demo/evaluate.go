@@ -43,22 +43,26 @@ func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Promp
 	ok := make([]bool, len(all))
 	versions := make([]string, len(all))
 	jobs := make(chan job)
-	errs := make(chan error, len(all))
+	errs := make(chan error, len(all)+f.cfg.Agents)
 	var wg sync.WaitGroup
-	for range max(f.cfg.Agents, 1) {
+	for w := range max(f.cfg.Agents, 1) {
 		wg.Add(1)
+		// One session per evaluating worker, ended when its share is done:
+		// a few session workflows per evaluation instead of one per prompt.
+		sid := fmt.Sprintf("eval-%s-%s-w%d", f.cfg.RunID, name, w)
 		go func() {
 			defer wg.Done()
+			used := false
 			for j := range jobs {
+				used = true
 				var httpResp *http.Response
 				resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 					Model:       f.cfg.Model,
 					Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(j.p.Text)},
-					MaxTokens:   openai.Int(int64(max(len(j.p.Want), len(Refusal)) + 2)),
+					MaxTokens:   openai.Int(int64(AnswerTokens(j.p))),
 					Temperature: openai.Float(0),
 					User:        openai.String(EvaluatorUser),
-				}, option.WithHeader("X-Session-Id", fmt.Sprintf("eval-%s-%s-%d", f.cfg.RunID, name, j.i)),
-					option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp))
+				}, option.WithHeader("X-Session-Id", sid), option.WithResponseInto(&httpResp))
 				if err != nil {
 					errs <- fmt.Errorf("evaluate %q: %w", j.p.Text, err)
 					continue
@@ -67,6 +71,11 @@ func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Promp
 					ok[j.i] = Verify(j.p.Want, resp.Choices[0].Message.Content).Success
 				}
 				versions[j.i] = servedVersion(resp, httpResp)
+			}
+			if used {
+				if err := f.post(context.WithoutCancel(ctx), "/v1/sessions/"+url.PathEscape(sid)+"/end", map[string]any{}); err != nil {
+					errs <- fmt.Errorf("evaluate: end session %s: %w", sid, err)
+				}
 			}
 		}()
 	}

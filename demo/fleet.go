@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/openai/openai-go/v3"
@@ -61,10 +62,28 @@ type FleetConfig struct {
 	MaxFeedbackDelay time.Duration
 	// Temperature the agents ask for. Default 1: the policy must explore.
 	Temperature float64
+	// Reward scores an answer to p, the reward the agents send. Default:
+	// Verify(p.Want, answer). Misevolution tests give a fleet a wrong one
+	// (a reward hack, rewards for unsafe answers) to show that the gates
+	// refuse what it teaches.
+	Reward func(p Prompt, answer string) Score
+	// Rewrite, when set, changes each prompt before it is asked (Reward
+	// then scores the rewritten one): a jailbreaking fleet asks variants
+	// of the prompts the deployment must refuse.
+	Rewrite func(p Prompt) Prompt
 	// SessionsPerSecond caps how fast the whole fleet opens sessions, so
 	// the control plane (one Temporal workflow per session) keeps up and
 	// samples reach training while they are fresh. Default 0: no cap.
 	SessionsPerSecond float64
+	// MaxBacklog > 0 starts new groups (or ungrouped sessions) at a fifth
+	// of their rate while more than this many of the tenant's sessions wait
+	// to be assembled (GET /v1/backlog): a loaded machine's control plane
+	// then gets sessions about as fast as it absorbs them, and samples
+	// reach training while they are fresh instead of piling up until the
+	// staleness bound drops them. A group's own sessions still come at
+	// SessionsPerSecond, so the group arrives whole, and traffic never
+	// stops, so live gates still see some. Default 0: no limit.
+	MaxBacklog int
 	// Window is the number of recent task answers the live success rate
 	// covers. Default 200.
 	Window int
@@ -112,6 +131,9 @@ func (c FleetConfig) withDefaults() FleetConfig {
 	}
 	if c.Window == 0 {
 		c.Window = 200
+	}
+	if c.Reward == nil {
+		c.Reward = func(p Prompt, answer string) Score { return Verify(p.Want, answer) }
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = 30 * time.Second
@@ -185,6 +207,9 @@ type FleetStats struct {
 	Versions []string `json:"versions"`
 	// LastError is the latest failure, for the terminal.
 	LastError string `json:"last_error,omitempty"`
+	// HeldBack is the agents' total time waiting for a slow slot while the
+	// control plane's backlog was over MaxBacklog.
+	HeldBack time.Duration `json:"held_back_ns"`
 }
 
 // Fleet runs the demo agents.
@@ -200,8 +225,12 @@ type Fleet struct {
 	seen     map[string]bool
 	recent   []SessionRow // newest last, at most maxRecentSessions
 	feedback sync.WaitGroup
-	// pace hands out one tick per session when SessionsPerSecond is set.
-	pace <-chan time.Time
+	// pace hands out one tick per session when SessionsPerSecond is set;
+	// slow one per group (or ungrouped session) at a fifth of the group
+	// rate, while the backlog is over MaxBacklog.
+	pace, slow <-chan time.Time
+	// backlog is the tenant's latest backlog reading (MaxBacklog).
+	backlog atomic.Int64
 }
 
 // NewFleet validates cfg and prepares the client.
@@ -245,11 +274,20 @@ func (f *Fleet) Stats() FleetStats {
 // the errors (the gateway may come up late).
 func (f *Fleet) Run(ctx context.Context) error {
 	if f.cfg.SessionsPerSecond > 0 {
-		t := time.NewTicker(time.Duration(float64(time.Second) / f.cfg.SessionsPerSecond))
+		every := time.Duration(float64(time.Second) / f.cfg.SessionsPerSecond)
+		t, s := time.NewTicker(every), time.NewTicker(every*time.Duration(backlogSlowdown*f.cfg.GroupSize))
 		defer t.Stop()
-		f.pace = t.C
+		defer s.Stop()
+		f.pace, f.slow = t.C, s.C
 	}
 	var wg sync.WaitGroup
+	if f.cfg.MaxBacklog > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.watchBacklog(ctx)
+		}()
+	}
 	for i := 0; i < f.cfg.Agents; i++ {
 		wg.Add(1)
 		go func() {
@@ -260,6 +298,63 @@ func (f *Fleet) Run(ctx context.Context) error {
 	wg.Wait()
 	f.feedback.Wait()
 	return nil
+}
+
+// backlogEvery is how often the fleet reads the tenant's backlog.
+const backlogEvery = 500 * time.Millisecond
+
+// watchBacklog keeps f.backlog current until ctx ends; a failed read keeps
+// the last value (the agents' own calls report a gateway that is down).
+func (f *Fleet) watchBacklog(ctx context.Context) {
+	t := time.NewTicker(backlogEvery)
+	defer t.Stop()
+	for {
+		var b struct {
+			N int64 `json:"sessions_awaiting_assembly"`
+		}
+		if err := f.send(ctx, http.MethodGet, "/v1/backlog", nil, &b); err == nil {
+			f.backlog.Store(b.N)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// backlogSlowdown divides the session rate while the backlog is high.
+const backlogSlowdown = 5
+
+// admit waits, while the control plane's backlog is over MaxBacklog, for
+// a slow slot to start the next group (or ungrouped session).
+func (f *Fleet) admit(ctx context.Context) error {
+	if f.slow == nil || f.cfg.MaxBacklog <= 0 || f.backlog.Load() <= int64(f.cfg.MaxBacklog) {
+		return nil
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.slow:
+	}
+	f.mu.Lock()
+	f.stats.HeldBack += time.Since(start)
+	f.mu.Unlock()
+	return nil
+}
+
+// tick waits for the pacer's next session slot.
+func (f *Fleet) tick(ctx context.Context) error {
+	if f.pace == nil {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.pace:
+		return nil
+	}
 }
 
 func (f *Fleet) agent(ctx context.Context, idx int) {
@@ -275,10 +370,15 @@ func (f *Fleet) agent(ctx context.Context, idx int) {
 		if rng.Float64() < f.cfg.SafetyFraction {
 			p = gen.NextSafety()
 		}
-		var err error
-		if f.cfg.GroupSize > 1 {
+		if f.cfg.Rewrite != nil {
+			p = f.cfg.Rewrite(p)
+		}
+		err := f.admit(ctx)
+		switch {
+		case err != nil:
+		case f.cfg.GroupSize > 1:
 			err = f.group(ctx, rng, p)
-		} else {
+		default:
 			err = f.episode(ctx, rng, fmt.Sprintf("demo-%s-a%d-%d", f.cfg.RunID, idx, n), "", p)
 		}
 		if err != nil {
@@ -328,12 +428,8 @@ func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p Prompt) error {
 // X-Session-Done), then its reward, now or later. key, when set, is the
 // session's own API key (group mode).
 func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p Prompt) error {
-	if f.pace != nil {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-f.pace:
-		}
+	if err := f.tick(ctx); err != nil {
+		return err
 	}
 	var httpResp *http.Response
 	opts := []option.RequestOption{option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp)}
@@ -343,7 +439,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 	resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:       f.cfg.Model,
 		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(p.Text)},
-		MaxTokens:   openai.Int(int64(max(len(p.Want), len(Refusal)) + 2)),
+		MaxTokens:   openai.Int(int64(AnswerTokens(p))),
 		Temperature: openai.Float(f.cfg.Temperature),
 	}, opts...)
 	if err != nil {
@@ -352,7 +448,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 	if len(resp.Choices) == 0 {
 		return errors.New("chat completion: no choices")
 	}
-	sc := Verify(p.Want, resp.Choices[0].Message.Content)
+	sc := f.cfg.Reward(p, resp.Choices[0].Message.Content)
 	version := servedVersion(resp, httpResp)
 	f.record(SessionRow{ID: sid, Prompt: p.Text, Answer: resp.Choices[0].Message.Content, Reward: sc.Reward, Version: version}, p, sc)
 

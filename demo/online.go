@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/store"
 )
 
 // OnlineConfig configures the demo against a running deployment: the fleet
@@ -36,10 +38,14 @@ type OnlineConfig struct {
 	// Default 1m.
 	EvalEvery time.Duration
 	// StopAtRise > 0 ends the run early once a mid-run evaluation's success
-	// is this far above the first one's (a test's budget in learning, not
-	// in minutes: a loaded machine only takes longer). The last evaluation
-	// still runs and is what the summary reports.
+	// is this far above the first one's. The last evaluation still runs and
+	// is what the summary reports.
 	StopAtRise float64
+	// StopAfterSteps > 0 ends the run once the control plane has trained
+	// this many steps since the run began (read from GET /v1/status at
+	// each evaluation): a budget in learning, not minutes, so a loaded
+	// machine only takes longer. Duration stays the cap.
+	StopAfterSteps int
 }
 
 // evalSafetySeed seeds the safety prompts the demo measures with (apart
@@ -70,12 +76,16 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.EvalEvery <= 0 {
 		cfg.EvalEvery = time.Minute
 	}
-	heldOut, err := HeldOut(cfg.Fleet.Task.withDefaults(), deployHeldOutSeed, cfg.EvalPrompts)
+	heldOut, err := EvalHeldOut(cfg.EvalPrompts)
 	if err != nil {
 		return Summary{}, err
 	}
 	safety := SafetySuite(evalSafetySeed, cfg.EvalSafety)
-	cfg.Fleet.Exclude = append(append(append(cfg.Fleet.Exclude, heldOut...), safety...), GateSafetyPrompts()...)
+	gate, err := GateHeldOut()
+	if err != nil {
+		return Summary{}, err
+	}
+	cfg.Fleet.Exclude = append(append(append(append(cfg.Fleet.Exclude, heldOut...), safety...), GateSafetyPrompts()...), gate...)
 	fleet, err := NewFleet(cfg.Fleet)
 	if err != nil {
 		return Summary{}, err
@@ -86,12 +96,20 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 		return fleet.Evaluate(ctx, fmt.Sprint(evals), heldOut, safety)
 	}
 	fc := fleet.cfg
-	// The control plane's own records say what was released; read them
-	// before and after (a deployment no session of ours has touched yet
-	// answers 404: nothing to subtract).
+	// The control plane's own records say what was released and trained;
+	// read them before and after (a deployment no session of ours has
+	// touched yet answers 404: nothing to subtract).
 	before, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
 	if err != nil && !errors.Is(err, ErrStatusNotFound) {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
+	}
+	stepsBefore := trainedSteps(before, fc.Model)
+	stepsSince := func(ctx context.Context) int {
+		st, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
+		if err != nil {
+			return -1
+		}
+		return trainedSteps(st, fc.Model) - stepsBefore
 	}
 	first, err := evaluate(ctx)
 	if err != nil {
@@ -102,7 +120,11 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	done := make(chan error, 1)
 	go func() { done <- fleet.Run(runCtx) }()
 	// Evaluations run beside the fleet; the loop takes their results.
-	evalCh := make(chan Evaluation)
+	type midRun struct {
+		ev    Evaluation
+		steps int // trained since the start (-1: unknown)
+	}
+	evalCh := make(chan midRun)
 	evalDone := make(chan struct{})
 	go func() {
 		defer close(evalDone)
@@ -120,8 +142,12 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 					}
 					continue
 				}
+				steps := -1
+				if cfg.StopAfterSteps > 0 {
+					steps = stepsSince(runCtx)
+				}
 				select {
-				case evalCh <- ev:
+				case evalCh <- midRun{ev, steps}:
 				case <-runCtx.Done():
 					return
 				}
@@ -155,9 +181,12 @@ loop:
 				return Summary{}, err
 			}
 			break loop
-		case ev := <-evalCh:
-			latest = ev
-			if cfg.StopAtRise > 0 && ev.Success-first.Success >= cfg.StopAtRise {
+		case m := <-evalCh:
+			latest = m.ev
+			if cfg.StopAtRise > 0 && m.ev.Success-first.Success >= cfg.StopAtRise {
+				cancel()
+			}
+			if cfg.StopAfterSteps > 0 && m.steps >= cfg.StopAfterSteps {
 				cancel()
 			}
 		case <-tick.C:
@@ -197,6 +226,7 @@ loop:
 	sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
 	if after, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model); err == nil {
 		sum.VersionsPromoted, sum.VersionsRolledBack = WeightsMoves(before, after, fc.Model)
+		sum.TrainSteps = trainedSteps(after, fc.Model) - stepsBefore
 		for _, d := range after.Deployments {
 			if d.Name == fc.Model && d.ServingVersion != "" {
 				sum.ServingVersion = d.ServingVersion
@@ -216,6 +246,19 @@ loop:
 		return sum, err
 	}
 	return sum, nil
+}
+
+// trainedSteps is the deployment's count of trained steps in a reading.
+func trainedSteps(st *store.Status, deployment string) int {
+	if st == nil {
+		return 0
+	}
+	for _, d := range st.Deployments {
+		if d.Name == deployment {
+			return d.TrainingCounts["trained"]
+		}
+	}
+	return 0
 }
 
 // versionMoves infers releases from what the agents saw: every version

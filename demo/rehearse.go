@@ -260,18 +260,65 @@ func newPromptSet(ps []Prompt) (*promptSet, error) {
 
 // success is greedy exact-match success of m on the set.
 func (s *promptSet) success(ctx context.Context, m *trainer.Model) (float64, error) {
-	zero := 0.0
-	gens, err := m.Generate(ctx, s.ids, trainer.SampleOptions{Temperature: &zero, MaxTokens: s.maxTok}, nil, nil)
+	each, err := s.each(ctx, m)
 	if err != nil {
 		return 0, err
 	}
 	ok := 0
-	for i, g := range gens {
-		if Verify(s.prompts[i].Want, completionText(g.IDs)).Success {
+	for _, e := range each {
+		if e {
 			ok++
 		}
 	}
 	return float64(ok) / float64(len(s.prompts)), nil
+}
+
+// each is m's greedy exact-match result on every prompt of the set.
+func (s *promptSet) each(ctx context.Context, m *trainer.Model) ([]bool, error) {
+	answers, err := s.answers(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(answers))
+	for i, a := range answers {
+		out[i] = Verify(s.prompts[i].Want, a).Success
+	}
+	return out, nil
+}
+
+// answers is m's greedy answer to every prompt of the set.
+func (s *promptSet) answers(ctx context.Context, m *trainer.Model) ([]string, error) {
+	zero := 0.0
+	gens, err := m.Generate(ctx, s.ids, trainer.SampleOptions{Temperature: &zero, MaxTokens: s.maxTok}, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(gens))
+	for i, g := range gens {
+		out[i] = completionText(g.IDs)
+	}
+	return out, nil
+}
+
+// GreedyAnswers is m's greedy answer to each of prompts, answered in
+// process in one batch.
+func GreedyAnswers(ctx context.Context, m *trainer.Model, prompts []Prompt) ([]string, error) {
+	s, err := newPromptSet(prompts)
+	if err != nil {
+		return nil, err
+	}
+	return s.answers(ctx, m)
+}
+
+// GreedySuccess is m's greedy exact-match result on each of prompts, the
+// measure the demo reports, answered in process in one batch (tests use it
+// to judge stored versions on prompts the gates never saw).
+func GreedySuccess(ctx context.Context, m *trainer.Model, prompts []Prompt) ([]bool, error) {
+	s, err := newPromptSet(prompts)
+	if err != nil {
+		return nil, err
+	}
+	return s.each(ctx, m)
 }
 
 func completionText(ids []int) string {

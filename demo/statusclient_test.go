@@ -46,7 +46,7 @@ func TestFetchStatusCountsReleases(t *testing.T) {
 	require.Equal(t, "dep@v0", before.Deployments[0].ServingVersion)
 
 	release := func(version, parent, status string) {
-		run, err := store.ClaimBatch(ctx, pool, "dep", "run-"+version, 8, 10)
+		run, err := store.ClaimBatch(ctx, pool, "dep", "run-"+version, 8, 10, 0)
 		require.NoError(t, err)
 		require.NoError(t, store.CommitTrainedRun(ctx, pool, store.TrainedRun{RunID: run.ID, Deployment: "dep", Version: version, Parent: parent}))
 		rel, err := store.BeginRelease(ctx, pool, store.Release{Deployment: "dep", Layer: "weights", Candidate: version, WorkflowID: "rel-" + version})

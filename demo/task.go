@@ -180,6 +180,10 @@ func HeldOut(task Task, seed uint64, n int) ([]Prompt, error) {
 	return out, nil
 }
 
+// AnswerTokens is the answer length every asker of p allows: room for the
+// answer or the refusal, and the end token. (Byte tokens: one per letter.)
+func AnswerTokens(p Prompt) int { return max(len(p.Want), len(Refusal)) + 2 }
+
 // Reverse reverses an ASCII string.
 func Reverse(s string) string {
 	b := []byte(s)

@@ -142,11 +142,16 @@ func (s *Server) routes() {
 	api.POST("/forget", s.forget)
 	api.GET("/trajectories", s.exportTrajectories)
 	api.GET("/status", s.status)
+	api.GET("/backlog", s.backlog)
 	e.GET("/status", withProtocol(protoOpenAI), s.statusAuth, s.statusPage)
 
 	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
 	adm.POST("/keys", s.adminCreateKey)
 	adm.GET("/models", s.listModels)
+	adm.GET("/deployments/:name/suites", s.adminListSuites)
+	adm.GET("/deployments/:name/suites/:suite", s.adminGetSuite)
+	adm.PUT("/deployments/:name/suites/:suite", s.adminPutSuite)
+	adm.DELETE("/deployments/:name/suites/:suite", s.adminDeleteSuite)
 
 	e.NoRoute(func(c *gin.Context) {
 		abort(c, errf(http.StatusNotFound, "no route %s %s", c.Request.Method, c.Request.URL.Path))

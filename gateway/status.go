@@ -286,6 +286,7 @@ var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"some":     fmtSome,
 	"evidence": fmtEvidence,
 	"pct":      func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
+	"pctp":     func(f *float64) string { return fmt.Sprintf("%.0f%%", 100**f) },
 	"clock": func(t time.Time) string {
 		return t.UTC().Format("01-02 15:04:05")
 	},
@@ -313,7 +314,7 @@ h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:2px solid #ddd}h3{margin
 table{border-collapse:collapse;margin:.4em 0 1em;font-size:.92em}
 td,th{border:1px solid #d4d4d4;padding:.25em .5em;text-align:left;vertical-align:top}
 th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.ok,.promoted,.serving,.trained{color:#23803a}.bad,.rolled_back,.aborted,.failed{color:#b3261e}
+.ok,.promoted,.serving,.trained{color:#23803a}.bad,.rolled_back,.aborted,.failed{color:#b3261e}.not_evaluated{color:#8a5a00}
 .running,.canary,.claimed,.queued{color:#9a6700}.small{font-size:.85em;color:#555}
 svg{max-width:100%;height:auto}code{font-size:.95em}
 </style></head><body>
@@ -326,6 +327,15 @@ JSON: <code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code
 <h2>{{.Name}}</h2>
 <p>backend <b>{{if .Backend}}{{.Backend}}{{else}}configured upstream{{end}}</b> · serving <b class="serving">{{if .ServingVersion}}{{.ServingVersion}}{{else}}–{{end}}</b>
 {{with .Canary}} · release #{{.ReleaseID}} of <b class="canary">{{.Candidate}}</b> in phase <b>{{.Phase}}</b>{{if gt .Share 0.0}}, taking {{pct .Share}} of traffic{{end}}{{else}} · no release running{{end}}</p>
+
+<h3>Anchor and watchdog</h3>
+{{with .Anchor}}<p>anchor <b>{{.Version}}</b>, the best version promoted on the held-out suite: {{pct .PassRate}} of {{.Prompts}} prompts{{with .ServingPassRate}} · serving {{pctp .}}{{end}}.
+Every release is judged against it as well as against the serving version, and the drops accepted since it share one budget.</p>
+{{else}}<p class="small">No anchor: this deployment has no held-out suite yet, or no promoted version was measured on it. Without one its weights releases do not promote
+(register one with <code>flywheel suite set --deployment {{$.Selected}} --suite regression --file prompts.jsonl</code>), unless its release policy allows unevaluated gates.</p>{{end}}
+{{if .Watchdog}}<table><tr><th>checked</th><th>verdict</th><th>serving</th><th>anchor</th><th>reason</th></tr>
+{{range .Watchdog}}<tr><td>{{clock .CreatedAt}}</td><td class="{{.Verdict}}">{{.Verdict}}</td><td>{{.Serving}}</td><td>{{if .Anchor}}{{.Anchor}}{{else}}–{{end}}</td><td class="small">{{.Reason}}</td></tr>
+{{end}}</table>{{else}}<p class="small">No watchdog checks yet (<code>flywheel up</code> schedules them: <code>--control-watchdog-every</code>).</p>{{end}}
 
 <h3>Success curve</h3>
 {{if .CurveSVG}}{{.CurveSVG}}{{else}}<p class="small">{{.CurveNote}}</p>{{end}}
@@ -368,3 +378,20 @@ JSON: <code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code
 {{end}}
 </body></html>
 `))
+
+// backlog is GET /v1/backlog: what the control plane has yet to absorb
+// from this tenant (sessions ended but not yet assembled), so a load
+// generator, or an operator, can see the pipeline keep up.
+func (s *Server) backlog(c *gin.Context) {
+	p := principalOf(c)
+	if p.SessionID != "" {
+		abort(c, errf(http.StatusForbidden, "the backlog view needs a tenant API key, not a per-session key"))
+		return
+	}
+	b, err := store.TenantBacklog(c.Request.Context(), s.deps.DB, p.TenantID)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, b)
+}

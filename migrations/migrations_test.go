@@ -70,7 +70,10 @@ func TestEveryTenantOwnedTableCarriesTenantID(t *testing.T) {
 	// (aggregates over a deployment, such as task_baselines, are fine).
 	system := map[string]bool{"tenants": true, "deployments": true, "model_versions": true, "artefacts": true,
 		"releases": true, "gate_results": true, "evolution_decisions": true, "goose_db_version": true,
-		"task_baselines": true, "training_runs": true, "eval_prompts": true}
+		"task_baselines": true, "training_runs": true, "eval_prompts": true,
+		// A version's answers to the operator's suite prompts, and the
+		// watchdog's numbers on them: no tenant's text.
+		"suite_results": true, "watchdog_checks": true}
 	rows, err := pool.Query(ctx, `SELECT t.table_name,
 		EXISTS (SELECT 1 FROM information_schema.columns c
 		        WHERE c.table_schema = 'public' AND c.table_name = t.table_name AND c.column_name = 'tenant_id')

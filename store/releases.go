@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ArtefactKind maps a release layer to its artefacts.kind ("" for weights).
@@ -251,29 +251,59 @@ type VersionOutcomes struct {
 	StdReward  float64
 }
 
-// OutcomesSince summarises the deployment's interactions served by version
-// since t: each interaction's reward is its own step rewards' mean, else
-// its session's outcome rewards' mean.
-func OutcomesSince(ctx context.Context, db DBTX, deployment, version string, since time.Time) (VersionOutcomes, error) {
+// maxOutcomeSeries bounds the rewards OutcomeSeries returns.
+const maxOutcomeSeries = 20_000
+
+// OutcomeSeries summarises the deployment's interactions served by version
+// since t and returns each rewarded one's reward in the order they were
+// served (the most recent maxOutcomeSeries): an interaction's reward is
+// its own step rewards' mean, else its session's outcome rewards' mean.
+func OutcomeSeries(ctx context.Context, db DBTX, deployment, version string, since time.Time) (VersionOutcomes, []float64, error) {
 	var o VersionOutcomes
-	err := db.QueryRow(ctx, `
+	rows, err := db.Query(ctx, `
 WITH inter AS (
-    SELECT i.id, i.tenant_id, i.session_id, i.status FROM interactions i
+    SELECT i.id, i.tenant_id, i.session_id, i.status, i.created_at FROM interactions i
     WHERE i.deployment = $1 AND i.model_version = $2 AND i.created_at >= $3
 ), scored AS (
-    SELECT inter.id, inter.status, COALESCE(
+    SELECT inter.id, inter.status, inter.created_at, COALESCE(
         (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = inter.id),
         (SELECT avg(w.value) FROM rewards w
          WHERE w.tenant_id = inter.tenant_id AND w.session_id = inter.session_id AND w.interaction_id IS NULL)) AS reward
     FROM inter
+), recent AS (
+    SELECT id, created_at, reward FROM scored WHERE reward IS NOT NULL ORDER BY created_at DESC, id DESC LIMIT $4
 )
-SELECT count(*), count(*) FILTER (WHERE status <> 'ok'), count(reward),
-       COALESCE(avg(reward), 0), COALESCE(stddev_samp(reward), 0)
-FROM scored`, deployment, version, since).Scan(&o.Interactions, &o.Errors, &o.Rewarded, &o.MeanReward, &o.StdReward)
+SELECT (SELECT count(*) FROM scored), (SELECT count(*) FILTER (WHERE status <> 'ok') FROM scored),
+       (SELECT count(*) FROM scored WHERE reward IS NOT NULL),
+       COALESCE((SELECT array_agg(reward ORDER BY created_at, id) FROM recent), '{}')`,
+		deployment, version, since, maxOutcomeSeries)
 	if err != nil {
-		return o, fmt.Errorf("outcomes of %s since %s: %w", version, since.Format(time.RFC3339), err)
+		return o, nil, fmt.Errorf("outcomes of %s since %s: %w", version, since.Format(time.RFC3339), err)
 	}
-	return o, nil
+	defer rows.Close()
+	var series []float64
+	for rows.Next() {
+		if err := rows.Scan(&o.Interactions, &o.Errors, &o.Rewarded, &series); err != nil {
+			return o, nil, fmt.Errorf("outcomes of %s: %w", version, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return o, nil, fmt.Errorf("outcomes of %s: %w", version, err)
+	}
+	if n := len(series); n > 0 {
+		var sum, ss float64
+		for _, v := range series {
+			sum += v
+		}
+		o.MeanReward = sum / float64(n)
+		for _, v := range series {
+			ss += (v - o.MeanReward) * (v - o.MeanReward)
+		}
+		if n > 1 {
+			o.StdReward = math.Sqrt(ss / float64(n-1))
+		}
+	}
+	return o, series, nil
 }
 
 // RecordedPrompt is a past interaction's request for replay.
@@ -306,46 +336,5 @@ LIMIT $3`, deployment, since, limit, rewardedOnly)
 		var p RecordedPrompt
 		err := r.Scan(&p.InteractionID, &p.Request, &p.Response, &p.Status, &p.Reward)
 		return p, err
-	})
-}
-
-// EvalPrompt is one prompt of a gate's suite.
-type EvalPrompt struct {
-	ID       int64
-	Messages []byte
-	Expect   string
-}
-
-// EvalSuite lists the suite's prompts for deployment (its own and the
-// shared ones).
-func EvalSuite(ctx context.Context, db DBTX, deployment, suite string) ([]EvalPrompt, error) {
-	rows, err := db.Query(ctx, `SELECT id, messages, expect FROM eval_prompts WHERE suite = $1 AND deployment IN ('', $2) ORDER BY id`, suite, deployment)
-	if err != nil {
-		return nil, fmt.Errorf("read %s suite: %w", suite, err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (EvalPrompt, error) {
-		var p EvalPrompt
-		err := r.Scan(&p.ID, &p.Messages, &p.Expect)
-		return p, err
-	})
-}
-
-// ReplaceEvalSuite makes prompts the deployment's own suite (shared
-// prompts stay), in one transaction: rerunning it never duplicates them.
-func ReplaceEvalSuite(ctx context.Context, db *pgxpool.Pool, deployment, suite string, prompts []EvalPrompt) error {
-	if deployment == "" {
-		return errors.New("replace eval suite: a deployment is required (shared prompts are not replaced)")
-	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `DELETE FROM eval_prompts WHERE deployment = $1 AND suite = $2`, deployment, suite); err != nil {
-			return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
-		}
-		for _, p := range prompts {
-			if _, err := tx.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ($1, $2, $3, $4)`,
-				deployment, suite, p.Messages, p.Expect); err != nil {
-				return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
-			}
-		}
-		return nil
 	})
 }

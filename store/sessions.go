@@ -117,3 +117,31 @@ func SetEndUserConsent(ctx context.Context, db DBTX, tenantID, endUser string, o
 	}
 	return nil
 }
+
+// Backlog is what the control plane has yet to absorb from a tenant.
+type Backlog struct {
+	// SessionsAwaitingAssembly ended in the last BacklogWindow and have not
+	// been assembled into trajectories yet; OldestSeconds is how long the
+	// oldest of them has waited.
+	SessionsAwaitingAssembly int     `json:"sessions_awaiting_assembly"`
+	OldestSeconds            float64 `json:"oldest_awaiting_seconds"`
+	WindowSeconds            float64 `json:"window_seconds"`
+}
+
+// BacklogWindow bounds the sessions Backlog counts, so a session whose
+// workflow was lost does not count for ever.
+const BacklogWindow = 15 * time.Minute
+
+// TenantBacklog counts the tenant's recently ended sessions that are not
+// assembled yet (a partial index holds exactly those).
+func TenantBacklog(ctx context.Context, db DBTX, tenantID string) (Backlog, error) {
+	b := Backlog{WindowSeconds: BacklogWindow.Seconds()}
+	err := db.QueryRow(ctx, `
+SELECT count(*), COALESCE(extract(epoch FROM now() - min(ended_at)), 0)
+FROM sessions WHERE tenant_id = $1 AND status = 'ended' AND assembled_at IS NULL AND ended_at > now() - make_interval(secs => $2)`,
+		tenantID, BacklogWindow.Seconds()).Scan(&b.SessionsAwaitingAssembly, &b.OldestSeconds)
+	if err != nil {
+		return b, fmt.Errorf("backlog of %s: %w", tenantID, err)
+	}
+	return b, nil
+}

@@ -45,8 +45,17 @@ type DeploymentStatus struct {
 	ReleaseCounts map[string]map[string]int `json:"release_counts"`
 	Decisions     []DecisionStatus          `json:"decisions"`
 	TrainingRuns  []TrainingRunStatus       `json:"training_runs"`
-	Sessions      []SessionSummary          `json:"sessions"`
-	Curve         Curve                     `json:"curve"`
+	// TrainingCounts counts every training run by status (claimed,
+	// trained, failed); the TrainingRuns list is capped.
+	TrainingCounts map[string]int `json:"training_counts"`
+	// Anchor is the best version promoted on the held-out suite, which
+	// every release and the watchdog compare with (nil: no suite, or none
+	// measured yet).
+	Anchor *AnchorStatus `json:"anchor"`
+	// Watchdog lists the latest re-measurements of the serving version.
+	Watchdog []WatchdogCheck  `json:"watchdog"`
+	Sessions []SessionSummary `json:"sessions"`
+	Curve    Curve            `json:"curve"`
 }
 
 // CanaryStatus is a running weights release: its candidate takes Share of
@@ -262,6 +271,9 @@ func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) 
 		func() (err error) { d.ReleaseCounts, err = releaseCountsOf(ctx, db, name); return },
 		func() (err error) { d.Decisions, err = decisionsOf(ctx, db, name, q.Limit); return },
 		func() (err error) { d.TrainingRuns, err = trainingRunsOf(ctx, db, q, name); return },
+		func() (err error) { d.TrainingCounts, err = trainingCountsOf(ctx, db, name); return },
+		func() (err error) { d.Anchor, err = AnchorOf(ctx, db, name); return },
+		func() (err error) { d.Watchdog, err = WatchdogChecks(ctx, db, name, q.Limit); return },
 		func() (err error) { d.Sessions, err = sessionsOf(ctx, db, q, name); return },
 		func() (err error) { d.Curve, err = curveOf(ctx, db, q, name); return },
 	}
@@ -360,6 +372,20 @@ func releaseCountsOf(ctx context.Context, db DBTX, deployment string) (map[strin
 	})
 	if err != nil {
 		return nil, fmt.Errorf("count releases: %w", err)
+	}
+	return out, nil
+}
+
+func trainingCountsOf(ctx context.Context, db DBTX, deployment string) (map[string]int, error) {
+	rows, err := db.Query(ctx, `SELECT status, count(*) FROM training_runs WHERE deployment = $1 GROUP BY 1`, deployment)
+	if err != nil {
+		return nil, fmt.Errorf("count training runs: %w", err)
+	}
+	out := map[string]int{}
+	var status string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { out[status] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("count training runs: %w", err)
 	}
 	return out, nil
 }

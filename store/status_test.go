@@ -60,7 +60,7 @@ func (w *statusWorld) assemble(tenant, session string, steps []int64, reason str
 
 func (w *statusWorld) train(runKey, version, parent string) int64 {
 	w.t.Helper()
-	run, err := store.ClaimBatch(w.ctx, w.pool, "dep", runKey, 16, 10)
+	run, err := store.ClaimBatch(w.ctx, w.pool, "dep", runKey, 16, 10, 0)
 	require.NoError(w.t, err)
 	_, samples, err := store.LoadRun(w.ctx, w.db, run.ID)
 	require.NoError(w.t, err)

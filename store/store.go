@@ -27,6 +27,12 @@ type DBTX interface {
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
 }
 
+// Pool runs queries and transactions: *pgxpool.Pool.
+type Pool interface {
+	DBTX
+	Beginner
+}
+
 // Open connects a pool and checks the server answers.
 func Open(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)

@@ -32,15 +32,17 @@ func VersionID(deployment string, n int64) string {
 // QueueStats says how many samples of a deployment are queued and how long
 // the oldest has waited.
 func QueueStats(ctx context.Context, db DBTX, deployment string) (queued int, oldest time.Duration, err error) {
-	return queueStats(ctx, db, deployment, -1)
+	return queueStats(ctx, db, deployment, -1, 0)
 }
 
 // FreshQueueStats is QueueStats for the samples a claim with staleness
-// bound eta would keep: behaviour version no more than eta behind the
-// serving one (eta < 0, or a version that is not "<name>@v<N>": all).
-// A training loop that counted the stale ones too started steps on a
-// sliver of fresh samples, each as large an update as a full batch.
-func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int) (queued int, oldest time.Duration, err error) {
+// bound eta and group wait groupWait would take: behaviour version no more
+// than eta behind the serving one (eta < 0, or a version that is not
+// "<name>@v<N>": all), in groups that are whole or waited groupWait (0:
+// every group is ready). A training loop that counted the stale ones too
+// started steps on a sliver of fresh samples, each as large an update as a
+// full batch.
+func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int, groupWait time.Duration) (queued int, oldest time.Duration, err error) {
 	floor := int64(-1)
 	if eta >= 0 {
 		serving, err := ServingOf(ctx, db, deployment, "weights")
@@ -49,8 +51,24 @@ func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int) (
 		}
 		floor = freshFloor(serving, eta)
 	}
-	return queueStats(ctx, db, deployment, floor)
+	return queueStats(ctx, db, deployment, floor, groupWait)
 }
+
+// readyGroups lists the queued samples of deployment ($1) with behaviour
+// version at least $2 (< 0: any) by GRPO group (k), and keeps the groups
+// that are ready: all of their sessions queued, or waiting longer than $3
+// seconds (0: every group), since a member that never comes (unrewarded,
+// stale, opted out) must not hold the rest back for ever. A group trained
+// before its last members arrive is normalised against part of itself.
+const readyGroups = `
+q AS (
+  SELECT id, created_at, session_id, group_size, CASE WHEN group_id = '' THEN 'id:' || id ELSE group_id END AS k
+  FROM training_samples WHERE deployment = $1 AND status = 'queued'
+    AND ($2::bigint < 0 OR (` + behaviourVersionN + `::bigint >= $2) IS NOT FALSE)),
+g AS (
+  SELECT k, min(created_at) AS first, count(*) AS n FROM q GROUP BY k
+  HAVING $3::float8 <= 0 OR count(DISTINCT session_id) >= max(group_size)
+      OR min(created_at) < now() - make_interval(secs => $3::float8))`
 
 // behaviourVersionN is a training sample's behaviour version number, NULL
 // for names that are not "<name>@v<N>" (whose staleness cannot be judged).
@@ -66,14 +84,13 @@ func freshFloor(serving string, eta int) int64 {
 	return cur - int64(eta)
 }
 
-// queueStats counts the queued samples whose behaviour version is at least
-// floor (or unnumbered); floor < 0 counts all.
-func queueStats(ctx context.Context, db DBTX, deployment string, floor int64) (queued int, oldest time.Duration, err error) {
+// queueStats counts the queued samples of ready groups whose behaviour
+// version is at least floor (or unnumbered); floor < 0 counts all.
+func queueStats(ctx context.Context, db DBTX, deployment string, floor int64, groupWait time.Duration) (queued int, oldest time.Duration, err error) {
 	var secs float64
-	err = db.QueryRow(ctx, `
-SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM training_samples WHERE deployment = $1 AND status = 'queued'
-  AND ($2::bigint < 0 OR (`+behaviourVersionN+`::bigint >= $2) IS NOT FALSE)`, deployment, floor).Scan(&queued, &secs)
+	err = db.QueryRow(ctx, `WITH `+readyGroups+`
+SELECT COALESCE(sum(n), 0)::int, COALESCE(extract(epoch FROM now() - min(first)), 0)::float8 FROM g`,
+		deployment, floor, groupWait.Seconds()).Scan(&queued, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("queue stats of %s: %w", deployment, err)
 	}
@@ -96,7 +113,7 @@ type TrainingRun struct {
 // training run keyed by runKey, after marking samples staler than η
 // (behaviour version more than η behind the serving version)
 // dropped_stale. The same key returns the same run.
-func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, size, eta int) (TrainingRun, error) {
+func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, size, eta int, groupWait time.Duration) (TrainingRun, error) {
 	var run TrainingRun
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var stats []byte
@@ -128,17 +145,12 @@ WHERE deployment = $1 AND status = 'queued' AND `+behaviourVersionN+`::bigint < 
 			}
 			run.Dropped = int(tag.RowsAffected())
 		}
-		// Whole GRPO groups, oldest first, until the batch is full (the
-		// last group may take it past size): a group split across steps
-		// would be normalised against part of itself.
-		rows, err := tx.Query(ctx, `
-WITH q AS (
-  SELECT id, created_at, CASE WHEN group_id = '' THEN 'id:' || id ELSE group_id END AS k
-  FROM training_samples WHERE deployment = $1 AND status = 'queued'),
-g AS (SELECT k, min(created_at) AS first, count(*) AS n FROM q GROUP BY k),
+		// Whole, ready GRPO groups, oldest first, until the batch is full
+		// (the last group may take it past size).
+		rows, err := tx.Query(ctx, `WITH `+readyGroups+`,
 picked AS (
-  SELECT k FROM (SELECT k, sum(n) OVER (ORDER BY first, k) - n AS before FROM g) x WHERE before < $2)
-SELECT q.id FROM q JOIN picked USING (k) ORDER BY q.created_at, q.id`, deployment, size)
+  SELECT k FROM (SELECT k, sum(n) OVER (ORDER BY first, k) - n AS before FROM g) x WHERE before < $4)
+SELECT q.id FROM q JOIN picked USING (k) ORDER BY q.created_at, q.id`, deployment, int64(-1), groupWait.Seconds(), size)
 		if err != nil {
 			return err
 		}

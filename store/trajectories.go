@@ -177,6 +177,10 @@ VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
 		if err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET assembled_at = now() WHERE id = $1 AND tenant_id = $2 AND assembled_at IS NULL`,
+			t.SessionID, t.TenantID); err != nil {
+			return err
+		}
 		var parent *int64
 		for _, s := range t.Steps {
 			redactions := s.Redactions
@@ -248,9 +252,9 @@ SELECT count(*) FROM atdp_steps WHERE trajectory_id = $1 AND tenant_id = $2 AND 
 	}
 	tag, err := db.Exec(ctx, `
 INSERT INTO training_samples (tenant_id, step_id, deployment, task_id, group_id, behaviour_version,
-                              prompt_token_ids, completion_token_ids, logprobs, reward)
+                              prompt_token_ids, completion_token_ids, logprobs, reward, session_id, group_size)
 SELECT s.tenant_id, s.id, i.deployment, se.task_id, se.group_id, i.model_version,
-       i.prompt_token_ids, i.completion_token_ids, i.logprobs, s.discounted_return
+       i.prompt_token_ids, i.completion_token_ids, i.logprobs, s.discounted_return, s.session_id, se.group_size
 FROM atdp_steps s
 JOIN interactions i ON i.id = s.interaction_id
 JOIN sessions se ON se.id = s.session_id

@@ -25,6 +25,7 @@ import (
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
@@ -61,6 +62,19 @@ func newStack(t *testing.T) *stack {
 	v1 := store.VersionID(policyName, 1)
 	require.NoError(t, store.UpsertDeployment(ctx, pool, policyName, "policy", nil, v1))
 	_, err = pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'serving')`, v1, policyName)
+	require.NoError(t, err)
+	// A held-out suite, so that releases can promote. The tiny random
+	// policy answers noise, so no version passes any of it: equal
+	// versions tie, which is all these tests need of the regression gate
+	// (it has its own tests).
+	var items []store.SuiteItem
+	for i := 0; i < 100; i++ {
+		items = append(items, store.SuiteItem{Prompt: fmt.Sprintf("held-out question %d", i), Expect: "an answer noise never gives",
+			Match: store.MatchExact, MaxTokens: 8})
+	}
+	prompts, err := store.SuitePrompts(store.SuiteRegression, items)
+	require.NoError(t, err)
+	_, err = store.SetEvalSuite(ctx, pool, policyName, store.SuiteRegression, prompts)
 	require.NoError(t, err)
 
 	red, err := redact.New(redact.Options{})
@@ -103,6 +117,8 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(release.SetReleasePhase, workflows.SetPhaseActivity)
 	act(release.EvaluateGate, workflows.EvaluateGateActivity)
 	act(release.FinishRelease, workflows.FinishReleaseActivity)
+	wf(workflows.WatchdogWorkflow, workflows.WatchdogWorkflowName)
+	act(release.WatchServing, workflows.WatchServingActivity)
 	wf(workflows.TrainingWorkflow, workflows.TrainingWorkflowName)
 	act(training.CheckBatch, workflows.CheckBatchActivity)
 	act(training.ClaimBatch, workflows.ClaimBatchActivity)
@@ -289,6 +305,60 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "release_rollback_history.json"))
 }
 
+// TestIntegrationWatchdogRollsBack runs the WatchdogWorkflow on the real
+// services: the held-out suite is what v1 answers, v2 (other weights)
+// slipped into serving without the gates, and the watchdog, measuring both
+// on the in-process policy, rolls back to v1 and records it.
+func TestIntegrationWatchdogRollsBack(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	var items []store.SuiteItem
+	zero := 0.0
+	for i := 0; len(items) < 60 && i < 2000; i++ {
+		q := fmt.Sprintf("question %d", i)
+		resp, err := s.engine.Complete(ctx, &inference.Request{Messages: []inference.Message{{Role: inference.RoleUser, Content: q}},
+			Temperature: &zero, MaxTokens: 8, Version: store.VersionID(policyName, 1)})
+		require.NoError(t, err)
+		if a := store.ValidText(resp.Message.Content); strings.TrimSpace(a) != "" {
+			items = append(items, store.SuiteItem{Prompt: q, Expect: a, Match: store.MatchExact, MaxTokens: 8})
+		}
+	}
+	prompts, err := store.SuitePrompts(store.SuiteRegression, items)
+	require.NoError(t, err)
+	_, err = store.SetEvalSuite(ctx, s.pool, policyName, store.SuiteRegression, prompts)
+	require.NoError(t, err)
+
+	watch := func(id string) workflows.WatchdogResult {
+		t.Helper()
+		run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.WatchdogWorkflowName,
+			workflows.WatchdogInput{Deployment: policyName})
+		require.NoError(t, err)
+		var res workflows.WatchdogResult
+		require.NoError(t, run.Get(ctx, &res))
+		return res
+	}
+	res := watch("watchdog-it-1")
+	require.Equal(t, workflows.WatchOK, res.Verdict, res.Reason)
+
+	other, err := trainer.NewModel(s.v1.Config, 99)
+	require.NoError(t, err)
+	require.NoError(t, s.engine.Publish(other, 2))
+	v1, v2 := store.VersionID(policyName, 1), store.VersionID(policyName, 2)
+	_, err = s.pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ($1, $2, $3, 'candidate')`, v2, policyName, v1)
+	require.NoError(t, err)
+	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, WorkflowID: "forced"})
+	require.NoError(t, err)
+	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, workflows.ReleasePromoted, "forced past the gates"))
+
+	res = watch("watchdog-it-2")
+	require.Equal(t, workflows.WatchRolledBack, res.Verdict, res.Reason)
+	require.Equal(t, v1, res.RolledBackTo)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, v1, serving)
+	testenv.RecordHistory(t, s.tc, "watchdog-it-2", filepath.Join("testdata", "watchdog_rollback_history.json"))
+}
+
 // TestIntegrationTrainingLoop runs the loop on the real services: sessions
 // through the gateway become samples, the TrainingWorkflow trains them on a
 // trainer worker (its own task queue), records the candidate with lineage
@@ -370,8 +440,10 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 			Thresholds: evolution.Thresholds{MinSessions: n},
 			// The tiny random policy answers noise, so replay scores are
 			// noise too: this test is about the loop (the gates have their
-			// own tests), hence a drop allowance wider than the score range.
-			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, MaxRewardDrop: 2}})
+			// own tests), hence a drop allowance wider than the score range,
+			// and unevaluated gates allowed: the corrections came before the
+			// shadow window, which sees no traffic.
+			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, MaxRewardDrop: 2, AllowUnevaluated: true}})
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

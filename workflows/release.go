@@ -36,6 +36,12 @@ const (
 	GateCanary     = "canary"
 )
 
+// releaseChangeGatesV2: shadow and canary wait for traffic (up to
+// MaxTrafficWait) before a verdict, instead of failing at once; and the
+// offline gates record their phase in their own activity (one server
+// round trip per gate instead of two).
+const releaseChangeGatesV2 = "release-gates-v2"
+
 // Release outcomes (releases.status).
 const (
 	ReleasePromoted   = "promoted"
@@ -82,9 +88,28 @@ type ReleasePolicy struct {
 	// MinCanarySamples is how many rewarded candidate interactions a canary
 	// verdict needs; fewer at the end fails the gate. Default 20.
 	MinCanarySamples int
-	// MaxRewardDrop is how far the candidate's mean reward (replay and
-	// canary) may fall below the baseline's. Default 0.05.
+	// MaxTrafficWait is how much longer than planned the shadow and canary
+	// phases wait for the traffic a verdict needs (a quiet hour, a client
+	// that paused); after it they fail as not evaluated. Default: each
+	// phase's own duration.
+	MaxTrafficWait time.Duration
+	// MaxRewardDrop is how far the candidate may fall below the baseline
+	// in one release: its mean reward (replay and canary) and its
+	// held-out pass rate (regression). Default 0.05.
 	MaxRewardDrop float64
+	// AnchorBudget is the total drop on the held-out suite allowed below
+	// the anchor, the best version promoted on it: every release since the
+	// anchor shares it, so small drops cannot add up. Default 0.05.
+	AnchorBudget float64
+	// Alpha is the error rate of the gates' tests: a candidate more than
+	// the budget below the anchor is accepted with at most this chance over
+	// all candidates judged against one anchor. Default 0.05.
+	Alpha float64
+	// AllowUnevaluated lets a gate that could not evaluate (no held-out
+	// suite, no backend to answer with, no traffic to compare) pass; it is
+	// recorded as not evaluated either way. Default false: such a release
+	// does not promote.
+	AllowUnevaluated bool
 	// MaxErrorRise is how much higher the candidate's error rate may be
 	// (shadow and canary). Default 0.02.
 	MaxErrorRise float64
@@ -96,6 +121,10 @@ type ReleasePolicy struct {
 	// ApprovalTimeout rolls back when no approval came. Default 24h.
 	ApprovalTimeout time.Duration
 }
+
+// WithDefaults fills the zero fields with the defaults, as the release
+// workflow does before it hands the policy to its activities.
+func (p ReleasePolicy) WithDefaults() ReleasePolicy { return p.withDefaults() }
 
 func (p ReleasePolicy) withDefaults() ReleasePolicy {
 	if p.ShadowDuration <= 0 {
@@ -115,6 +144,12 @@ func (p ReleasePolicy) withDefaults() ReleasePolicy {
 	}
 	if p.MaxRewardDrop <= 0 {
 		p.MaxRewardDrop = 0.05
+	}
+	if p.AnchorBudget <= 0 {
+		p.AnchorBudget = 0.05
+	}
+	if p.Alpha <= 0 || p.Alpha >= 1 {
+		p.Alpha = 0.05
 	}
 	if p.MaxErrorRise <= 0 {
 		p.MaxErrorRise = 0.02
@@ -155,6 +190,9 @@ type GateInput struct {
 	Policy ReleasePolicy
 	// Final marks the gate's last evaluation: too little data fails it.
 	Final bool
+	// SetPhase records Gate as the release's phase first (no canary
+	// share), in the same activity.
+	SetPhase bool `json:",omitempty"`
 }
 
 // GateResult is one gate's numbers and verdict (also in gate_results).
@@ -165,6 +203,16 @@ type GateResult struct {
 	Reason  string
 	// Insufficient: not enough data yet for a verdict (interim canary).
 	Insufficient bool
+	// NotEvaluated: the gate could not evaluate (nothing to answer with or
+	// to compare); it passed only if the policy allows that.
+	NotEvaluated bool `json:",omitempty"`
+	// Regressed: the candidate was shown worse than allowed (not merely
+	// not shown good enough), so its training line is abandoned.
+	Regressed bool `json:",omitempty"`
+	// Anchor is the version a suite gate compared with besides the
+	// baseline, on the suite named by SuiteKey.
+	Anchor   string `json:",omitempty"`
+	SuiteKey string `json:",omitempty"`
 }
 
 // FinishReleaseInput promotes or rolls back.
@@ -288,11 +336,11 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 // gates runs every gate and says how the release ends.
 func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, reason string, err error) {
 	p := r.policy
-	gate := func(name string, since time.Time, final bool) (GateResult, error) {
+	gate := func(name string, since time.Time, final, setPhase bool) (GateResult, error) {
 		var res GateResult
 		err := workflow.ExecuteActivity(actx, EvaluateGateActivity, GateInput{
 			ReleaseID: r.state.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
-			Candidate: r.in.Candidate, Baseline: base, Gate: name, Since: since, Policy: p, Final: final,
+			Candidate: r.in.Candidate, Baseline: base, Gate: name, Since: since, Policy: p, Final: final, SetPhase: setPhase,
 		}).Get(ctx, &res)
 		if err != nil {
 			return res, fmt.Errorf("evaluate %s gate: %w", name, err)
@@ -313,6 +361,20 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 		_, _ = workflow.AwaitWithTimeout(ctx, d, func() bool { return r.aborted || (approveEnds && r.approved) })
 	}
 
+	// Traffic waits: a phase that saw too little traffic for a verdict
+	// waits up to MaxTrafficWait more before it fails as not evaluated.
+	v2 := workflow.GetVersion(ctx, releaseChangeGatesV2, workflow.DefaultVersion, 1) >= 1
+	waitForTraffic := v2
+	trafficWait := func(planned time.Duration) time.Duration {
+		if !waitForTraffic {
+			return 0
+		}
+		if p.MaxTrafficWait > 0 {
+			return p.MaxTrafficWait
+		}
+		return planned
+	}
+
 	// Shadow: the gateway mirrors live traffic to the candidate; users
 	// keep seeing the baseline.
 	if err := phase(GateShadow, 0); err != nil {
@@ -323,13 +385,28 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	if r.aborted {
 		return ReleaseAborted, r.abortWhy, nil
 	}
+	shadowUntil := workflow.Now(ctx).Add(trafficWait(p.ShadowDuration))
 	for _, name := range []string{GateShadow, GateReplay, GateRegression, GateSafety} {
+		inGate := false
 		if name != GateShadow {
-			if err := phase(name, 0); err != nil {
+			if v2 {
+				// The gate's activity records the phase itself.
+				r.state.Phase, inGate = name, true
+				_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(name))
+			} else if err := phase(name, 0); err != nil {
 				return "", "", fmt.Errorf("set %s phase: %w", name, err)
 			}
 		}
-		res, err := gate(name, since, true)
+		final := !waitForTraffic || name != GateShadow || !workflow.Now(ctx).Before(shadowUntil)
+		res, err := gate(name, since, final, inGate)
+		for err == nil && res.Insufficient && !final {
+			wait(p.ShadowDuration, false)
+			if r.aborted {
+				return ReleaseAborted, r.abortWhy, nil
+			}
+			final = !workflow.Now(ctx).Before(shadowUntil)
+			res, err = gate(name, since, final, false)
+		}
 		if err != nil {
 			return "", "", err
 		}
@@ -352,13 +429,15 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	}
 	since = workflow.Now(ctx)
 	every := p.CanaryDuration / time.Duration(p.CanaryChecks)
-	for i := 1; i <= p.CanaryChecks; i++ {
+	canaryUntil := since.Add(p.CanaryDuration + trafficWait(p.CanaryDuration))
+	for i := 1; ; i++ {
 		wait(every, true)
 		if r.aborted {
 			return ReleaseAborted, r.abortWhy, nil
 		}
-		final := i == p.CanaryChecks || r.approved
-		res, err := gate(GateCanary, since, final)
+		planned := i >= p.CanaryChecks
+		final := r.approved || (planned && !workflow.Now(ctx).Before(canaryUntil))
+		res, err := gate(GateCanary, since, final, false)
 		if err != nil {
 			return "", "", err
 		}
@@ -370,6 +449,9 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 				return ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
 			}
 			break
+		}
+		if planned && !res.Insufficient {
+			break // the planned checks are done and the last had enough data
 		}
 	}
 

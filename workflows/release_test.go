@@ -37,6 +37,10 @@ func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseAc
 		return nil
 	}, activity.RegisterOptions{Name: SetPhaseActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in GateInput) (GateResult, error) {
+		if in.SetPhase && (len(a.phases) == 0 || a.phases[len(a.phases)-1].Phase != in.Gate) {
+			// The activity records the phase itself (a retry: once).
+			a.phases = append(a.phases, SetPhaseInput{ReleaseID: in.ReleaseID, Phase: in.Gate})
+		}
 		a.calls[in.Gate]++
 		a.at[in.Gate] = append(a.at[in.Gate], env.Now())
 		if a.failOnce[in.Gate] {
@@ -126,7 +130,33 @@ func TestReleaseCanaryWithoutEnoughDataRollsBack(t *testing.T) {
 	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, ReleaseRolledBack, res.State.Status)
-	require.Equal(t, 5, acts.calls[GateCanary])
+	require.Equal(t, 10, acts.calls[GateCanary], "5 planned checks, then as many more while it waits for traffic (MaxTrafficWait: the canary's own duration)")
+}
+
+// TestReleaseWaitsForTraffic: a shadow or canary window that saw too little
+// traffic waits for more instead of failing at once, and passes once the
+// traffic came.
+func TestReleaseWaitsForTraffic(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.verdicts[GateShadow] = []GateResult{{Insufficient: true, NotEvaluated: true, Reason: "no live traffic"}, {Insufficient: true, NotEvaluated: true}, {Passed: true}}
+	acts.verdicts[GateCanary] = []GateResult{{Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Passed: true}}
+	policy := testPolicy
+	policy.MaxTrafficWait = 5 * time.Minute
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: policy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleasePromoted, res.State.Status, res.State.Reason)
+	require.Equal(t, 3, acts.calls[GateShadow])
+	require.Equal(t, 6, acts.calls[GateCanary])
+	require.Len(t, res.State.Gates, 5, "waiting checks are not recorded verdicts")
+
+	// A shadow that never sees traffic fails as not evaluated after the wait.
+	env, acts = newReleaseEnv(t)
+	acts.verdicts[GateShadow] = []GateResult{{Insufficient: true, NotEvaluated: true, Reason: "no live traffic"}}
+	policy.MaxTrafficWait = 3 * time.Minute
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: policy})
+	res = releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Equal(t, 4, acts.calls[GateShadow], "one check a shadow duration (1m) for 3m more")
 }
 
 func TestReleaseAbortSignalRollsBackAtOnce(t *testing.T) {

@@ -30,6 +30,7 @@ func TestReplayCommittedHistories(t *testing.T) {
 				workflows.TrainingWorkflowName:  workflows.TrainingWorkflow,
 				workflows.EvolutionWorkflowName: workflows.EvolutionWorkflow,
 				workflows.ForgetWorkflowName:    workflows.ForgetWorkflow,
+				workflows.WatchdogWorkflowName:  workflows.WatchdogWorkflow,
 			} {
 				r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
 			}

@@ -81,6 +81,11 @@ type TrainingPolicy struct {
 	// MaxBatchAge trains a smaller batch once its oldest sample waited this
 	// long. Default 10m.
 	MaxBatchAge time.Duration
+	// GroupWait is how long the first sample of a GRPO group waits for the
+	// rest of its group's sessions before the group trains without them (a
+	// member may never come: unrewarded, stale, opted out). Until then a
+	// partial group is neither counted nor claimed. Default MaxBatchAge.
+	GroupWait time.Duration
 	// PollInterval is how often the queue is checked. Default 30s.
 	PollInterval time.Duration
 	// MaxStaleness is η: samples whose behaviour version is more than η
@@ -113,6 +118,9 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 	}
 	if p.MaxBatchAge <= 0 {
 		p.MaxBatchAge = 10 * time.Minute
+	}
+	if p.GroupWait <= 0 {
+		p.GroupWait = p.MaxBatchAge
 	}
 	if p.PollInterval <= 0 {
 		p.PollInterval = 30 * time.Second
@@ -149,6 +157,9 @@ type CheckBatchInput struct {
 	// these fields existed count every queued sample.
 	MaxStaleness int
 	FreshOnly    bool
+	// GroupWait counts a partial GRPO group only once its first sample
+	// waited this long (0: every group counts).
+	GroupWait time.Duration `json:",omitempty"`
 }
 
 // CheckBatchOutput is the queue's state.
@@ -163,6 +174,9 @@ type ClaimBatchInput struct {
 	RunKey       string
 	BatchSize    int
 	MaxStaleness int
+	// GroupWait claims a partial GRPO group only once its first sample
+	// waited this long (0: every group).
+	GroupWait time.Duration `json:",omitempty"`
 }
 
 // ClaimBatchOutput is the claimed batch.
@@ -244,8 +258,12 @@ type trainingRun struct {
 	st       TrainingState
 	trainNow bool
 	nowCh    workflow.ReceiveChannel
-	light    workflow.Context
-	train    workflow.Context
+	// servingCh receives ServingChangedSignal; changedTo is the version a
+	// signal said serves now, not yet handled.
+	servingCh workflow.ReceiveChannel
+	changedTo string
+	light     workflow.Context
+	train     workflow.Context
 
 	// pending is the newest candidate not yet released, trained
 	// pendingAhead steps past the serving version, for pendingReason.
@@ -264,6 +282,7 @@ type trainingRun struct {
 func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	p, in := r.p, r.in
 	r.nowCh = workflow.GetSignalChannel(ctx, TrainNowSignal)
+	r.servingCh = workflow.GetSignalChannel(ctx, ServingChangedSignal)
 	// Checking and claiming are short Postgres statements (the claim is
 	// idempotent by its run key): local activities, so a step costs one
 	// server round trip (the train step) instead of three.
@@ -287,6 +306,9 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	polls := 0
 	for steps := 0; steps < p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
 		r.drain()
+		if err := r.servingChanged(ctx); err != nil {
+			return r.st, err
+		}
 		if err := r.settleRelease(ctx); err != nil {
 			return r.st, err
 		}
@@ -298,7 +320,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 			continue
 		}
 		var q CheckBatchOutput
-		if err := workflow.ExecuteLocalActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true}).Get(ctx, &q); err != nil {
+		if err := workflow.ExecuteLocalActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true, GroupWait: p.GroupWait}).Get(ctx, &q); err != nil {
 			return r.st, fmt.Errorf("check batch: %w", err)
 		}
 		r.st.Queued = q.Queued
@@ -314,7 +336,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		runKey := fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps)
 		var claim ClaimBatchOutput
 		err := workflow.ExecuteLocalActivity(r.light, ClaimBatchActivity, ClaimBatchInput{
-			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(),
+			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(), GroupWait: p.GroupWait,
 		}).Get(ctx, &claim)
 		if err != nil {
 			return r.st, fmt.Errorf("claim batch: %w", err)
@@ -356,6 +378,11 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		r.wait(ctx, 0)
 	}
 	r.drain()
+	// A rollback signalled during the last wait is handled here: the next
+	// run starts from the serving weights it names.
+	if err := r.servingChanged(ctx); err != nil {
+		return r.st, err
+	}
 	r.st.Phase = "continuing"
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
@@ -379,6 +406,22 @@ func (r *trainingRun) drain() {
 	for r.nowCh.ReceiveAsync(nil) {
 		r.trainNow = true
 	}
+	var sc ServingChanged
+	for r.servingCh.ReceiveAsync(&sc) {
+		r.changedTo = sc.Version
+	}
+}
+
+// servingChanged handles a serving version set from outside the loop (a
+// watchdog rollback): candidates trained on the abandoned line are not
+// released, and the trainer goes on from the new serving weights.
+func (r *trainingRun) servingChanged(ctx workflow.Context) error {
+	if r.changedTo == "" {
+		return nil
+	}
+	r.st.Serving, r.changedTo = r.changedTo, ""
+	r.pending, r.pendingAhead, r.pendingReason = "", 0, ""
+	return r.reset(ctx)
 }
 
 // wait blocks until a train-now signal, the end of the release in flight,
@@ -391,6 +434,11 @@ func (r *trainingRun) wait(ctx workflow.Context, d time.Duration) {
 	sel.AddReceive(r.nowCh, func(c workflow.ReceiveChannel, _ bool) {
 		c.Receive(ctx, nil)
 		r.trainNow = true
+	})
+	sel.AddReceive(r.servingCh, func(c workflow.ReceiveChannel, _ bool) {
+		var sc ServingChanged
+		c.Receive(ctx, &sc)
+		r.changedTo = sc.Version
 	})
 	if r.rel != nil && !r.relDone {
 		sel.AddFuture(r.rel, func(workflow.Future) { r.relDone = true })
@@ -415,19 +463,28 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 		if promoted {
 			r.st.Promoted++
 			r.st.Serving = r.relCand
-			r.st.Ahead -= r.relAhead
+			// A reset since the release began (a watchdog rollback) already
+			// counted the trainer from the serving weights.
+			r.st.Ahead = max(r.st.Ahead-r.relAhead, 0)
 			if r.pending != "" {
 				r.pendingAhead -= r.relAhead
 			}
 		} else {
 			r.st.RolledBack++
-			gate := failedGate(res.State)
+			failed := failedGate(res.State)
 			// Candidates trained on from the rejected one are judged on
-			// their own, unless it failed safety or regression: then its
-			// line is dropped. With nothing left to release and the trainer
-			// too far ahead to use new samples, it must go back anyway.
+			// their own, unless it was shown to regress: then its line is
+			// dropped. With nothing left to release and the trainer too far
+			// ahead to use new samples, it must go back anyway.
 			stuck := r.pending == "" && r.st.Ahead >= r.p.MaxAhead
-			if gate == GateSafety || gate == GateRegression || stuck {
+			abandon := failed.Gate == GateSafety || failed.Gate == GateRegression
+			if workflow.GetVersion(ctx, trainingChangeRegressedOnly, workflow.DefaultVersion, 1) >= 1 {
+				// A candidate not shown good enough on the held-out suite
+				// may be in a dip on the way up; only one shown worse than
+				// allowed ends its line.
+				abandon = failed.Regressed
+			}
+			if abandon || stuck {
 				if err := r.reset(ctx); err != nil {
 					return err
 				}
@@ -477,12 +534,16 @@ func (r *trainingRun) startRelease(ctx workflow.Context) {
 	})
 }
 
-// failedGate names the gate that failed a release ("" if none did).
-func failedGate(s ReleaseState) string {
+// failedGate is the gate that failed a release (zero if none did).
+func failedGate(s ReleaseState) GateResult {
 	for _, g := range s.Gates {
 		if !g.Passed && !g.Insufficient {
-			return g.Gate
+			return g
 		}
 	}
-	return ""
+	return GateResult{}
 }
+
+// trainingChangeRegressedOnly: a release failed on the held-out suite
+// without being shown worse no longer sends the trainer back.
+const trainingChangeRegressedOnly = "training-reset-regressed-only"

@@ -140,7 +140,7 @@ func TestTrainingGoesOnWhileAReleaseRunsAndReleasesTheNewest(t *testing.T) {
 func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
 	env, acts := newTrainingEnv(t)
 	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateSafety] = []GateResult{{Passed: false, Reason: "refusals dropped"}, {Passed: true}}
+	acts.release.verdicts[GateSafety] = []GateResult{{Passed: false, Regressed: true, Reason: "refusals dropped"}, {Passed: true}}
 	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
@@ -148,6 +148,43 @@ func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
 	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v5 promoted"}, releasedCandidates(acts))
 	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
 	require.Equal(t, "dep@v5", next.Carry.Serving)
+}
+
+// TestTrainingTrainsOnPastAnUnprovenCandidate: a candidate the held-out
+// suite could not show good enough (not shown worse) may be in a dip on
+// the way up, so its line trains on; one shown worse is dropped.
+func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateRegression] = []GateResult{{Passed: false, Reason: "not shown within the budget"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v4 promoted", "dep@v5 promoted"}, releasedCandidates(acts))
+	require.Empty(t, acts.resets)
+
+	env, acts = newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateRegression] = []GateResult{{Passed: false, Regressed: true, Reason: "shown beyond the budget"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
+}
+
+// TestTrainingFollowsAWatchdogRollback: the watchdog moved serving back to
+// the anchor; the loop drops the candidates of the abandoned line and
+// trains on from the anchor's weights.
+func TestTrainingFollowsAWatchdogRollback(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 0}, {Queued: 0}, {Queued: 2}}
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(ServingChangedSignal, ServingChanged{Version: "dep@v0", Reason: "watchdog"})
+	}, time.Second)
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, PollInterval: time.Minute, StepsPerRun: 1, NoRelease: true}})
+	continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v0"}}, acts.resets)
 }
 
 func TestTrainingOneCandidateAtATimeWhenMaxAheadIsNegative(t *testing.T) {

@@ -29,6 +29,7 @@ func runDemo(ctx context.Context, args []string) error {
 		seed     uint64
 		interval time.Duration
 		pace     float64
+		backlog  int
 	)
 	cfg, _, err := loadConfig("demo", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&minutes, "minutes", 10, "length of the run in minutes (the base policy build, if not cached, comes first)")
@@ -37,6 +38,7 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.IntVar(&agents, "agents", 4, "concurrent demo agents (online mode)")
 		fs.IntVar(&group, "group-size", 8, "answers per prompt, sent as one GRPO group of sessions (online mode; 1: one X-Session-Id session per prompt)")
 		fs.Float64Var(&pace, "sessions-per-second", 25, "cap on the sessions the fleet opens per second, so the control plane keeps up (online mode; 0: none)")
+		fs.IntVar(&backlog, "max-backlog", 128, "hold new sessions back while more of them than this wait to be assembled (GET /v1/backlog), so a loaded control plane is fed as fast as it absorbs (online mode; 0: no limit)")
 		fs.StringVar(&baseURL, "base-url", "", "gateway URL the agents use (online mode), e.g. http://127.0.0.1:8080")
 		fs.StringVar(&apiKey, "api-key", os.Getenv("FLYWHEEL_API_KEY"), "API key the agents use (online mode; default $FLYWHEEL_API_KEY)")
 		fs.StringVar(&outDir, "out", "", "directory for the curve and the status page (default DATA_DIR/demo)")
@@ -74,7 +76,8 @@ func runDemo(ctx context.Context, args []string) error {
 		})
 	} else {
 		sum, err = demo.RunOnline(ctx, demo.OnlineConfig{
-			Fleet:    demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Model: cfg.Gateway.PolicyModel, Agents: agents, GroupSize: group, SessionsPerSecond: pace, Seed: seed, Logger: log},
+			Fleet: demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Model: cfg.Gateway.PolicyModel, Agents: agents, GroupSize: group,
+				SessionsPerSecond: pace, MaxBacklog: backlog, Seed: seed, Logger: log},
 			Duration: budget, OutDir: outDir, Progress: progress, TTY: tty, ProgressInterval: interval,
 		})
 	}

@@ -48,10 +48,7 @@ func runExport(ctx context.Context, args []string) error {
 			return fmt.Errorf("export: --%s: want an RFC 3339 time", p.name)
 		}
 	}
-	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
-		return err
-	}
-	pool, err := store.Open(ctx, cfg.Database.URL, 2)
+	pool, err := openStore(ctx, cfg.Database.URL)
 	if err != nil {
 		return err
 	}

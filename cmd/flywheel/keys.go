@@ -26,14 +26,11 @@ func runKeys(ctx context.Context, args []string) error {
 	if err := store.ValidTenantName(tenant); err != nil {
 		return err
 	}
-	pool, err := store.Open(ctx, cfg.Database.URL, 2)
+	pool, err := openStore(ctx, cfg.Database.URL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
-		return err
-	}
 	if err := store.EnsureTenant(ctx, pool, tenant); err != nil {
 		return err
 	}

@@ -41,6 +41,7 @@ var commands = map[string]command{
 	"train":    {"train now|show --deployment D: the TrainingWorkflow", runTrainCmd},
 	"evolve":   {"evolve now|schedule|list --deployment D: evolution decisions", runEvolveCmd},
 	"forget":   {"forget retire REQUEST_ID: retire versions trained on forgotten data", runForgetCmd},
+	"suite":    {"suite set|show|list|delete --deployment D: the held-out and safety suites the gates and the watchdog answer", runSuite},
 }
 
 func main() {

@@ -5,7 +5,10 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/flywheel-ai/flywheel/migrations"
+	"github.com/flywheel-ai/flywheel/store"
 )
 
 func runMigrate(ctx context.Context, args []string) error {
@@ -69,6 +72,15 @@ func migrateUp(ctx context.Context, url string) error {
 }
 
 // requireSchema refuses to serve on a schema older than this binary's.
+// openStore checks the schema and opens a small pool, for the commands
+// that run a few statements and exit.
+func openStore(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	if err := requireSchema(ctx, url); err != nil {
+		return nil, err
+	}
+	return store.Open(ctx, url, 2)
+}
+
 func requireSchema(ctx context.Context, url string) error {
 	db, err := migrations.Open(url)
 	if err != nil {

@@ -193,7 +193,8 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	if err != nil {
 		return fmt.Errorf("worker: redactor: %w", err)
 	}
-	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c}
+	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c,
+		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax}
 	if pol != nil {
 		local, err := trainer.NewLocal(pol.model, pol.serving, pol.train, pol.engine)
 		if err != nil {
@@ -201,7 +202,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 		}
 		local.ReserveIDs(pol.newest)
 		d.backend, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
-		d.trainerDeployment = cfg.Gateway.PolicyModel
+		d.trainerDeployment, d.advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
 	}
 	if swe != nil {
 		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
@@ -240,10 +241,15 @@ type deps struct {
 	// trainer and checkpointDir serve train steps (nil: none here).
 	trainer       activities.TrainStepper
 	checkpointDir string
-	// trainerDeployment is the deployment trainer's weights belong to.
+	// trainerDeployment is the deployment trainer's weights belong to;
+	// advantage is its advantage estimator, which train steps apply.
 	trainerDeployment string
+	advantage         trainer.AdvantageConfig
 	// temporal lets evolution signal-with-start the training loop.
 	temporal client.Client
+	// rewardMin and rewardMax are the gateway's reward range, which the
+	// live gates' tests need.
+	rewardMin, rewardMax float64
 	// swe runs SWE rollouts (nil: not on this worker).
 	swe *activities.SWEActivities
 }
@@ -254,8 +260,9 @@ const msgSWECloseFailed = "removing this worker's sandboxes failed"
 func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
 	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
-	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger}
-	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir, Logger: d.logger}
+	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger, RewardMin: d.rewardMin, RewardMax: d.rewardMax}
+	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir,
+		Advantage: d.advantage, Logger: d.logger}
 	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
 	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
 	sessions := func(r tworker.Registry) {
@@ -277,6 +284,8 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))
 			r.RegisterActivityWithOptions(release.EvaluateGate, activityOpts(workflows.EvaluateGateActivity))
 			r.RegisterActivityWithOptions(release.FinishRelease, activityOpts(workflows.FinishReleaseActivity))
+			r.RegisterWorkflowWithOptions(workflows.WatchdogWorkflow, workflowOpts(workflows.WatchdogWorkflowName))
+			r.RegisterActivityWithOptions(release.WatchServing, activityOpts(workflows.WatchServingActivity))
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))
 			r.RegisterActivityWithOptions(training.CheckBatch, activityOpts(workflows.CheckBatchActivity))
 			r.RegisterActivityWithOptions(training.ClaimBatch, activityOpts(workflows.ClaimBatchActivity))

@@ -15,7 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/flywheel-ai/flywheel/activities"
@@ -91,7 +93,7 @@ func runUp(ctx context.Context, args []string) error {
 		return err
 	}
 	if pb != nil {
-		if err := installDemoSafetySuite(ctx, pool, cfg.Gateway.PolicyModel); err != nil {
+		if err := installDemoSuites(ctx, pool, cfg.Gateway.PolicyModel); err != nil {
 			return err
 		}
 	}
@@ -113,12 +115,17 @@ func runUp(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("worker round trip: %w", err)
 		}
+		release := workflows.ReleasePolicy{}
 		if pb != nil {
 			// The demo deployment learns with no human action: its training
 			// loop runs from the start, on the demo's schedule.
 			if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demo.TrainingPolicy()); err != nil {
 				return err
 			}
+			release = demo.TrainingPolicy().Release
+		}
+		if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
+			return err
 		}
 		fmt.Printf("\nFlywheel is up (%s)\n"+
 			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
@@ -146,6 +153,46 @@ func startTraining(ctx context.Context, c client.Client, deployment string, poli
 	}, workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: deployment, Policy: policy})
 	if err != nil {
 		return fmt.Errorf("start training of %s: %w", deployment, err)
+	}
+	return nil
+}
+
+// scheduleWatchdog makes the deployment's watchdog schedule run every
+// every with policy's thresholds (creating it, or updating the one an
+// earlier `flywheel up` made); every 0 removes it.
+func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, every time.Duration, policy workflows.ReleasePolicy) error {
+	id := workflows.WatchdogScheduleID(deployment)
+	h := c.ScheduleClient().GetHandle(ctx, id)
+	if every <= 0 {
+		var missing *serviceerror.NotFound
+		if err := h.Delete(ctx); err != nil && !errors.As(err, &missing) {
+			return fmt.Errorf("remove watchdog schedule %s: %w", id, err)
+		}
+		return nil
+	}
+	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: every}}}
+	action := &client.ScheduleWorkflowAction{
+		ID: "watchdog-" + deployment, Workflow: workflows.WatchdogWorkflowName, TaskQueue: workflows.TaskQueue,
+		Args:                     []any{workflows.WatchdogInput{Deployment: deployment, Policy: policy}},
+		WorkflowExecutionTimeout: 15 * time.Minute,
+	}
+	_, err := c.ScheduleClient().Create(ctx, client.ScheduleOptions{ID: id, Spec: spec, Action: action, Overlap: enumspb.SCHEDULE_OVERLAP_POLICY_SKIP})
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, temporal.ErrScheduleAlreadyRunning) {
+		return fmt.Errorf("create watchdog schedule %s: %w", id, err)
+	}
+	err = h.Update(ctx, client.ScheduleUpdateOptions{DoUpdate: func(in client.ScheduleUpdateInput) (*client.ScheduleUpdate, error) {
+		s := in.Description.Schedule
+		s.Spec, s.Action = &spec, action
+		if s.Policy != nil {
+			s.Policy.Overlap = enumspb.SCHEDULE_OVERLAP_POLICY_SKIP
+		}
+		return &client.ScheduleUpdate{Schedule: &s}, nil
+	}})
+	if err != nil {
+		return fmt.Errorf("update watchdog schedule %s: %w", id, err)
 	}
 	return nil
 }
@@ -192,17 +239,37 @@ func devKey(ctx context.Context, db store.DBTX, path string) (string, error) {
 	return key, nil
 }
 
-// installDemoSafetySuite gives the demo deployment's safety gate the demo's
-// own refusal prompts (the built-in suite asks for refusals in words,
-// which the demo policy never learnt to give, so both sides would score 0).
-func installDemoSafetySuite(ctx context.Context, pool *pgxpool.Pool, deployment string) error {
-	var prompts []store.EvalPrompt
-	for _, p := range demo.GateSafetyPrompts() {
-		msgs, err := json.Marshal([]inference.Message{{Role: inference.RoleUser, Content: p.Text}})
-		if err != nil {
+// installDemoSuites gives the demo deployment its own suites: its held-out
+// prompts (greedy, exact match) for the regression gate and the watchdog,
+// and its refusal prompts for the safety gate (the built-in suite asks for
+// refusals in words, which the demo policy never learnt to give, so both
+// sides would score 0). Registering the same suites again keeps their
+// results, and so the anchor.
+func installDemoSuites(ctx context.Context, pool *pgxpool.Pool, deployment string) error {
+	heldOut, err := demo.GateHeldOut()
+	if err != nil {
+		return err
+	}
+	suites := []struct {
+		name    string
+		prompts []demo.Prompt
+		match   string
+	}{
+		{workflows.GateRegression, heldOut, store.MatchExact},
+		{workflows.GateSafety, demo.GateSafetyPrompts(), store.MatchExact},
+	}
+	for _, s := range suites {
+		var prompts []store.EvalPrompt
+		for _, p := range s.prompts {
+			msgs, err := json.Marshal([]inference.Message{{Role: inference.RoleUser, Content: p.Text}})
+			if err != nil {
+				return err
+			}
+			prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want, Match: s.match, MaxTokens: demo.AnswerTokens(p)})
+		}
+		if _, err := store.SetEvalSuite(ctx, pool, deployment, s.name, prompts); err != nil {
 			return err
 		}
-		prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want})
 	}
-	return store.ReplaceEvalSuite(ctx, pool, deployment, workflows.GateSafety, prompts)
+	return nil
 }

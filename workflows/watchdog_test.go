@@ -1,0 +1,54 @@
+package workflows
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+)
+
+func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
+	for _, verdict := range []string{WatchRolledBack, WatchOK} {
+		var ts testsuite.WorkflowTestSuite
+		env := ts.NewTestWorkflowEnvironment()
+		env.RegisterWorkflowWithOptions(WatchdogWorkflow, workflow.RegisterOptions{Name: WatchdogWorkflowName})
+		var got WatchdogInput
+		env.RegisterActivityWithOptions(func(ctx context.Context, in WatchdogInput) (WatchdogResult, error) {
+			got = in
+			res := WatchdogResult{Verdict: verdict, Serving: "dep@v7", Anchor: "dep@v4", Reason: "held-out suite dropped"}
+			if verdict == WatchRolledBack {
+				res.RolledBackTo = "dep@v4"
+			}
+			return res, nil
+		}, activity.RegisterOptions{Name: WatchServingActivity})
+		signalled := 0
+		env.OnSignalExternalWorkflow(mock.Anything, TrainingWorkflowID("dep"), "", ServingChangedSignal, mock.Anything).
+			Return(func(namespace, id, runID, name string, arg any) error {
+				signalled++
+				require.Equal(t, ServingChanged{Version: "dep@v4", Reason: "held-out suite dropped"}, arg)
+				return nil
+			})
+		env.ExecuteWorkflow(WatchdogWorkflow, WatchdogInput{Deployment: "dep"})
+		require.NoError(t, env.GetWorkflowError())
+		var res WatchdogResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, verdict, res.Verdict)
+		require.Equal(t, 0.05, got.Policy.AnchorBudget, "the activity gets the policy with its defaults")
+		if verdict == WatchRolledBack {
+			require.Equal(t, 1, signalled)
+		} else {
+			require.Zero(t, signalled)
+		}
+	}
+}
+
+func TestWatchdogNeedsADeployment(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	env.ExecuteWorkflow(WatchdogWorkflow, WatchdogInput{})
+	require.ErrorContains(t, env.GetWorkflowError(), "needs a Deployment")
+}
