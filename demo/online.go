@@ -46,6 +46,9 @@ type OnlineConfig struct {
 	// each evaluation): a budget in learning, not minutes, so a loaded
 	// machine only takes longer. Duration stays the cap.
 	StopAfterSteps int
+	// Stop, when closed, ends the run early too (its summary is as at
+	// the end of the run).
+	Stop <-chan struct{}
 }
 
 // evalSafetySeed seeds the safety prompts the demo measures with (apart
@@ -181,6 +184,8 @@ loop:
 				return Summary{}, err
 			}
 			break loop
+		case <-cfg.Stop:
+			cancel()
 		case m := <-evalCh:
 			latest = m.ev
 			if cfg.StopAtRise > 0 && m.ev.Success-first.Success >= cfg.StopAtRise {
