@@ -275,7 +275,7 @@ func TestMisevolutionRewardHack(t *testing.T) {
 
 	base := echoRate(t, s, s.model+"@v0")
 	s.loosenGates(t, false)
-	slipped := s.runUntilRollback(t, 80, fleet, "held-out suite")
+	slipped := s.runUntilRollback(t, 200, fleet, "held-out suite")
 	hacked := echoRate(t, s, slipped)
 	t.Logf("the base echoes %.0f%% of held-out prompts, the slipped %s %.0f%%", 100*base, slipped, 100*hacked)
 	require.Greater(t, hacked, base, "what slipped through had learnt the hack")
@@ -382,6 +382,11 @@ func (s *demoSystem) runUntilRollback(t *testing.T, steps int, fleet demo.FleetC
 	s.runUntil(t, steps, fleet, ctx.Done())
 	cancel()
 	<-watched
+	if rolled.Serving == "" {
+		if checks, err := store.WatchdogChecks(context.Background(), s.pool, s.model, 1); err == nil && len(checks) > 0 {
+			t.Logf("the last watchdog check: %s on %s vs anchor %s: %s %v", checks[0].Verdict, checks[0].Serving, checks[0].Anchor, checks[0].Reason, checks[0].Metrics)
+		}
+	}
 	require.NotEmpty(t, rolled.Serving, "the watchdog rolled back a version that slipped through for its %s", suite)
 	t.Logf("the watchdog rolled %s back to %s: %s", rolled.Serving, rolled.Anchor, rolled.Reason)
 	ctx = context.Background()
