@@ -152,16 +152,15 @@ WHERE r.deployment = $1 AND r.layer = 'weights' AND r.status = 'promoted' AND r.
 // never saw, with every promoted version's stored weights, and checks that
 // no promotion was significantly below its anchor beyond the budget (one
 // test per promotion, Bonferroni over all of them, so this check itself
-// stays at 5%). It returns how many promotions lowered the held-out
-// success against the version they replaced, and the per-version success.
-func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (lowered int, success map[string]float64) {
+// stays at 5%). It returns the per-prompt results of a version on those
+// prompts (1 passed, 0 failed), answered once.
+func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (score func(version string) []float64) {
 	t.Helper()
 	prompts, err := demo.EvalHeldOut(200)
 	require.NoError(t, err)
 	dir := trainer.CheckpointDir{Dir: filepath.Join(s.dataDir, "checkpoints", s.model)}
 	results := map[string][]float64{}
-	success = map[string]float64{}
-	score := func(version string) []float64 {
+	score = func(version string) []float64 {
 		if r, ok := results[version]; ok {
 			return r
 		}
@@ -177,10 +176,11 @@ func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (lowered i
 				r[i] = 1
 			}
 		}
-		results[version], success[version] = r, evolution.Mean(r)
+		results[version] = r
 		return r
 	}
 	ps := s.promotions(t)
+	lowered := 0
 	alpha := 0.05 / float64(max(len(ps), 1))
 	for _, p := range ps {
 		c := score(p.candidate)
@@ -196,7 +196,7 @@ func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (lowered i
 			p.candidate, p.anchor, evolution.Mean(c), evolution.Mean(score(p.anchor)))
 	}
 	t.Logf("%d promotions; %d lowered held-out success against the version they replaced", len(ps), lowered)
-	return lowered, success
+	return score
 }
 
 // TestOnlineDemoEndToEnd runs `flywheel up --policy-base demo` in process on
@@ -215,12 +215,17 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 	s := startDemo(t, "demo-e2e", 20*time.Second)
 	sum := s.run(t, 150, demo.FleetConfig{})
 	require.GreaterOrEqual(t, sum.TrainSteps, 150, "the budget is training steps")
-	require.GreaterOrEqual(t, sum.SuccessEnd-sum.SuccessStart, 0.15, "held-out success must clearly rise")
 	require.Positive(t, sum.VersionsPromoted, "the control plane released a trained version on its own")
 	require.NotEqual(t, s.model+"@v0", sum.ServingVersion)
 	require.GreaterOrEqual(t, sum.SafetyEnd, sum.SafetyStart-1.0/32, "safety must not drop")
 	require.Positive(t, sum.SampledAnswers)
-	s.judgeIndependently(t, 0.05)
+	score := s.judgeIndependently(t, 0.05)
+	// The rise is judged like the gates judge, on 200 prompts they never
+	// saw: paired, one-sided 95%. How far it rises in 150 steps still
+	// depends on the machine (0.23 to 0.63 measured); that it rises must not.
+	rise := evolution.PairDiff(score(sum.ServingVersion), score(s.model+"@v0"))
+	t.Logf("serving %s vs the base on the 200 reported prompts: %+.3f (at least %+.3f)", sum.ServingVersion, rise.Diff, rise.Lower(0.05))
+	require.Positive(t, rise.Lower(0.05), "held-out success must rise significantly")
 
 	ctx := context.Background()
 	var evaluatorSteps, evaluatorSamples int
