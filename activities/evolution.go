@@ -15,8 +15,8 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/flywheel-ai/flywheel/atdp"
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -39,7 +39,7 @@ type Evolution struct {
 	Temporal SignalWithStarter
 	// Redactor cleans lessons taken from user text before they enter a
 	// playbook that is injected into other sessions.
-	Redactor Redactor
+	Redactor *redact.Redactor
 	Logger   *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -249,9 +249,7 @@ func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
 			continue
 		}
 		if e.Redactor != nil {
-			st := atdp.Step{Action: atdp.Action{Message: atdp.Message{Content: text}}}
-			e.Redactor.Step(&st)
-			text = st.Action.Message.Content
+			text, _ = e.Redactor.Text(text)
 		}
 		sum := sha256.Sum256([]byte(strings.ToLower(text)))
 		out = append(out, evolution.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1})

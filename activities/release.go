@@ -2,7 +2,6 @@ package activities
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -261,8 +261,8 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 	var candErr, baseErr int
 	var latency time.Duration
 	for _, p := range prompts {
-		var req capturedRequest
-		if err := json.Unmarshal(p.Request, &req); err != nil {
+		req, err := trajectory.DecodeRequest(p.Request)
+		if err != nil {
 			continue
 		}
 		if p.Status != "ok" {
@@ -307,9 +307,9 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 	var cs, bs []float64
 	var candErrs, baseErrs int
 	for _, p := range prompts {
-		var req capturedRequest
-		var rec capturedResponse
-		if json.Unmarshal(p.Request, &req) != nil || json.Unmarshal(p.Response, &rec) != nil || p.Reward == nil {
+		req, rerr := trajectory.DecodeRequest(p.Request)
+		rec, perr := trajectory.DecodeResponse(p.Response)
+		if rerr != nil || perr != nil || p.Reward == nil {
 			continue
 		}
 		ca, cerr := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens)

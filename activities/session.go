@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -21,9 +23,11 @@ const (
 
 // Session implements SessionWorkflow's activities.
 type Session struct {
-	DB       *pgxpool.Pool
-	Redactor Redactor
-	Logger   *slog.Logger
+	DB *pgxpool.Pool
+	// Rules build the steps, as the export does (gateway.reward_weights,
+	// gateway.discount, gateway.redact_patterns).
+	Rules  trajectory.Rules
+	Logger *slog.Logger
 }
 
 // AssembleTrajectory reads the session's interactions and rewards, builds
@@ -33,8 +37,15 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleI
 	if in.Key == "" || in.SessionID == "" || in.TenantID == "" {
 		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: session, tenant and key are required", "BadInput", nil)
 	}
-	if in.Discount <= 0 || in.Discount > 1 {
-		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", in.Discount), "BadInput", nil)
+	rules := s.Rules
+	if in.Discount != 0 { // the session's own γ (SessionInput.Discount) wins over the configured one
+		rules.Discount = in.Discount
+	}
+	if rules.Discount == 0 {
+		rules.Discount = workflows.DefaultDiscount
+	}
+	if rules.Discount < 0 || rules.Discount > 1 {
+		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", rules.Discount), "BadInput", nil)
 	}
 	sess, err := store.SessionForAssembly(ctx, s.DB, in.TenantID, in.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
@@ -51,14 +62,18 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleI
 	if err != nil {
 		return workflows.AssembleOutput{}, err
 	}
-	steps, total, err := assembleSteps(sess, in.Key, inter, rewards, in.Discount, s.Redactor)
+	steps, total, err := trajectory.Build(sess, inter, rewards, rules, nil)
 	if err != nil {
 		// Stored rows that do not decode will not decode on a retry either.
 		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: "+err.Error(), "BadData", err)
 	}
-	t := store.NewTrajectory{TenantID: in.TenantID, SessionID: in.SessionID, Key: in.Key, Discount: in.Discount, TotalReward: total}
-	for _, st := range steps {
-		t.Steps = append(t.Steps, st.row)
+	t := store.NewTrajectory{TenantID: in.TenantID, SessionID: in.SessionID, Key: in.Key, Discount: rules.Discount, TotalReward: total}
+	for i := range steps {
+		row, err := newStep(&steps[i])
+		if err != nil {
+			return workflows.AssembleOutput{}, err
+		}
+		t.Steps = append(t.Steps, row)
 	}
 	id, written, existed, err := store.InsertTrajectory(ctx, s.DB, t)
 	if err != nil {
@@ -86,15 +101,31 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleI
 	return out, nil
 }
 
+// newStep is a built step as the store writes it.
+func newStep(st *trajectory.Step) (store.NewStep, error) {
+	raw, err := json.Marshal(st.ATDP)
+	if err != nil {
+		return store.NewStep{}, fmt.Errorf("encode step %d: %w", st.ATDP.Metadata.StepIndex, err)
+	}
+	reds, err := json.Marshal(st.ATDP.Metadata.Redactions)
+	if err != nil {
+		return store.NewStep{}, fmt.Errorf("encode step %d: %w", st.ATDP.Metadata.StepIndex, err)
+	}
+	return store.NewStep{InteractionID: st.InteractionID, Index: st.ATDP.Metadata.StepIndex, Step: raw,
+		Reward: st.ATDP.Reward.Merged, Return: st.ATDP.Reward.Return, Eligible: st.Eligible(), Reason: st.Reason(), Redactions: reds}, nil
+}
+
 // EnqueueSamples queues the trajectory's eligible steps; queueing is keyed
 // by step (and by interaction), so a retry adds nothing.
 func (s *Session) EnqueueSamples(ctx context.Context, in workflows.EnqueueInput) (workflows.EnqueueOutput, error) {
-	n, eligible, err := store.EnqueueSamples(ctx, s.DB, in.TenantID, in.TrajectoryID)
+	q, err := store.EnqueueSamples(ctx, s.DB, in.TenantID, in.TrajectoryID)
 	if err != nil {
 		return workflows.EnqueueOutput{}, err
 	}
-	s.logger().Info(msgSamplesEnqueued, "trajectory_id", in.TrajectoryID, "enqueued", n, "eligible", eligible)
-	return workflows.EnqueueOutput{Enqueued: n, AlreadyQueued: eligible - n, EligibleSteps: eligible}, nil
+	s.logger().Info(msgSamplesEnqueued, "trajectory_id", in.TrajectoryID, "enqueued", q.Queued, "rescored", q.Rescored,
+		"after_training", q.AfterTraining, "eligible", q.Eligible)
+	return workflows.EnqueueOutput{Enqueued: q.Queued, AlreadyQueued: q.Eligible - q.Queued, EligibleSteps: q.Eligible,
+		Rescored: q.Rescored, AfterTraining: q.AfterTraining}, nil
 }
 
 // EndSession marks the session row ended.

@@ -15,10 +15,12 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -86,72 +88,12 @@ func newRedactor(t *testing.T) *redact.Redactor {
 	return r
 }
 
-func TestAssembleStepsReturnsAndEligibility(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	mk := func(id int64, status string, completion string, tokens int) store.InteractionRow {
-		req, _ := json.Marshal(inference.Request{Messages: []inference.Message{{Role: "user", Content: "hi"}}})
-		resp, _ := json.Marshal(inference.Response{Message: inference.Message{Role: "assistant", Content: completion}})
-		r := store.InteractionRow{ID: id, Seq: int(id), Status: status, Request: req, Response: resp, PromptTokenIDs: []int32{1}, CreatedAt: now, ModelVersion: "d@v1"}
-		for j := 0; j < tokens; j++ {
-			r.CompletionTokenIDs = append(r.CompletionTokenIDs, 5)
-			r.Logprobs = append(r.Logprobs, -1)
-		}
-		return r
-	}
-	sess := store.SessionInfo{ID: "s", TenantID: "t", ConsentBasis: "tenant_default"}
-	inter := []store.InteractionRow{
-		mk(1, "ok", "fine", 2),
-		mk(2, "upstream_error", "", 0),
-		mk(3, "ok", "mail me at bob@example.com", 4),
-		mk(4, "ok", "", 0),
-		mk(5, "ok", "done", 3),
-	}
-	one := int64(1)
-	rewards := []store.RewardRow{
-		{InteractionID: &one, Value: 0.5, Source: "user", CreatedAt: now},
-		{Value: -1, Source: "user", CreatedAt: now},                  // superseded by the final one
-		{Value: 1, Source: "evaluator", Final: true, CreatedAt: now}, // outcome, on the last step
-	}
-	steps, total, err := assembleSteps(sess, "k", inter, rewards, 0.5, newRedactor(t))
+// testRules are the default rules (γ = 1, weights user=1) with the byte
+// policy's tokenizer under the deployments tests use.
+func testRules(t *testing.T) trajectory.Rules {
+	r, err := trajectory.NewRules(config.Default().Gateway, map[string]trajectory.Tokenizer{"d": trainer.Tokenizer{}, "flywheel-policy": trainer.Tokenizer{}})
 	require.NoError(t, err)
-	require.Len(t, steps, 5)
-	require.NotNil(t, total)
-	require.InDelta(t, 1.5, *total, 1e-12)
-
-	// G_4 = 1; G_3 = 0.5; G_2 = 0.25; G_1 = 0.125; G_0 = 0.5 + 0.0625.
-	wantReturn := []float64{0.5625, 0.125, 0.25, 0.5, 1}
-	wantReason := []string{"", atdp.ReasonUpstreamError, atdp.ReasonRedacted, atdp.ReasonZeroTrainableTokens, ""}
-	for i, s := range steps {
-		require.NotNil(t, s.row.Return, "step %d", i)
-		require.InDelta(t, wantReturn[i], *s.row.Return, 1e-12, "step %d", i)
-		require.Equal(t, wantReason[i], s.row.Reason, "step %d", i)
-		require.Equal(t, wantReason[i] == "", s.row.Eligible, "step %d", i)
-		var decoded atdp.Step
-		require.NoError(t, json.Unmarshal(s.row.Step, &decoded))
-		require.Equal(t, s.row.Eligible, decoded.Metadata.Eligibility.Trainable)
-	}
-	require.NotContains(t, string(steps[2].row.Step), "bob@example.com", "PII must not reach the stored step")
-	require.Contains(t, string(steps[2].row.Redactions), "email")
-
-	// Without any reward, every step says so.
-	steps, total, err = assembleSteps(sess, "k", inter[:1], nil, 1, nil)
-	require.NoError(t, err)
-	require.Nil(t, total)
-	require.Equal(t, atdp.ReasonNoReward, steps[0].row.Reason)
-	require.Nil(t, steps[0].row.Return)
-
-	// Opting out wins over everything.
-	out := sess
-	out.OptOut, out.ConsentBasis = true, "end_user"
-	steps, _, err = assembleSteps(out, "k", inter[:1], rewards[:1], 1, nil)
-	require.NoError(t, err)
-	require.Equal(t, atdp.ReasonOptedOut, steps[0].row.Reason)
-
-	// A stored row that does not decode is an error, not a panic.
-	bad := inter[0]
-	bad.Request = []byte("{")
-	_, _, err = assembleSteps(sess, "k", []store.InteractionRow{bad}, nil, 1, nil)
-	require.Error(t, err)
+	return r
 }
 
 func TestSessionActivitiesAreIdempotent(t *testing.T) {
@@ -165,7 +107,7 @@ func TestSessionActivitiesAreIdempotent(t *testing.T) {
 	})
 	seedReward(t, db, "acme", "s1", &ids[0], 1, false)
 	seedReward(t, db, "acme", "s1", nil, 0.5, true)
-	acts := &Session{DB: db, Redactor: newRedactor(t)}
+	acts := &Session{DB: db, Rules: testRules(t)}
 
 	in := workflows.AssembleInput{SessionID: "s1", TenantID: "acme", Key: "s1/run-1", Discount: 1}
 	a1, err := acts.AssembleTrajectory(ctx, in)
@@ -232,7 +174,7 @@ func TestSessionWorkflowRetryAfterCommitQueuesOnce(t *testing.T) {
 		{status: "ok", prompt: "q2", completion: "a2", tokens: 2},
 	})
 	seedReward(t, db, "acme", "s2", &ids[1], 1, true)
-	real := &Session{DB: db, Redactor: newRedactor(t)}
+	real := &Session{DB: db, Rules: testRules(t)}
 
 	var ts testsuite.WorkflowTestSuite
 	env := ts.NewTestWorkflowEnvironment()

@@ -168,10 +168,15 @@ const (
 	ReasonUpstreamError       = "upstream_error"
 	ReasonZeroTrainableTokens = "zero_trainable_tokens"
 	ReasonStaleVersion        = "stale_version"
-	ReasonRedacted            = "redacted"
-	ReasonOptedOut            = "opted_out"
-	ReasonFilteredGroup       = "filtered_group"
-	ReasonPending             = "pending"
+	// ReasonRedactedPII: personal data was redacted from text that the
+	// step's token ids spell, and the ids cannot be rebuilt without it.
+	ReasonRedactedPII = "redacted_pii"
+	// ReasonArrivedAfterTraining: a reward changed the step's return after
+	// its sample had trained; the sample keeps the return it trained with.
+	ReasonArrivedAfterTraining = "arrived_after_training"
+	ReasonOptedOut             = "opted_out"
+	ReasonFilteredGroup        = "filtered_group"
+	ReasonPending              = "pending"
 )
 
 // Eligibility says whether the step will train and, if not, why.

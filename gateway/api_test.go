@@ -14,6 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/atdp"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 )
 
 func chatBody(text string) map[string]any {
@@ -63,7 +64,7 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	require.InDelta(t, 0.25, s0["return"], 1e-9)
 	require.Equal(t, true, s0["will_train"], s0)
 	require.Equal(t, false, s1["will_train"])
-	require.Equal(t, atdp.ReasonRedacted, s1["reason"], "the email was redacted, so its tokens must not train")
+	require.Equal(t, atdp.ReasonRedactedPII, s1["reason"], "the email was redacted and this upstream's tokenizer is not held, so its tokens must not train")
 
 	st, _, body := e.do("GET", "/v1/trajectories?session_id="+sid, e.keyA, nil)
 	require.Equal(t, 200, st)
@@ -82,16 +83,19 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	require.NotContains(t, string(body), "bob@example.com", "PII never leaves in an export")
 	require.Equal(t, []atdp.Redaction{{Kind: "email", Field: "observation.messages[0].content", Count: 1}}, exported[1].Metadata.Redactions[:1])
 	require.Equal(t, exported[0].Metadata.StepID, exported[1].Metadata.ParentStepID)
+	require.Empty(t, exported[1].Action.Tokens.PromptIDs, "ids an unknown tokenizer made still spell the email: none leave")
 	require.NotEmpty(t, exported[0].Action.Tokens.CompletionIDs)
 	require.Len(t, exported[0].Action.Tokens.Logprobs, len(exported[0].Action.Tokens.CompletionIDs))
 
 	// `flywheel export` writes the same bytes as the HTTP export.
 	var cli bytes.Buffer
-	n, err := gateway.Export(context.Background(), e.pool, e.cfg, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "acme", SessionID: sid}}, &cli)
+	rules, err := trajectory.NewRules(e.cfg, nil)
+	require.NoError(t, err)
+	n, err := gateway.Export(context.Background(), e.pool, rules, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "acme", SessionID: sid}}, &cli)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, string(body), cli.String())
-	n, err = gateway.Export(context.Background(), e.pool, e.cfg, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "globex"}}, &cli)
+	n, err = gateway.Export(context.Background(), e.pool, rules, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "globex"}}, &cli)
 	require.NoError(t, err)
 	require.Zero(t, n, "another tenant's export is empty")
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -188,18 +189,6 @@ func fillToolCallIDs(protocol string, m *inference.Message) {
 	}
 }
 
-// storedRequest is the request JSON of an interaction: the neutral request
-// the backend saw (the contract with trajectory assembly) plus the
-// client's own body, byte for byte, for lossless replay.
-type storedRequest struct {
-	*inference.Request
-	InjectedSystem string            `json:"injected_system,omitempty"`
-	ToolVersions   map[string]string `json:"tool_versions,omitempty"`
-	Protocol       string            `json:"protocol"`
-	ClientRequest  json.RawMessage   `json:"client_request"`
-	EndUser        string            `json:"end_user,omitempty"`
-}
-
 // jsonb cannot hold U+0000; replace it rather than lose the row.
 func pgJSON(b []byte) []byte {
 	if bytes.Contains(b, []byte(`\u0000`)) {
@@ -221,7 +210,7 @@ func toInt32(xs []int) []int32 {
 
 // row builds the interaction to capture from a finished (or failed) call.
 func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr error, status string) *store.NewInteraction {
-	reqJSON, _ := json.Marshal(storedRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Protocol: cl.protocol,
+	reqJSON, _ := json.Marshal(trajectory.StoredRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Protocol: cl.protocol,
 		ClientRequest: cl.raw, EndUser: cl.endUser})
 	n := &store.NewInteraction{
 		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,

@@ -76,11 +76,3 @@ func TestUTF8CarryNeverSplitsACharacter(t *testing.T) {
 	require.Equal(t, "a", u.next("a\xe2\x82"))
 	require.Equal(t, "\ufffd\ufffd", u.flush(), "a stream cut inside a character ends with replacement characters")
 }
-
-func TestReturnsAndMerge(t *testing.T) {
-	v := func(x float64) *float64 { return &x }
-	got := discountedReturns([]*float64{nil, v(1), nil, v(2)}, 0.5)
-	require.InDelta(t, 0.5*(1+0.5*(0+0.5*2)), *got[0], 1e-12)
-	require.InDelta(t, 2, *got[3], 1e-12)
-	require.Equal(t, []*float64{nil, nil}, discountedReturns([]*float64{nil, nil}, 0.9), "no reward: the return is unknown, not zero")
-}

@@ -14,43 +14,34 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flywheel-ai/flywheel/atdp"
-	"github.com/flywheel-ai/flywheel/config"
-	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 )
 
 // maxExportSessions bounds one export request; page with since/until.
 const maxExportSessions = 10000
 
-// sessionSteps is a session's interactions as ATDP steps, with the
-// rewards bound to them, redacted.
+// sessionSteps is a session's interactions as ATDP steps, built by the
+// same rules the session workflow trains by.
 type sessionSteps struct {
 	info  *store.SessionInfo
-	rows  []store.InteractionRow
-	steps []*atdp.Step
+	steps []trajectory.Step
 }
 
-// buildSteps assembles a session's steps live from Postgres (the same
-// view the session workflow writes to atdp_steps when the session ends;
-// where it has, its eligibility verdict wins).
-func (s *Server) buildSteps(ctx context.Context, info *store.SessionInfo) (*sessionSteps, error) {
-	return s.exporter().buildSteps(ctx, info)
-}
-
-// exporter turns stored interactions into ATDP steps; the HTTP export and
-// `flywheel export` share it.
+// exporter turns stored interactions into ATDP steps; the HTTP export, the
+// session view and `flywheel export` share it.
 type exporter struct {
-	db       store.DBTX
-	weights  map[string]float64
-	discount float64
-	redactor *redact.Redactor
+	db    store.DBTX
+	rules trajectory.Rules
 }
 
 func (s *Server) exporter() *exporter {
-	return &exporter{db: s.deps.DB, weights: s.cfg.RewardWeights, discount: s.cfg.Discount, redactor: s.redactor}
+	return &exporter{db: s.deps.DB, rules: s.rules}
 }
 
+// buildSteps builds a session's steps live from Postgres. The verdicts the
+// assembly and the training queue stored (stale, filtered, arrived after
+// training) win where they say a step does not train.
 func (s *exporter) buildSteps(ctx context.Context, info *store.SessionInfo) (*sessionSteps, error) {
 	rows, err := store.SessionInteractions(ctx, s.db, info.TenantID, info.ID)
 	if err != nil {
@@ -64,127 +55,11 @@ func (s *exporter) buildSteps(ctx context.Context, info *store.SessionInfo) (*se
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]int64, len(rows))
-	for i, r := range rows {
-		ids[i] = r.ID
+	steps, _, err := trajectory.Build(*info, rows, rewards, s.rules, assembled)
+	if err != nil {
+		return nil, err
 	}
-	per, merged := stepRewards(ids, rewards, s.weights)
-	returns := discountedReturns(merged, s.discount)
-	out := &sessionSteps{info: info, rows: rows}
-	for i, r := range rows {
-		var req storedRequest
-		req.Request = &inference.Request{}
-		_ = json.Unmarshal(r.Request, &req) // a row that does not parse still exports its ids and tokens
-		var resp inference.Response
-		if len(r.Response) > 0 {
-			_ = json.Unmarshal(r.Response, &resp)
-		}
-		st := &atdp.Step{ATDPVersion: atdp.Version}
-		for _, m := range req.Messages {
-			st.Observation.Messages = append(st.Observation.Messages, atdpMessage(m))
-		}
-		for _, t := range req.Tools {
-			var params any
-			_ = json.Unmarshal(t.Parameters, &params)
-			st.Observation.Tools = append(st.Observation.Tools, atdp.Tool{Name: t.Name, Description: t.Description, Parameters: params, Version: req.ToolVersions[t.Name]})
-		}
-		st.InternalState.Reasoning = resp.Message.Reasoning
-		st.Action.Message = atdpMessage(resp.Message)
-		st.Action.Message.Role = inference.RoleAssistant
-		st.Action.Tokens = atdp.Tokens{PromptIDs: ints(r.PromptTokenIDs), CompletionIDs: ints(r.CompletionTokenIDs), Logprobs: floats(r.Logprobs)}
-		if r.ModelVersion != "" {
-			st.Action.Tokens.Versions = []string{r.ModelVersion}
-		}
-		if i+1 < len(rows) {
-			st.Result.ToolResults = toolResultsAfter(rows[i+1].Request, len(req.Messages))
-		}
-		st.Result.FinishReason, st.Result.LatencyMS, st.Result.Error = r.FinishReason, r.LatencyMS, r.ErrorText
-		for _, rw := range per[i] {
-			st.Reward.Values = append(st.Reward.Values, atdp.RewardValue{Value: rw.Value, Source: rw.Source, At: rw.CreatedAt.UTC().Format(time.RFC3339Nano)})
-		}
-		st.Reward.Merged, st.Reward.Return = merged[i], returns[i]
-		st.Metadata = atdp.Metadata{
-			TrajectoryID: info.ID, SessionID: info.ID, StepID: strconv.FormatInt(r.ID, 10), StepIndex: i,
-			CompletionID: r.CompletionID, Tenant: info.TenantID, Model: r.Deployment, ModelVersion: r.ModelVersion,
-			ToolVersions: req.ToolVersions,
-			Usage:        atdp.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
-			Consent:      atdp.Consent{OptOut: info.OptOut, Basis: info.ConsentBasis},
-			CreatedAt:    r.CreatedAt.UTC().Format(time.RFC3339Nano),
-		}
-		if i > 0 {
-			st.Metadata.ParentStepID = strconv.FormatInt(rows[i-1].ID, 10)
-		}
-		s.redactor.Step(st)
-		st.Metadata.Eligibility = eligibility(info, r, st, assembled)
-		st.Normalize()
-		out.steps = append(out.steps, st)
-	}
-	return out, nil
-}
-
-// eligibility says whether a step will train and, if not, why. The
-// assembled verdict (it knows staleness and group filtering) wins;
-// otherwise it is predicted from what is known now.
-func eligibility(info *store.SessionInfo, r store.InteractionRow, st *atdp.Step, assembled map[int64]store.StepStatus) atdp.Eligibility {
-	if a, ok := assembled[r.ID]; ok {
-		return atdp.Eligibility{Trainable: a.Eligible, Reason: a.IneligibleReason}
-	}
-	switch {
-	case info.OptOut:
-		return atdp.Eligibility{Reason: atdp.ReasonOptedOut}
-	case r.Status != statusOK:
-		return atdp.Eligibility{Reason: atdp.ReasonUpstreamError}
-	case len(r.CompletionTokenIDs) == 0 || len(r.Logprobs) != len(r.CompletionTokenIDs):
-		return atdp.Eligibility{Reason: atdp.ReasonZeroTrainableTokens}
-	case len(st.Metadata.Redactions) > 0:
-		// Token ids still encode what the text redaction removed.
-		return atdp.Eligibility{Reason: atdp.ReasonRedacted}
-	case st.Reward.Return == nil:
-		return atdp.Eligibility{Reason: atdp.ReasonNoReward}
-	}
-	return atdp.Eligibility{Trainable: true}
-}
-
-func atdpMessage(m inference.Message) atdp.Message {
-	out := atdp.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
-	for _, tc := range m.ToolCalls {
-		out.ToolCalls = append(out.ToolCalls, atdp.ToolCall{ID: tc.ID, Name: tc.Name, Arguments: tc.Arguments})
-	}
-	return out
-}
-
-// toolResultsAfter is the tool messages the next call added after this
-// call's prompt and reply.
-func toolResultsAfter(next []byte, promptLen int) []atdp.Message {
-	var req storedRequest
-	req.Request = &inference.Request{}
-	if json.Unmarshal(next, &req) != nil || len(req.Messages) <= promptLen+1 {
-		return nil
-	}
-	var out []atdp.Message
-	for _, m := range req.Messages[promptLen+1:] {
-		if m.Role != inference.RoleTool {
-			break
-		}
-		out = append(out, atdpMessage(m))
-	}
-	return out
-}
-
-func ints(xs []int32) []int {
-	out := make([]int, len(xs))
-	for i, x := range xs {
-		out[i] = int(x)
-	}
-	return out
-}
-
-func floats(xs []float32) []float64 {
-	out := make([]float64, len(xs))
-	for i, x := range xs {
-		out[i] = float64(x)
-	}
-	return out
+	return &sessionSteps{info: info, steps: steps}, nil
 }
 
 // getSession is GET /v1/sessions/{id}: the session and, for every step,
@@ -195,7 +70,7 @@ func (s *Server) getSession(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	ss, err := s.buildSteps(c.Request.Context(), info)
+	ss, err := s.exporter().buildSteps(c.Request.Context(), info)
 	if err != nil {
 		abort(c, err)
 		return
@@ -215,15 +90,17 @@ func (s *Server) getSession(c *gin.Context) {
 		Redactions   []atdp.Redaction   `json:"redactions"`
 		WillTrain    bool               `json:"will_train"`
 		Reason       string             `json:"reason,omitempty"`
+		TrainedInto  []string           `json:"trained_into,omitempty"`
 		CreatedAt    string             `json:"created_at"`
 	}
 	steps := make([]stepView, len(ss.steps))
-	for i, st := range ss.steps {
+	for i := range ss.steps {
+		st := &ss.steps[i].ATDP
 		steps[i] = stepView{StepID: st.Metadata.StepID, Index: i, CompletionID: st.Metadata.CompletionID, Model: st.Metadata.Model,
-			ModelVersion: st.Metadata.ModelVersion, Status: ss.rows[i].Status, FinishReason: st.Result.FinishReason,
+			ModelVersion: st.Metadata.ModelVersion, Status: ss.steps[i].Status, FinishReason: st.Result.FinishReason,
 			Tokens: st.Metadata.Usage, Rewards: st.Reward.Values, Reward: st.Reward.Merged, Return: st.Reward.Return,
 			Redactions: st.Metadata.Redactions, WillTrain: st.Metadata.Eligibility.Trainable, Reason: st.Metadata.Eligibility.Reason,
-			CreatedAt: st.Metadata.CreatedAt}
+			TrainedInto: ss.steps[i].TrainedInto, CreatedAt: st.Metadata.CreatedAt}
 	}
 	c.JSON(http.StatusOK, gin.H{
 		"id": info.ID, "status": info.Status, "model": info.Deployment, "task_id": info.TaskID,
@@ -290,7 +167,8 @@ func (s *exporter) write(ctx context.Context, sessions []store.SessionInfo, elig
 		if err != nil {
 			return n, err
 		}
-		for _, st := range ss.steps {
+		for i := range ss.steps {
+			st := &ss.steps[i].ATDP
 			if eligibleOnly && !st.Metadata.Eligibility.Trainable {
 				continue
 			}
@@ -317,16 +195,12 @@ type ExportOptions struct {
 
 // Export writes a tenant's steps as ATDP JSONL to w, as GET
 // /v1/trajectories does (`flywheel export`); it returns the step count.
-func Export(ctx context.Context, db store.DBTX, cfg config.GatewayConfig, opts ExportOptions, w io.Writer) (int, error) {
-	red, err := redact.New(redact.Options{Patterns: cfg.RedactPatterns})
-	if err != nil {
-		return 0, err
-	}
+func Export(ctx context.Context, db store.DBTX, rules trajectory.Rules, opts ExportOptions, w io.Writer) (int, error) {
 	sessions, err := store.ListSessions(ctx, db, opts.Filter)
 	if err != nil {
 		return 0, err
 	}
-	e := &exporter{db: db, weights: cfg.RewardWeights, discount: cfg.Discount, redactor: red}
+	e := &exporter{db: db, rules: rules}
 	return e.write(ctx, sessions, opts.EligibleOnly, w, nil)
 }
 

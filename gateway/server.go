@@ -22,7 +22,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/redact"
+	"github.com/flywheel-ai/flywheel/trajectory"
 )
 
 // Log messages are constants; everything dynamic is an attribute.
@@ -47,6 +47,9 @@ type Deps struct {
 	// Forgets starts the workflow that retires model versions trained on
 	// forgotten data; nil: `flywheel forget retire ID` does it by hand.
 	Forgets ForgetStarter
+	// Tokenizers are the tokenizers Flywheel holds, by deployment, so the
+	// ids of redacted steps can be rebuilt (trajectory.Rules).
+	Tokenizers map[string]trajectory.Tokenizer
 }
 
 // Server is the HTTP gateway.
@@ -59,7 +62,7 @@ type Server struct {
 	metrics   *metrics
 	keys      *keyCache
 	limiter   *rateLimiter
-	redactor  *redact.Redactor
+	rules     trajectory.Rules
 	notifier  Notifier
 	closeOnce sync.Once
 }
@@ -76,7 +79,7 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	red, err := redact.New(redact.Options{Patterns: cfg.RedactPatterns})
+	rules, err := trajectory.NewRules(cfg, deps.Tokenizers)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +89,7 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	}
 	m := newMetrics(deps.Registry)
 	s := &Server{
-		cfg: cfg, deps: deps, router: rt, metrics: m, redactor: red,
+		cfg: cfg, deps: deps, router: rt, metrics: m, rules: rules,
 		keys:     &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
 		limiter:  &rateLimiter{rps: cfg.RateLimitRPS, burst: cfg.RateLimitBurst, m: map[string]*rateLimiterEntry{}},
 		notifier: deps.Notifier,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -361,4 +362,15 @@ func (s *Server) adminCreateKey(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusCreated, gin.H{"tenant": r.Tenant, "api_key": key})
+}
+
+// validReward checks a reward value against the configured range.
+func (s *Server) validReward(v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return errf(422, "value: must be a finite number")
+	}
+	if v < s.cfg.RewardMin || v > s.cfg.RewardMax {
+		return errf(422, "value: must be within [%g, %g], got %g", s.cfg.RewardMin, s.cfg.RewardMax, v)
+	}
+	return nil
 }

@@ -35,20 +35,28 @@ func InsertReward(ctx context.Context, db DBTX, r NewReward) (int64, error) {
 }
 
 // StepStatus is the assembled ATDP view of an interaction, when the
-// session workflow has assembled it.
+// session workflow has assembled it, with what the training queue wrote
+// back (stale_version, arrived_after_training).
 type StepStatus struct {
 	InteractionID    int64
 	Eligible         bool
 	IneligibleReason string
 	Redactions       int
+	// TrainedInto is the model versions the interaction's sample trained
+	// (empty when it has not trained).
+	TrainedInto []string
 }
 
 // AssembledSteps returns the latest assembled status of each of a
 // session's interactions, keyed by interaction id.
 func AssembledSteps(ctx context.Context, db DBTX, tenantID, sessionID string) (map[int64]StepStatus, error) {
-	rows, err := db.Query(ctx, `SELECT DISTINCT ON (interaction_id) interaction_id, eligible, ineligible_reason,
-		jsonb_array_length(redactions) FROM atdp_steps WHERE tenant_id = $1 AND session_id = $2
-		ORDER BY interaction_id, id DESC`, tenantID, sessionID)
+	rows, err := db.Query(ctx, `SELECT DISTINCT ON (a.interaction_id) a.interaction_id, a.eligible, a.ineligible_reason,
+		jsonb_array_length(a.redactions),
+		ARRAY(SELECT DISTINCT l.version_id FROM atdp_steps s2 JOIN training_samples ts ON ts.step_id = s2.id
+		      JOIN model_version_lineage l ON l.sample_id = ts.id
+		      WHERE s2.interaction_id = a.interaction_id ORDER BY l.version_id)
+		FROM atdp_steps a WHERE a.tenant_id = $1 AND a.session_id = $2
+		ORDER BY a.interaction_id, a.id DESC`, tenantID, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("list assembled steps: %w", err)
 	}
@@ -56,7 +64,7 @@ func AssembledSteps(ctx context.Context, db DBTX, tenantID, sessionID string) (m
 	out := map[int64]StepStatus{}
 	for rows.Next() {
 		var s StepStatus
-		if err := rows.Scan(&s.InteractionID, &s.Eligible, &s.IneligibleReason, &s.Redactions); err != nil {
+		if err := rows.Scan(&s.InteractionID, &s.Eligible, &s.IneligibleReason, &s.Redactions, &s.TrainedInto); err != nil {
 			return nil, fmt.Errorf("scan assembled step: %w", err)
 		}
 		out[s.InteractionID] = s

@@ -50,7 +50,9 @@ func (w *statusWorld) assemble(tenant, session string, steps []int64, reason str
 	ret := 1.0
 	tr := store.NewTrajectory{TenantID: tenant, SessionID: session, Key: "asm-" + session, Discount: 1}
 	for i, id := range steps {
-		tr.Steps = append(tr.Steps, store.NewStep{InteractionID: id, Index: i, Step: []byte(`{}`), Reward: &ret, Return: &ret,
+		// Samples take their ids from the stored step.
+		step := []byte(`{"action":{"tokens":{"prompt_ids":[1,2],"completion_ids":[3],"logprobs":[-0.5]}}}`)
+		tr.Steps = append(tr.Steps, store.NewStep{InteractionID: id, Index: i, Step: step, Reward: &ret, Return: &ret,
 			Eligible: reason == "", Reason: reason})
 	}
 	id, _, _, err := store.InsertTrajectory(w.ctx, w.pool, tr)
@@ -94,9 +96,9 @@ func TestLoadStatus(t *testing.T) {
 	_, err = store.EndSession(ctx, pool, "a", "s1")
 	require.NoError(t, err)
 	traj := w.assemble("a", "s1", []int64{i1, i2}, "")
-	n, _, err := store.EnqueueSamples(ctx, pool, "a", traj)
+	q, err := store.EnqueueSamples(ctx, pool, "a", traj)
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
+	require.Equal(t, 2, q.Queued)
 	run1 := w.train("run-1", "dep@v1", "dep@v0")
 
 	rel1, err := store.BeginRelease(ctx, pool, store.Release{Deployment: "dep", Layer: "weights", Candidate: "dep@v1", WorkflowID: "rel-1"})
@@ -127,9 +129,9 @@ func TestLoadStatus(t *testing.T) {
 	_, err = store.EndSession(ctx, pool, "a", "s4")
 	require.NoError(t, err)
 	i5 := w.step("a", "s5", "dep@v1", t0.Add(10*time.Minute))
-	n, _, err = store.EnqueueSamples(ctx, pool, "a", w.assemble("a", "s5", []int64{i5}, ""))
+	q, err = store.EnqueueSamples(ctx, pool, "a", w.assemble("a", "s5", []int64{i5}, ""))
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, q.Queued)
 
 	// Tenant b: a rewarded step on dep inside a's curve span, and a
 	// deployment of its own.

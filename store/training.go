@@ -137,9 +137,11 @@ func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, siz
 		}
 		run.BaseVersion = base
 		if floor := freshFloor(base, eta); floor >= 0 {
+			// The steps say so too (GET /v1/sessions/{id}: stale_version).
 			tag, err := tx.Exec(ctx, `
-UPDATE training_samples SET status = 'dropped_stale'
-WHERE deployment = $1 AND status = 'queued' AND `+behaviourVersionN+`::bigint < $2`, deployment, floor)
+WITH d AS (UPDATE training_samples SET status = 'dropped_stale'
+           WHERE deployment = $1 AND status = 'queued' AND `+behaviourVersionN+`::bigint < $2 RETURNING step_id)
+UPDATE atdp_steps SET eligible = false, ineligible_reason = 'stale_version' WHERE id IN (SELECT step_id FROM d)`, deployment, floor)
 			if err != nil {
 				return fmt.Errorf("drop stale samples: %w", err)
 			}

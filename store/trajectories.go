@@ -237,38 +237,89 @@ func TrajectoryTotal(ctx context.Context, db DBTX, trajectoryID int64) (*float64
 	return v, nil
 }
 
-// EnqueueSamples queues the eligible steps of a trajectory for training.
-// The step id is unique in training_samples, and an interaction that some
-// earlier trajectory of the session already queued is skipped (a
-// re-assembly after a late reward must not train the same tokens twice),
-// so calling it again queues nothing new. It returns how many rows this
-// call queued and how many eligible steps the trajectory has.
-func EnqueueSamples(ctx context.Context, db DBTX, tenantID string, trajectoryID int64) (enqueued, eligible int, err error) {
-	err = db.QueryRow(ctx, `
+// Enqueued is what EnqueueSamples did with a trajectory's eligible steps.
+type Enqueued struct {
+	// Eligible counts the trajectory's eligible steps.
+	Eligible int
+	// Queued counts samples this call queued (steps no assembly queued).
+	Queued int
+	// Rescored counts queued samples of an earlier assembly that took this
+	// trajectory's return (a reward arrived after they were queued).
+	Rescored int
+	// AfterTraining counts steps whose sample had trained already (they
+	// are marked arrived_after_training and the sample keeps its return)
+	// or was dropped as stale (marked stale_version).
+	AfterTraining int
+}
+
+// stepIDsSQL reads an ATDP step's token ids: what trains is the redacted
+// step, not the raw capture.
+const stepIDsSQL = `ARRAY(SELECT jsonb_array_elements_text(s.step->'action'->'tokens'->'%s')::%s)`
+
+// EnqueueSamples queues the eligible steps of a trajectory for training,
+// with the token ids of the stored (redacted) step. A step whose
+// interaction an earlier assembly of the session queued is not queued
+// twice: a sample still queued takes the new return (a late reward
+// re-scores it); one that trained already keeps the return it trained
+// with, and the new step, if its return differs, says
+// arrived_after_training; one dropped as stale marks the step stale. The step id is unique in training_samples, so calling it again
+// changes nothing.
+func EnqueueSamples(ctx context.Context, db Beginner, tenantID string, trajectoryID int64) (Enqueued, error) {
+	var out Enqueued
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
 SELECT count(*) FROM atdp_steps WHERE trajectory_id = $1 AND tenant_id = $2 AND eligible`,
-		trajectoryID, tenantID).Scan(&eligible)
-	if err != nil {
-		return 0, 0, fmt.Errorf("count eligible steps of trajectory %d: %w", trajectoryID, err)
-	}
-	tag, err := db.Exec(ctx, `
+			trajectoryID, tenantID).Scan(&out.Eligible)
+		if err != nil {
+			return fmt.Errorf("count eligible steps: %w", err)
+		}
+		// Samples an earlier assembly queued for the same interactions.
+		const prior = `
+WITH e AS (SELECT id, interaction_id, discounted_return FROM atdp_steps
+           WHERE trajectory_id = $1 AND tenant_id = $2 AND eligible AND discounted_return IS NOT NULL),
+p AS (SELECT e.id AS new_step, e.discounted_return, ts.id AS sample_id, ts.status, ts.reward
+      FROM e JOIN atdp_steps s2 ON s2.interaction_id = e.interaction_id AND s2.id <> e.id
+      JOIN training_samples ts ON ts.step_id = s2.id)`
+		tag, err := tx.Exec(ctx, prior+`
+UPDATE training_samples ts SET reward = p.discounted_return, step_id = p.new_step
+FROM p WHERE ts.id = p.sample_id AND p.status = 'queued' AND p.reward <> p.discounted_return`, trajectoryID, tenantID)
+		if err != nil {
+			return fmt.Errorf("re-score queued samples: %w", err)
+		}
+		out.Rescored = int(tag.RowsAffected())
+		tag, err = tx.Exec(ctx, prior+`
+UPDATE atdp_steps s SET eligible = false,
+  ineligible_reason = CASE p.status WHEN 'dropped_stale' THEN 'stale_version' ELSE 'arrived_after_training' END
+FROM p WHERE s.id = p.new_step AND (p.status = 'dropped_stale' OR p.status <> 'queued' AND p.reward <> p.discounted_return)`, trajectoryID, tenantID)
+		if err != nil {
+			return fmt.Errorf("mark steps trained before: %w", err)
+		}
+		out.AfterTraining = int(tag.RowsAffected())
+		tag, err = tx.Exec(ctx, `
 INSERT INTO training_samples (tenant_id, step_id, deployment, task_id, group_id, behaviour_version,
                               prompt_token_ids, completion_token_ids, logprobs, reward, session_id, group_size)
 SELECT s.tenant_id, s.id, i.deployment, se.task_id, se.group_id, i.model_version,
-       i.prompt_token_ids, i.completion_token_ids, i.logprobs, s.discounted_return, s.session_id, se.group_size
+       `+fmt.Sprintf(stepIDsSQL, "prompt_ids", "integer")+`, `+fmt.Sprintf(stepIDsSQL, "completion_ids", "integer")+`,
+       `+fmt.Sprintf(stepIDsSQL, "logprobs", "real")+`, s.discounted_return, s.session_id, se.group_size
 FROM atdp_steps s
 JOIN interactions i ON i.id = s.interaction_id
 JOIN sessions se ON se.id = s.session_id
-WHERE s.trajectory_id = $1 AND s.tenant_id = $2 AND s.eligible
-  AND i.prompt_token_ids IS NOT NULL AND i.completion_token_ids IS NOT NULL AND i.logprobs IS NOT NULL
-  AND s.discounted_return IS NOT NULL
+WHERE s.trajectory_id = $1 AND s.tenant_id = $2 AND s.eligible AND s.discounted_return IS NOT NULL
+  AND jsonb_array_length(s.step->'action'->'tokens'->'completion_ids') > 0
   AND NOT EXISTS (
       SELECT 1 FROM training_samples ts JOIN atdp_steps s2 ON s2.id = ts.step_id
       WHERE s2.interaction_id = s.interaction_id)
 ON CONFLICT (step_id) DO NOTHING`, trajectoryID, tenantID)
+		if err != nil {
+			return fmt.Errorf("enqueue samples: %w", err)
+		}
+		out.Queued = int(tag.RowsAffected())
+		return nil
+	})
 	if err != nil {
-		return 0, eligible, fmt.Errorf("enqueue samples of trajectory %d: %w", trajectoryID, err)
+		return Enqueued{}, fmt.Errorf("enqueue samples of trajectory %d: %w", trajectoryID, err)
 	}
-	return int(tag.RowsAffected()), eligible, nil
+	return out, nil
 }
 
 // QueuedSamplesOfSession counts a session's samples with status queued.

@@ -79,3 +79,41 @@ func validateIDs(ids []int, vocab int) error {
 	}
 	return nil
 }
+
+// RedactIDs passes every run of byte tokens in ids (the text between special
+// tokens) through redact and re-encodes it as bytes; special tokens stay.
+// When redact changes nothing, ids itself is returned.
+func (Tokenizer) RedactIDs(ids []int, redact func(string) string) []int {
+	var out []int // nil until some run changes
+	start := 0
+	buf := make([]byte, 0, 256)
+	for i := 0; i <= len(ids); i++ {
+		if i < len(ids) && ids[i] >= 0 && ids[i] < 256 {
+			continue
+		}
+		if i > start { // ids[start:i] is a run of bytes
+			buf = buf[:0]
+			for _, id := range ids[start:i] {
+				buf = append(buf, byte(id))
+			}
+			if clean := redact(string(buf)); clean != string(buf) {
+				if out == nil {
+					out = append(make([]int, 0, len(ids)), ids[:start]...)
+				}
+				for _, b := range []byte(clean) {
+					out = append(out, int(b))
+				}
+			} else if out != nil {
+				out = append(out, ids[start:i]...)
+			}
+		}
+		if i < len(ids) && out != nil {
+			out = append(out, ids[i])
+		}
+		start = i + 1
+	}
+	if out == nil {
+		return ids
+	}
+	return out
+}

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,4 +41,21 @@ func TestRenderPromptPrefixErrors(t *testing.T) {
 		append(Tokenizer{}.Encode("p"), TokImEnd, 'x'))
 	require.NoError(t, err)
 	require.Equal(t, "p<|im_end|>x<|im_end|><|im_start|>user\nb<|im_end|><|im_start|>assistant\n", Tokenizer{}.Decode(ids))
+}
+
+func TestRedactIDsRebuildsOnlyWhatChanged(t *testing.T) {
+	var tok Tokenizer
+	redact := func(s string) string { return strings.ReplaceAll(s, "bob@example.com", "[REDACTED_EMAIL]") }
+	ids := append([]int{TokImStart}, tok.Encode("user\nmail bob@example.com now")...)
+	ids = append(ids, TokImEnd, TokImStart)
+	ids = append(ids, tok.Encode("assistant\n")...)
+	got := tok.RedactIDs(ids, redact)
+	require.Equal(t, "<|im_start|>user\nmail [REDACTED_EMAIL] now<|im_end|><|im_start|>assistant\n", tok.Decode(got))
+	require.Equal(t, TokImEnd, got[len(tok.Encode("user\nmail [REDACTED_EMAIL] now"))+1], "special tokens stay tokens")
+
+	clean := append([]int{TokImStart}, tok.Encode("user\nhello")...)
+	same := tok.RedactIDs(clean, redact)
+	require.Equal(t, clean, same)
+	require.Equal(t, &clean[0], &same[0], "nothing removed: the ids themselves come back")
+	require.Empty(t, tok.RedactIDs(nil, redact))
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -104,7 +105,11 @@ func newStack(t *testing.T) *stack {
 func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, tc client.Client) {
 	wf := func(fn any, name string) { r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name}) }
 	act := func(fn any, name string) { r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name}) }
-	session := &activities.Session{DB: pool, Redactor: red}
+	rules, err := trajectory.NewRules(config.Default().Gateway, map[string]trajectory.Tokenizer{policyName: trainer.Tokenizer{}})
+	if err != nil {
+		panic(err)
+	}
+	session := &activities.Session{DB: pool, Rules: rules}
 	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
 	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
 	training := &activities.Training{DB: pool}

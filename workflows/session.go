@@ -17,7 +17,7 @@ const (
 	// (every signal is one history event; each batch of ≤ this many events is
 	// also bounded by the server's own continue-as-new suggestion).
 	DefaultSessionEventsPerRun = 2000
-	// DefaultDiscount is γ for the discounted returns.
+	// DefaultDiscount is γ when neither the session nor the worker sets one.
 	DefaultDiscount = 1.0
 	// DefaultRewardGrace is how long a session the client ended without
 	// any reward waits for one before it is assembled. Agents usually post
@@ -120,6 +120,10 @@ type EnqueueOutput struct {
 	AlreadyQueued  int
 	EligibleSteps  int
 	DeploymentName string
+	// Rescored counts queued samples of an earlier assembly that took the
+	// new return; AfterTraining, steps whose sample had trained already.
+	Rescored      int `json:",omitempty"`
+	AfterTraining int `json:",omitempty"`
 }
 
 // EndSessionInput marks the session row ended.
@@ -344,10 +348,9 @@ func (s *sessionRun) finish(ctx workflow.Context) (SessionResult, error) {
 		execute = workflow.ExecuteLocalActivity
 	}
 	info := workflow.GetInfo(ctx)
+	// Discount 0 leaves γ to the worker's gateway.discount, the one the
+	// export uses; a session started with its own γ keeps it.
 	discount := s.in.Discount
-	if discount <= 0 {
-		discount = DefaultDiscount
-	}
 	// The key is the first run's id (stable across continue-as-new
 	// hand-offs and activity retries) and the generation.
 	key := info.WorkflowExecution.ID + "/" + info.FirstRunID

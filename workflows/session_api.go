@@ -36,7 +36,7 @@ type SessionInput struct {
 	// EventsPerRun is how many events one run handles before it continues
 	// as new (0: DefaultSessionEventsPerRun).
 	EventsPerRun int `json:",omitempty"`
-	// Discount is γ for the discounted returns (0: DefaultDiscount).
+	// Discount is γ for the discounted returns (0: the worker's gateway.discount).
 	Discount float64 `json:",omitempty"`
 	// RewardGrace is how long a session the client ended without a reward
 	// waits for one before assembly (0: DefaultRewardGrace; negative: no

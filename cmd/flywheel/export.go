@@ -63,7 +63,11 @@ func runExport(ctx context.Context, args []string) error {
 		w = file
 	}
 	bw := bufio.NewWriter(w)
-	n, err := gateway.Export(ctx, pool, cfg.Gateway, gateway.ExportOptions{Filter: f, EligibleOnly: eligible}, bw)
+	rules, err := trajectoryRules(cfg)
+	if err != nil {
+		return err
+	}
+	n, err := gateway.Export(ctx, pool, rules, gateway.ExportOptions{Filter: f, EligibleOnly: eligible}, bw)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

@@ -16,9 +16,9 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -61,9 +61,23 @@ func runGateway(ctx context.Context, args []string) error {
 func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, policy *trainer.Engine, logger *slog.Logger) (*gateway.Server, error) {
 	return gateway.New(cfg.Gateway, gateway.Deps{
 		DB: pool, Logger: logger, Policy: policy,
-		Notifier: gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
-		Forgets:  gateway.TemporalForgets{Client: c},
+		Notifier:   gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
+		Forgets:    gateway.TemporalForgets{Client: c},
+		Tokenizers: tokenizers(cfg),
 	})
+}
+
+// tokenizers are the tokenizers Flywheel holds: the in-process policy's
+// byte-level one under its model name. Upstream deployments' ids come from
+// tokenizers it does not hold.
+func tokenizers(cfg config.Config) map[string]trajectory.Tokenizer {
+	return map[string]trajectory.Tokenizer{cfg.Gateway.PolicyModel: trainer.Tokenizer{}}
+}
+
+// trajectoryRules are the rules steps are built by, for export and for
+// training alike.
+func trajectoryRules(cfg config.Config) (trajectory.Rules, error) {
+	return trajectory.NewRules(cfg.Gateway, tokenizers(cfg))
 }
 
 // policy is the in-process policy: the engine that serves it and the
@@ -189,11 +203,11 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	inv := worker.DetectCompute()
 	worker.LogCompute(logger, inv)
 	host, _ := os.Hostname()
-	red, err := redact.New(redact.Options{})
+	rules, err := trajectoryRules(cfg)
 	if err != nil {
-		return fmt.Errorf("worker: redactor: %w", err)
+		return fmt.Errorf("worker: %w", err)
 	}
-	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, redactor: red, temporal: c,
+	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax}
 	if pol != nil {
 		local, err := trainer.NewLocal(pol.model, pol.serving, pol.train, pol.engine)
@@ -234,7 +248,7 @@ type deps struct {
 	pool          *pgxpool.Pool
 	host, compute string
 	logger        *slog.Logger
-	redactor      *redact.Redactor
+	rules         trajectory.Rules
 	// backend lets release gates run candidate and baseline side by side
 	// (nil: offline gates record that nothing was evaluated).
 	backend activities.Completer
@@ -259,11 +273,11 @@ const msgSWECloseFailed = "removing this worker's sandboxes failed"
 // registrations says which workflows and activities run on which queue.
 func registrations(d deps) map[string]worker.Registrar {
 	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
-	session := &activities.Session{DB: d.pool, Redactor: d.redactor, Logger: d.logger}
+	session := &activities.Session{DB: d.pool, Rules: d.rules, Logger: d.logger}
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger, RewardMin: d.rewardMin, RewardMax: d.rewardMax}
 	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir,
 		Advantage: d.advantage, Logger: d.logger}
-	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.redactor, Logger: d.logger}
+	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.rules.Redactor, Logger: d.logger}
 	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
 	sessions := func(r tworker.Registry) {
 		r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflowOpts(workflows.SessionWorkflowName))
