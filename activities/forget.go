@@ -42,5 +42,6 @@ func (f *Forget) RetireForgotten(ctx context.Context, in workflows.ForgetInput) 
 		logger = slog.Default()
 	}
 	logger.Info(msgVersionsRetired, "request_id", in.RequestID, "retired", out.Affected, "rollbacks", out.Rollbacks, "checkpoints_removed", removed)
-	return workflows.ForgetResult{Sessions: len(out.Sessions), Retired: out.Affected, Rollbacks: out.Rollbacks, Checkpoints: removed}, nil
+	return workflows.ForgetResult{Sessions: len(out.Sessions), Retired: out.Affected, Rollbacks: out.Rollbacks, Checkpoints: removed,
+		Restart: out.Restart}, nil
 }

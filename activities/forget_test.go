@@ -2,8 +2,10 @@ package activities
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/testsuite"
@@ -46,12 +48,16 @@ func TestForgetRetiresVersionsTrainedOnTheData(t *testing.T) {
 	env.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflow.RegisterOptions{Name: workflows.ForgetWorkflowName})
 	f := &Forget{DB: db}
 	env.RegisterActivityWithOptions(f.RetireForgotten, activity.RegisterOptions{Name: workflows.RetireForgottenActivity})
+	// The training loop is told to go on from the clean version.
+	env.OnSignalExternalWorkflow(mock.Anything, workflows.TrainingWorkflowID("dep"), "", workflows.ServingChangedSignal,
+		workflows.ServingChanged{Version: "dep@v1", Reason: fmt.Sprintf("forget request %d", res.ID)}).Return(nil).Once()
 	env.ExecuteWorkflow(workflows.ForgetWorkflow, workflows.ForgetInput{RequestID: res.ID})
 	require.NoError(t, env.GetWorkflowError())
 	var out workflows.ForgetResult
 	require.NoError(t, env.GetWorkflowResult(&out))
 	require.Equal(t, []string{"dep@v2", "dep@v3"}, out.Retired, "descendants of a forgotten version are retired too")
 	require.Equal(t, map[string]string{"dep": "dep@v1"}, out.Rollbacks, "serving rolls back to the newest clean version")
+	env.AssertExpectations(t)
 
 	status := func(id string) string {
 		var s string

@@ -138,7 +138,8 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	if t.CheckpointDir != "" {
 		v := t.Trainer.Version()
 		if _, _, meta, err := trainer.LoadCheckpoint(t.checkpointPath(in.Deployment, v)); err == nil && meta["training_run"] == strconv.FormatInt(run.ID, 10) {
-			res, resumed = trainer.StepResult{Version: v, Samples: len(live)}, true
+			parent, _ := store.VersionNumber(meta["parent_version"])
+			res, resumed = trainer.StepResult{Version: v, Parent: parent, Samples: len(live)}, true
 		}
 	}
 	if !resumed {
@@ -156,6 +157,9 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: "+err.Error(), "BadData", err)
 	}
 	version := store.VersionID(in.Deployment, res.Version)
+	// The parent is the weights this step started from, which run ahead of
+	// serving (up to η): forget follows this line to every descendant.
+	parent := store.VersionID(in.Deployment, res.Parent)
 	path := ""
 	if t.CheckpointDir != "" {
 		path = t.checkpointPath(in.Deployment, res.Version)
@@ -164,7 +168,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		}
 		if _, statErr := os.Stat(path); statErr != nil {
 			if err := trainer.SaveCheckpoint(path, t.Trainer.Snapshot(), res.Version, map[string]string{
-				"deployment": in.Deployment, "training_run": strconv.FormatInt(run.ID, 10), "parent_version": run.BaseVersion,
+				"deployment": in.Deployment, "training_run": strconv.FormatInt(run.ID, 10), "parent_version": parent,
 			}); err != nil {
 				return workflows.TrainStepOutput{}, fmt.Errorf("train step: %w", err)
 			}
@@ -179,7 +183,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		"resumed": resumed,
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
-		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: run.BaseVersion, Checkpoint: path,
+		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: parent, Checkpoint: path,
 		Metrics: metrics, Samples: live, Baselines: adv.Baselines, BaselineObs: adv.Observed,
 	})
 	if err != nil {

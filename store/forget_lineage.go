@@ -20,6 +20,10 @@ type ForgetOutcome struct {
 	Rollbacks map[string]string
 	// Checkpoints of the retired versions, for the caller to delete.
 	Checkpoints []string
+	// Restart maps every deployment that had a retired version (serving
+	// or a candidate a trainer may hold) to the clean version serving it
+	// now, which its trainer must go on from ("" when none is left).
+	Restart map[string]string
 }
 
 // RetireForgotten finishes a forget request the gateway recorded (it
@@ -30,7 +34,7 @@ type ForgetOutcome struct {
 // running releases of them and retires them. affected_versions is updated
 // to the full list. Running it again changes nothing more.
 func RetireForgotten(ctx context.Context, db Beginner, requestID int64) (ForgetOutcome, error) {
-	out := ForgetOutcome{Rollbacks: map[string]string{}}
+	out := ForgetOutcome{Rollbacks: map[string]string{}, Restart: map[string]string{}}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var tenant string
 		var deleted []byte
@@ -68,6 +72,18 @@ SELECT id FROM hit ORDER BY id`, tenant, out.Sessions)
 		}
 		if len(out.Affected) > 0 {
 			if err := retireAffected(ctx, tx, requestID, &out); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, `SELECT DISTINCT v.deployment, coalesce(d.serving_version, '')
+FROM model_versions v LEFT JOIN deployments d ON d.name = v.deployment WHERE v.id = ANY($1)`, out.Affected)
+			if err != nil {
+				return err
+			}
+			var dep, serving string
+			if _, err := pgx.ForEachRow(rows, []any{&dep, &serving}, func() error {
+				out.Restart[dep] = serving
+				return nil
+			}); err != nil {
 				return err
 			}
 		}

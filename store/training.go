@@ -243,7 +243,9 @@ func TaskBaselines(ctx context.Context, db DBTX, deployment string) (map[string]
 	return out, nil
 }
 
-// TrainedRun is what a finished train step commits.
+// TrainedRun is what a finished train step commits. Parent is the version
+// whose weights it started from (not recorded when no such row exists: a
+// base the deployment never registered).
 type TrainedRun struct {
 	RunID       int64
 	Deployment  string
@@ -279,7 +281,7 @@ func CommitTrainedRun(ctx context.Context, db Beginner, t TrainedRun) error {
 		}
 		_, err := tx.Exec(ctx, `
 INSERT INTO model_versions (id, deployment, parent_version, status, checkpoint_path, metrics)
-VALUES ($1, $2, $3, 'candidate', $4, $5)`, t.Version, t.Deployment, parent, t.Checkpoint, metrics)
+VALUES ($1, $2, (SELECT id FROM model_versions WHERE id = $3), 'candidate', $4, $5)`, t.Version, t.Deployment, parent, t.Checkpoint, metrics)
 		if err != nil {
 			return fmt.Errorf("commit run %d: insert version %s: %w", t.RunID, t.Version, err)
 		}

@@ -25,8 +25,10 @@ type Publisher interface {
 
 // StepResult summarises one optimizer step.
 type StepResult struct {
-	// Version is the policy version after the step.
+	// Version is the policy version after the step, and Parent the one
+	// whose weights the step started from (its lineage parent).
 	Version  int64   `json:"version"`
+	Parent   int64   `json:"parent"`
 	Loss     float64 `json:"loss"`
 	GradNorm float64 `json:"grad_norm"`
 	LR       float64 `json:"lr"`
@@ -289,6 +291,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	res.GradNorm = gradNorm
 	l.lastID++
 	l.depth[l.lastID] = cur + 1
+	res.Parent = l.version
 	l.version = l.lastID
 	res.Version = l.version
 	if l.pub != nil {

@@ -31,7 +31,13 @@ type ForgetResult struct {
 	Retired     []string
 	Rollbacks   map[string]string
 	Checkpoints int
+	// Restart maps each deployment that had a retired version to the clean
+	// version its TrainingWorkflow was told to go on from.
+	Restart map[string]string `json:",omitempty"`
 }
+
+// forgetChangeRestart tells the training loops to drop retired weights.
+const forgetChangeRestart = "forget-restarts-training"
 
 // ForgetWorkflow retires every model version trained on forgotten data,
 // found through lineage, rolling serving back to the newest clean version.
@@ -47,6 +53,21 @@ func ForgetWorkflow(ctx workflow.Context, in ForgetInput) (ForgetResult, error) 
 	var out ForgetResult
 	if err := workflow.ExecuteActivity(ctx, RetireForgottenActivity, in).Get(ctx, &out); err != nil {
 		return out, fmt.Errorf("retire versions: %w", err)
+	}
+	if workflow.GetVersion(ctx, forgetChangeRestart, workflow.DefaultVersion, 1) < 1 {
+		return out, nil
+	}
+	// A trainer may hold weights of a retired candidate ahead of serving:
+	// it must go on from the clean serving version, as after a rollback.
+	for _, d := range workflow.DeterministicKeys(out.Restart) {
+		if out.Restart[d] == "" {
+			continue
+		}
+		err := workflow.SignalExternalWorkflow(ctx, TrainingWorkflowID(d), "", ServingChangedSignal,
+			ServingChanged{Version: out.Restart[d], Reason: fmt.Sprintf("forget request %d", in.RequestID)}).Get(ctx, nil)
+		if err != nil {
+			workflow.GetLogger(ctx).Info("no training loop to restart after the forget", "deployment", d, "error", err)
+		}
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -133,6 +134,9 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(evolve.ProposeArtefact, workflows.ProposeArtefactActivity)
 	act(evolve.RequestTraining, workflows.RequestTrainingActivity)
 	act(evolve.RollbackVersion, workflows.RollbackVersionActivity)
+	forget := &activities.Forget{DB: pool}
+	wf(workflows.ForgetWorkflow, workflows.ForgetWorkflowName)
+	act(forget.RetireForgotten, workflows.RetireForgottenActivity)
 }
 
 // chat sends one call of a one-call session and returns the HTTP status
@@ -413,6 +417,78 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
 }
 
+// TestIntegrationForgetRetiresEveryDescendant runs the real training loop
+// with candidates ahead of serving (no release), so v3 trains on v2's
+// weights while v1 serves. Forgetting a session trained into v2 must
+// retire v2 and v3, leave v1 serving, and send the trainer back to v1.
+func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, policyName), 0o755))
+	require.NoError(t, trainer.SaveCheckpoint(trainer.CheckpointDir{Dir: filepath.Join(dir, policyName)}.Path(1), s.v1, 1, nil))
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	require.NoError(t, err)
+	tw := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
+	training := &activities.Training{DB: s.pool, Trainer: local, CheckpointDir: dir, HeartbeatEvery: 200 * time.Millisecond}
+	tw.RegisterActivityWithOptions(training.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
+	tw.RegisterActivityWithOptions(training.ResetTrainer, activity.RegisterOptions{Name: workflows.ResetTrainerActivity})
+	require.NoError(t, tw.Start())
+	t.Cleanup(tw.Stop)
+
+	versionRow := func(v string) (parent, status string) {
+		var p *string
+		if err := s.pool.QueryRow(ctx, `SELECT parent_version, status FROM model_versions WHERE id = $1`, v).Scan(&p, &status); err != nil {
+			return "", ""
+		}
+		if p != nil {
+			parent = *p
+		}
+		return parent, status
+	}
+	trained := func(v string) {
+		t.Helper()
+		require.Eventually(t, func() bool { _, st := versionRow(v); return st != "" }, 2*time.Minute, 200*time.Millisecond, "%s is trained", v)
+	}
+	v1, v2, v3, v4 := store.VersionID(policyName, 1), store.VersionID(policyName, 2), store.VersionID(policyName, 3), store.VersionID(policyName, 4)
+
+	s.queueSessions("early", 2)
+	id := workflows.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
+		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, MaxBatchAge: time.Second,
+			PollInterval: 300 * time.Millisecond, MaxStaleness: 4, MaxAhead: 4, NoRelease: true}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
+	trained(v2)
+	s.queueSessions("late", 2)
+	trained(v3)
+	parent, _ := versionRow(v3)
+	require.Equal(t, v2, parent, "v3 was trained from v2's weights, not from the serving v1")
+
+	res, err := store.Forget(ctx, s.pool, "acme", "session", "early-0")
+	require.NoError(t, err)
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: workflows.ForgetWorkflowID(res.ID), TaskQueue: workflows.TaskQueue},
+		workflows.ForgetWorkflowName, workflows.ForgetInput{RequestID: res.ID})
+	require.NoError(t, err)
+	var out workflows.ForgetResult
+	require.NoError(t, run.Get(ctx, &out))
+	require.ElementsMatch(t, []string{v2, v3}, out.Retired, "every descendant of the forgotten data is retired")
+	for _, v := range []string{v2, v3} {
+		_, st := versionRow(v)
+		require.Equal(t, "retired", st, v)
+	}
+	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, v1, serving, "the newest clean version serves")
+	require.Eventually(t, func() bool { return local.Version() == 1 }, time.Minute, 100*time.Millisecond, "the trainer goes back to v1")
+
+	s.queueSessions("after", 2)
+	trained(v4)
+	parent, _ = versionRow(v4)
+	require.Equal(t, v1, parent, "training goes on from the clean version")
+}
+
 // TestIntegrationEvolutionPlaybookLoop: users correct the agent, the
 // EvolutionWorkflow decides "memory", writes a playbook from the
 // corrections, releases it through the gates, and the gateway injects it
@@ -488,10 +564,14 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 
 // queueSamples runs n rewarded two-call sessions through the gateway and
 // waits until their steps are queued for training.
-func (s *stack) queueSamples(n int) {
+func (s *stack) queueSamples(n int) { s.t.Helper(); s.queueSessions("train", n) }
+
+// queueSessions runs n two-call sessions named prefix-i, rewarded, and
+// waits until their samples are queued.
+func (s *stack) queueSessions(prefix string, n int) {
 	s.t.Helper()
 	for i := 0; i < n; i++ {
-		session := fmt.Sprintf("train-%d", i)
+		session := fmt.Sprintf("%s-%d", prefix, i)
 		st, _ := s.chat(session, false, "count to three")
 		require.Equal(s.t, http.StatusOK, st)
 		require.Equal(s.t, http.StatusCreated, s.reward(session, float64(i%2)))
