@@ -121,6 +121,9 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		return workflows.TrainStepOutput{}, err
 	}
 	batch := &trainer.Batch{Objective: trainer.ObjectiveGRPO}
+	if m := in.Masks; m != nil {
+		batch.Masks = &trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
+	}
 	for _, s := range live {
 		batch.Samples = append(batch.Samples, toTrainerSample(s))
 	}
@@ -180,7 +183,8 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		"baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
 		"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator,
 		"training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
-		"resumed": resumed,
+		"resumed": resumed, "parent_version": parent,
+		"icepop_masked": frac(res.IcePopMasked, res.TrainedTokens), "kpop_masked": frac(res.KPopMasked, res.TrainedTokens),
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
 		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: parent, Checkpoint: path,
@@ -192,7 +196,16 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	t.logger().Info(msgStepTrained, "deployment", in.Deployment, "run_id", run.ID, "version", version, "loss", res.Loss,
 		"samples", res.Samples, "baseline_samples", adv.BaselineSamples)
 	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
-		Baseline: adv.BaselineSamples, Stale: res.DroppedStale}, nil
+		Baseline: adv.BaselineSamples, Stale: res.DroppedStale,
+		IcePopMasked: frac(res.IcePopMasked, res.TrainedTokens), KPopMasked: frac(res.KPopMasked, res.TrainedTokens)}, nil
+}
+
+// frac is n/of, 0 when of is 0.
+func frac(n, of int) float64 {
+	if of == 0 {
+		return 0
+	}
+	return float64(n) / float64(of)
 }
 
 // ResetTrainer makes the trainer go on from a stored version (the serving

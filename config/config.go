@@ -36,6 +36,8 @@ type Config struct {
 	Worker WorkerConfig `yaml:"worker"`
 	// Control is what `flywheel up` schedules on the control plane.
 	Control ControlConfig `yaml:"control"`
+	// Trainer is the in-process trainer's off-policy correction.
+	Trainer TrainerConfig `yaml:"trainer"`
 	// Docker is the Docker Engine used for sandboxes.
 	Docker DockerConfig `yaml:"docker"`
 	// Log controls logging.
@@ -99,6 +101,16 @@ type ControlConfig struct {
 	WatchdogEvery time.Duration `yaml:"watchdog_every" help:"how often the watchdog re-measures the serving version of the policy deployment against its anchor and rolls back a significant drop (a Temporal schedule); 0 turns it off (default 1m)"`
 }
 
+// TrainerConfig is the in-process trainer's off-policy token masks; a
+// deployment's training policy (TrainingPolicy.Masks) overrides them.
+type TrainerConfig struct {
+	IcePop     bool    `yaml:"icepop" help:"IcePop: leave out of the loss tokens whose ratio of the proximal to the behaviour probability leaves [icepop_low, icepop_high] (default false)"`
+	IcePopLow  float64 `yaml:"icepop_low" help:"IcePop's lower ratio bound, in (0, 1) (default 0.5)"`
+	IcePopHigh float64 `yaml:"icepop_high" help:"IcePop's upper ratio bound, above 1 (default 2)"`
+	KPop       bool    `yaml:"kpop" help:"KPop: leave out of the loss tokens whose bidirectional binary KL between the proximal and behaviour policy exceeds kpop_phi (default false)"`
+	KPopPhi    float64 `yaml:"kpop_phi" help:"KPop's KL threshold, positive (default 0.05)"`
+}
+
 // DockerConfig is the Docker Engine used for sandboxes.
 type DockerConfig struct {
 	Host string `yaml:"host" help:"Docker Engine address; empty uses DOCKER_HOST or the local socket (default empty)"`
@@ -145,6 +157,7 @@ func Default() Config {
 		},
 		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
 		Control: ControlConfig{WatchdogEvery: time.Minute},
+		Trainer: TrainerConfig{IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
 		Log:     LogConfig{Level: "info", Format: "text"},
 		DataDir: ".flywheel/data",
 	}
@@ -184,6 +197,12 @@ func (c *Config) Validate() error {
 		bad("gateway-read-timeout", "must be positive")
 	}
 	c.Gateway.validate(bad)
+	if t := c.Trainer; !(t.IcePopLow > 0 && t.IcePopLow < 1 && t.IcePopHigh > 1) || math.IsInf(t.IcePopHigh, 0) {
+		bad("trainer-icepop-low", "want 0 < icepop_low < 1 < icepop_high, got [%v, %v]", t.IcePopLow, t.IcePopHigh)
+	}
+	if t := c.Trainer; !(t.KPopPhi > 0) || math.IsInf(t.KPopPhi, 0) {
+		bad("trainer-kpop-phi", "want a positive threshold, got %v", c.Trainer.KPopPhi)
+	}
 	if len(c.Worker.TaskQueues) == 0 {
 		bad("worker-task-queues", "name at least one task queue")
 	}

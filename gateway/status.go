@@ -364,7 +364,7 @@ Every release is judged against it as well as against the serving version, and t
 <h3>Training runs</h3>
 {{if .TrainingRuns}}<table><tr><th>#</th><th>status</th><th>version</th><th>samples (yours)</th><th>stats</th><th>started</th><th>finished</th></tr>
 {{range .TrainingRuns}}<tr><td>{{.ID}}</td><td class="{{.Status}}">{{.Status}}</td><td>{{if .Version}}{{.Version}}{{else}}–{{end}}</td>
-<td class="n">{{.Samples}} ({{.TenantSamples}})</td><td class="small">{{some .Stats "base_version" "loss" "mean_reward" "dropped_stale" "duration_ms" "error"}}</td><td>{{clock .CreatedAt}}</td><td>{{clockp .FinishedAt}}</td></tr>
+<td class="n">{{.Samples}} ({{.TenantSamples}})</td><td class="small">{{some .Stats "parent_version" "loss" "mean_reward" "dropped_stale" "icepop_masked" "kpop_masked" "duration_ms" "error"}}</td><td>{{clock .CreatedAt}}</td><td>{{clockp .FinishedAt}}</td></tr>
 {{end}}</table>{{else}}<p class="small">No training runs yet.</p>{{end}}
 
 <h3>Your recent sessions</h3>

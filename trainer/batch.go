@@ -49,6 +49,28 @@ type Batch struct {
 	Samples   []Sample `json:"samples"`
 	// Temperature the behaviour log-probs were taken at. Default 1.
 	Temperature float64 `json:"temperature,omitempty"`
+	// Masks, when set, replace the trainer's KPop / IcePop settings for
+	// this batch (a deployment's own training policy).
+	Masks *Masks `json:"masks,omitempty"`
+}
+
+// Masks are the token masks of the off-policy correction: IcePop drops
+// tokens whose ratio π_prox/μ leaves [IcePopLow, IcePopHigh], KPop those
+// whose bidirectional binary KL exceeds KPopPhi. Zero thresholds take the
+// defaults (0.5, 2, 0.05).
+type Masks struct {
+	IcePop     bool    `json:"icepop"`
+	IcePopLow  float64 `json:"icepop_low,omitempty"`
+	IcePopHigh float64 `json:"icepop_high,omitempty"`
+	KPop       bool    `json:"kpop"`
+	KPopPhi    float64 `json:"kpop_phi,omitempty"`
+}
+
+// Apply returns c with these masks, defaulted and checked.
+func (m Masks) Apply(c LossConfig) (LossConfig, error) {
+	c.IcePop, c.IcePopLow, c.IcePopHigh, c.KPop, c.KPopPhi = m.IcePop, m.IcePopLow, m.IcePopHigh, m.KPop, m.KPopPhi
+	c = c.withDefaults()
+	return c, c.validate()
 }
 
 func (b *Batch) validate(vocab, context int) error {

@@ -60,7 +60,7 @@ func TestPackedLossAndGradientEqualUnpacked(t *testing.T) {
 		var res StepResult
 		pb, err := l.packBatch(samples)
 		require.NoError(t, err)
-		grad, err := l.lossAndGrad(context.Background(), samples, pb, nil, 1, false, &res)
+		grad, err := l.lossAndGrad(context.Background(), l.cfg.Loss, samples, pb, nil, 1, false, &res)
 		require.NoError(t, err)
 		return res, grad
 	}

@@ -216,6 +216,12 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 		return res, err
 	}
 	sft := b.Objective == ObjectiveSFT
+	lossCfg := l.cfg.Loss
+	if b.Masks != nil {
+		if lossCfg, err = b.Masks.Apply(lossCfg); err != nil {
+			return res, fmt.Errorf("train step: masks: %w", err)
+		}
+	}
 
 	temp := float32(b.Temperature)
 	if temp == 0 {
@@ -261,7 +267,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	var loss, kl, gradNorm, entropy float64
 	for i, p := range parts {
 		part := StepResult{}
-		grad, err := l.lossAndGrad(ctx, p, packs[i], prox[i], temp, sft, &part)
+		grad, err := l.lossAndGrad(ctx, lossCfg, p, packs[i], prox[i], temp, sft, &part)
 		if err != nil {
 			restore()
 			return res, err
@@ -373,7 +379,7 @@ func splitGroups(samples []Sample, k int) [][]Sample {
 // d loss / d log π per node; a node shared by several samples sums their
 // terms. prox holds the proximal log-probs per target; nil means the
 // current weights are the proximal policy.
-func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBatch, prox []float32, temp float32, sft bool, res *StepResult) ([]float32, error) {
+func (l *Local) lossAndGrad(ctx context.Context, loss LossConfig, samples []Sample, pb *packedBatch, prox []float32, temp float32, sft bool, res *StepResult) ([]float32, error) {
 	pk, targets, targetOf := pb.pk, pb.targets, pb.targetOf
 	res.TotalTokens, res.UniqueTokens, res.TrainedTokens = pk.NumSampleTokens(), pk.NumNodes(), pb.trained
 	if err := ctx.Err(); err != nil {
@@ -409,7 +415,7 @@ func (l *Local) lossAndGrad(ctx context.Context, samples []Sample, pb *packedBat
 			if refLogp != nil {
 				in.LogpRef = float64(refLogp[ti])
 			}
-			out := ppoToken(l.cfg.Loss, in)
+			out := ppoToken(loss, in)
 			res.Loss += out.Loss * inv
 			dLogp[ti] += float32(out.DLogp * inv)
 			klSum += out.KL

@@ -276,3 +276,29 @@ func TestNominalBatchScalesTheStepOfAShortBatch(t *testing.T) {
 	_, err := NewLocal(nil, 0, Config{NominalBatch: -1}, nil)
 	require.Error(t, err)
 }
+
+// A batch's masks replace the trainer's: behaviour logprobs of -3 where
+// the tiny model gives about -5.6 put every token's ratio far outside
+// IcePop's [0.5, 2], so it masks them all; without masks none is.
+func TestBatchMasksOverrideTheTrainer(t *testing.T) {
+	m, err := NewModel(ModelConfig{Context: 16, Layers: 1, Heads: 1, DModel: 8, FFN: 8}, 1)
+	require.NoError(t, err)
+	l, err := NewLocal(m, 1, Config{}, nil)
+	require.NoError(t, err)
+	batch := func(masks *Masks) *Batch {
+		a, b := validSample(8, 1), validSample(8, 1)
+		a.GroupID, b.GroupID, b.Reward = "g", "g", 0
+		return &Batch{Samples: []Sample{a, b}, Masks: masks}
+	}
+	res, err := l.TrainStep(context.Background(), batch(nil))
+	require.NoError(t, err)
+	require.Zero(t, res.IcePopMasked+res.KPopMasked)
+	require.Equal(t, int64(1), res.Parent)
+	res, err = l.TrainStep(context.Background(), batch(&Masks{IcePop: true, KPop: true}))
+	require.NoError(t, err)
+	require.Equal(t, res.TrainedTokens, res.IcePopMasked)
+	require.Positive(t, res.KPopMasked)
+	require.Equal(t, int64(2), res.Parent)
+	_, err = l.TrainStep(context.Background(), batch(&Masks{IcePop: true, IcePopLow: 2}))
+	require.ErrorContains(t, err, "icepop")
+}

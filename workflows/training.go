@@ -110,6 +110,9 @@ type TrainingPolicy struct {
 	Release ReleasePolicy
 	// NoRelease leaves candidates unreleased (for offline training).
 	NoRelease bool
+	// Masks are this deployment's KPop / IcePop settings (nil: the
+	// trainer's own, config trainer.*).
+	Masks *TokenMasks `json:",omitempty"`
 }
 
 func (p TrainingPolicy) withDefaults() TrainingPolicy {
@@ -192,6 +195,22 @@ type ClaimBatchOutput struct {
 type TrainStepInput struct {
 	Deployment string
 	RunID      int64
+	// Masks, when set, are this deployment's KPop / IcePop settings; nil
+	// leaves the trainer's own (config trainer.*).
+	Masks *TokenMasks `json:",omitempty"`
+}
+
+// TokenMasks are the off-policy token masks a train step applies: IcePop
+// drops tokens whose ratio π_prox/μ leaves [IcePopLow, IcePopHigh], KPop
+// those whose bidirectional binary KL exceeds KPopPhi (zero thresholds:
+// 0.5, 2, 0.05). It is the wire form of trainer.Masks, so a trainer in any
+// language can read it.
+type TokenMasks struct {
+	IcePop     bool    `json:"icepop"`
+	IcePopLow  float64 `json:"icepop_low,omitempty"`
+	IcePopHigh float64 `json:"icepop_high,omitempty"`
+	KPop       bool    `json:"kpop"`
+	KPopPhi    float64 `json:"kpop_phi,omitempty"`
 }
 
 // TrainStepOutput is the candidate the step produced.
@@ -202,6 +221,10 @@ type TrainStepOutput struct {
 	Groups   int
 	Baseline int // singleton samples scored against the per-task baseline
 	Stale    int // samples the trainer itself dropped as stale
+	// IcePopMasked and KPopMasked are the fractions of trained tokens each
+	// mask dropped.
+	IcePopMasked float64 `json:",omitempty"`
+	KPopMasked   float64 `json:",omitempty"`
 }
 
 // TrainingState answers the state query.
@@ -350,7 +373,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		}
 		r.st.Phase = "training"
 		var out TrainStepOutput
-		if err := workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID}).Get(ctx, &out); err != nil {
+		if err := workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out); err != nil {
 			// A failed step leaves its samples queued for the next batch.
 			r.st.LastError = err.Error()
 			workflow.GetLogger(ctx).Error("train step failed", "deployment", in.Deployment, "run_id", claim.RunID, "error", err)

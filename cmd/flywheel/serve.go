@@ -210,7 +210,10 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax}
 	if pol != nil {
-		local, err := trainer.NewLocal(pol.model, pol.serving, pol.train, pol.engine)
+		tc := pol.train
+		t := cfg.Trainer
+		tc.Loss.IcePop, tc.Loss.IcePopLow, tc.Loss.IcePopHigh, tc.Loss.KPop, tc.Loss.KPopPhi = t.IcePop, t.IcePopLow, t.IcePopHigh, t.KPop, t.KPopPhi
+		local, err := trainer.NewLocal(pol.model, pol.serving, tc, pol.engine)
 		if err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
