@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"time"
 
@@ -188,7 +189,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
 		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: parent, Checkpoint: path,
-		Metrics: metrics, Samples: live, Baselines: adv.Baselines, BaselineObs: adv.Observed,
+		Metrics: metrics, Samples: live, Baselines: adv.Baselines, BaselineObs: adv.Observed, Flat: sampleIDs(live, adv.Flat),
 	})
 	if err != nil {
 		return workflows.TrainStepOutput{}, err
@@ -198,6 +199,15 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
 		Baseline: adv.BaselineSamples, Stale: res.DroppedStale,
 		IcePopMasked: frac(res.IcePopMasked, res.TrainedTokens), KPopMasked: frac(res.KPopMasked, res.TrainedTokens)}, nil
+}
+
+// sampleIDs are the ids of samples[idx...].
+func sampleIDs(samples []store.RunSample, idx []int) []int64 {
+	out := make([]int64, len(idx))
+	for i, j := range idx {
+		out[i] = samples[j].ID
+	}
+	return out
 }
 
 // frac is n/of, 0 when of is 0.
@@ -306,6 +316,10 @@ type Advantages struct {
 	// samples each moved by.
 	Baselines map[string]float64
 	Observed  map[string]int
+	// Flat are the indexes of samples in groups of two or more whose
+	// advantages are all zero (every answer scored the same): they carry
+	// no learning signal, and their steps say filtered_group.
+	Flat []int
 }
 
 // formAdvantages sets every sample's advantage with the trainer's
@@ -320,6 +334,22 @@ func formAdvantages(samples []trainer.Sample, cfg trainer.AdvantageConfig, store
 		return Advantages{}, err
 	}
 	out := Advantages{AdvantageStats: st, Estimator: cfg.Estimator, Baselines: map[string]float64{}, Observed: map[string]int{}}
+	members, signal := map[string][]int{}, map[string]bool{}
+	for i, s := range samples {
+		if s.GroupID == "" {
+			continue
+		}
+		members[s.GroupID] = append(members[s.GroupID], i)
+		if s.Advantage != nil && *s.Advantage != 0 {
+			signal[s.GroupID] = true
+		}
+	}
+	for g, idx := range members {
+		if len(idx) > 1 && !signal[g] {
+			out.Flat = append(out.Flat, idx...)
+		}
+	}
+	sort.Ints(out.Flat)
 	for _, s := range samples {
 		out.Observed[s.TaskID]++
 		if v, ok := base.Task(s.TaskID); ok {

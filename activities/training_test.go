@@ -49,6 +49,7 @@ func TestFormAdvantagesUsesTheTrainersEstimator(t *testing.T) {
 	require.Equal(t, 3, adv.Groups)
 	require.Equal(t, 1, adv.BaselineSamples)
 	require.Equal(t, 1, adv.ZeroSignalGroups)
+	require.Equal(t, []int{3, 4}, adv.Flat, "the all-equal group's samples carry no signal")
 	require.Equal(t, 3, adv.Observed["a"])
 	// a: 0.5 → 0.75 (the singleton's 1) → 0.75 → 0.5 (the group's 0.75, 0.25).
 	require.InDelta(t, 0.5, adv.Baselines["a"], 1e-12)
@@ -286,4 +287,33 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestTrainStepMarksFlatGroups: a GRPO group whose answers all scored the
+// same teaches nothing; its steps say filtered_group after the step.
+func TestTrainStepMarksFlatGroups(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 1)
+	queueSamples(t, db, "acme", "dep", "dep@v1", 1, 0)
+	var ids []int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM training_samples`).Scan(&ids))
+	for i, g := range []string{"flat", "flat", "mixed"} {
+		_, err := db.Exec(ctx, `UPDATE training_samples SET group_id = $1, group_size = $2 WHERE id = $3`, g, map[string]int{"flat": 2, "mixed": 1}[g], ids[i])
+		require.NoError(t, err)
+	}
+	acts := &Training{DB: db, Trainer: newLocalTrainer(t, 1), CheckpointDir: t.TempDir()}
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 8, MaxStaleness: 4})
+	require.NoError(t, err)
+	require.Equal(t, 3, claim.Samples)
+	_, err = acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	require.NoError(t, err)
+	var flat int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM atdp_steps s JOIN training_samples ts ON ts.step_id = s.id
+		WHERE s.ineligible_reason = 'filtered_group' AND ts.group_id = 'flat'`).Scan(&flat))
+	require.Equal(t, 2, flat)
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM atdp_steps WHERE ineligible_reason = 'filtered_group'`).Scan(&flat))
+	require.Equal(t, 2, flat, "the singleton is scored against its task's baseline: not flat")
 }

@@ -256,6 +256,9 @@ type TrainedRun struct {
 	Samples     []RunSample
 	Baselines   map[string]float64
 	BaselineObs map[string]int
+	// Flat are samples whose group carried no learning signal (every
+	// answer scored the same); their steps are marked filtered_group.
+	Flat []int64
 }
 
 // CommitTrainedRun records the candidate version with its lineage (every
@@ -299,6 +302,12 @@ ON CONFLICT DO NOTHING`, t.Version, ids, tenants, sessions); err != nil {
 		}
 		if _, err := tx.Exec(ctx, `UPDATE training_samples SET status = 'used' WHERE id = ANY($1) AND status = 'queued'`, ids); err != nil {
 			return fmt.Errorf("commit run %d: mark samples used: %w", t.RunID, err)
+		}
+		if len(t.Flat) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE atdp_steps SET eligible = false, ineligible_reason = 'filtered_group'
+WHERE id IN (SELECT step_id FROM training_samples WHERE id = ANY($1))`, t.Flat); err != nil {
+				return fmt.Errorf("commit run %d: mark flat groups: %w", t.RunID, err)
+			}
 		}
 		for task, v := range t.Baselines {
 			if _, err := tx.Exec(ctx, `
