@@ -104,6 +104,15 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(a.Content), "month must be a number")
 
+	// A tenant that does not train by default corrects the agent too: its
+	// text must not reach the playbook, which every tenant's prompts get.
+	seedTenant(t, db, "initech", false)
+	optedOut := []inference.Message{{Role: "user", Content: "what is our merger codename"}}
+	oid := seedCall(t, db, "initech", "private-1", "dep", 0, optedOut, "I do not know.", now.Add(-8*time.Minute))
+	seedReward(t, db, "initech", "private-1", &oid, -1, false)
+	seedCall(t, db, "initech", "private-1", "dep", 1, append(optedOut, inference.Message{Role: "assistant", Content: "I do not know."},
+		inference.Message{Role: "user", Content: "No, it is BLUEBIRD-42"}), "Noted.", now.Add(-7*time.Minute))
+
 	pb, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
 	require.NoError(t, err)
 	require.Equal(t, 1, pb.Version)
@@ -115,6 +124,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, 2, set.Playbook.Items[0].Helpful)
 	require.Contains(t, set.Playbook.Items[0].Content, "the total is 12")
 	require.NotContains(t, string(a.Content), "bob@example.com", "lessons are redacted before other sessions see them")
+	require.NotContains(t, string(a.Content), "BLUEBIRD", "an opted-out session feeds no artefact")
 
 	h, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindHarness, Evidence: ev, Key: "w3"})
 	require.NoError(t, err)

@@ -75,6 +75,7 @@ func ToolFailures(ctx context.Context, db DBTX, deployment string, from, to time
 WITH msgs AS (
     SELECT i.session_id, m FROM interactions i, jsonb_array_elements(i.request->'messages') m
     WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+      AND `+consentedSQL+`
 ), calls AS (
     SELECT DISTINCT session_id, tc->>'id' AS call_id, COALESCE(tc->>'name', tc->'function'->>'name') AS tool
     FROM msgs, jsonb_array_elements(CASE WHEN jsonb_typeof(m->'tool_calls') = 'array' THEN m->'tool_calls' ELSE '[]'::jsonb END) tc
@@ -108,6 +109,7 @@ SELECT COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'mess
                  WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), '')
 FROM interactions i
 WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+  AND `+consentedSQL+`
 ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("user prompts of %s: %w", deployment, err)
@@ -120,6 +122,15 @@ type Correction struct {
 	Prompt, Answer, FollowUp string
 }
 
+// consentedSQL holds for an interaction i whose session may be used: the
+// rule SessionForAssembly applies (the session's opt-out wins, then the end
+// user's, then the tenant default). Evidence that feeds an artefact (a
+// playbook lesson, a tool description, a harness) quotes user text, so it
+// takes only consented sessions, as training does.
+const consentedSQL = `EXISTS (SELECT 1 FROM sessions cs JOIN tenants ct ON ct.id = cs.tenant_id
+  LEFT JOIN end_user_consent cc ON cc.tenant_id = cs.tenant_id AND cc.end_user = cs.end_user AND cs.end_user <> ''
+  WHERE cs.id = i.session_id AND cs.tenant_id = i.tenant_id AND NOT cs.opt_out AND coalesce(NOT cc.opt_out, ct.train_by_default))`
+
 // Corrections lists up to limit negatively rewarded interactions of a
 // deployment in [from, to) with the prompt, the answer and the user's next
 // message in the session (the correction), newest first.
@@ -131,12 +142,13 @@ SELECT
   COALESCE(i.response->'message'->>'content', ''),
   COALESCE((SELECT (SELECT m->>'content' FROM jsonb_array_elements(nx.request->'messages') WITH ORDINALITY AS x(m, n)
                     WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1)
-            FROM interactions nx WHERE nx.session_id = i.session_id AND nx.seq = i.seq + 1), '')
+            FROM interactions nx WHERE nx.tenant_id = i.tenant_id AND nx.session_id = i.session_id AND nx.seq = i.seq + 1), '')
 FROM interactions i
 WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
+  AND `+consentedSQL+`
   AND (EXISTS (SELECT 1 FROM rewards r WHERE r.interaction_id = i.id AND (r.value < 0 OR r.source = 'correction'))
-       OR (i.seq = (SELECT max(seq) FROM interactions l WHERE l.session_id = i.session_id)
-           AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = i.session_id AND r.interaction_id IS NULL AND r.value < 0)))
+       OR (i.seq = (SELECT max(seq) FROM interactions l WHERE l.tenant_id = i.tenant_id AND l.session_id = i.session_id)
+           AND EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = i.tenant_id AND r.session_id = i.session_id AND r.interaction_id IS NULL AND r.value < 0)))
 ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("corrections of %s: %w", deployment, err)
