@@ -254,7 +254,7 @@ type Enqueued struct {
 
 // stepIDsSQL reads an ATDP step's token ids: what trains is the redacted
 // step, not the raw capture.
-const stepIDsSQL = `ARRAY(SELECT jsonb_array_elements_text(s.step->'action'->'tokens'->'%s')::%s)`
+const stepIDsSQL = `ARRAY(SELECT x::%[2]s FROM jsonb_array_elements_text(s.step->'action'->'tokens'->'%[1]s') WITH ORDINALITY AS t(x, n) ORDER BY n)`
 
 // EnqueueSamples queues the eligible steps of a trajectory for training,
 // with the token ids of the stored (redacted) step. A step whose
@@ -262,8 +262,9 @@ const stepIDsSQL = `ARRAY(SELECT jsonb_array_elements_text(s.step->'action'->'to
 // twice: a sample still queued takes the new return (a late reward
 // re-scores it); one that trained already keeps the return it trained
 // with, and the new step, if its return differs, says
-// arrived_after_training; one dropped as stale marks the step stale. The step id is unique in training_samples, so calling it again
-// changes nothing.
+// arrived_after_training; one dropped as stale marks the step stale.
+// The step id is unique in training_samples, so calling it again changes
+// nothing.
 func EnqueueSamples(ctx context.Context, db Beginner, tenantID string, trajectoryID int64) (Enqueued, error) {
 	var out Enqueued
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
