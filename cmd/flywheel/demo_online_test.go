@@ -126,6 +126,28 @@ func (s *demoSystem) runUntil(t *testing.T, steps int, fleet demo.FleetConfig, s
 	return sum
 }
 
+// logTraining logs what the steps trained on: samples per step, mean
+// GRPO group size, singletons, stale drops, how far each step ran ahead of
+// serving and how far behind the trained version the samples' behaviour
+// version was. Per-step learning depends on these, so a slow run says why.
+func (s *demoSystem) logTraining(t *testing.T) {
+	t.Helper()
+	var steps, baseline, dropped, trainerDropped int
+	var perStep, groupSize, ahead, lag float64
+	require.NoError(t, s.pool.QueryRow(context.Background(), `
+SELECT count(*), coalesce(avg((stats->>'samples')::float8), 0),
+       coalesce(avg((stats->>'samples')::float8 / nullif((stats->>'groups')::float8, 0)), 0),
+       coalesce(sum((stats->>'baseline_samples')::int), 0)::int, coalesce(sum((stats->>'dropped_stale')::int), 0)::int,
+       coalesce(sum((stats->>'trainer_dropped_stale')::int), 0)::int,
+       coalesce(avg(split_part(version_id, '@v', 2)::int - nullif(split_part(stats->>'base_version', '@v', 2), '')::int), 0)::float8
+FROM training_runs WHERE deployment = $1 AND status = 'trained'`, s.model).Scan(&steps, &perStep, &groupSize, &baseline, &dropped, &trainerDropped, &ahead))
+	require.NoError(t, s.pool.QueryRow(context.Background(), `
+SELECT coalesce(avg(split_part(l.version_id, '@v', 2)::int - split_part(ts.behaviour_version, '@v', 2)::int), 0)::float8
+FROM model_version_lineage l JOIN training_samples ts ON ts.id = l.sample_id WHERE ts.deployment = $1`, s.model).Scan(&lag))
+	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it",
+		steps, perStep, groupSize, baseline, dropped, trainerDropped, ahead, lag)
+}
+
 // promotion is a promoted weights release with the anchor its regression
 // gate judged it against.
 type promotion struct {
@@ -219,6 +241,7 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 	require.NotEqual(t, s.model+"@v0", sum.ServingVersion)
 	require.GreaterOrEqual(t, sum.SafetyEnd, sum.SafetyStart-1.0/32, "safety must not drop")
 	require.Positive(t, sum.SampledAnswers)
+	s.logTraining(t)
 	score := s.judgeIndependently(t, 0.05)
 	// The rise is judged like the gates judge, on 200 prompts they never
 	// saw: paired, one-sided 95%. How far it rises in 150 steps still
