@@ -102,7 +102,13 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleI
 }
 
 // newStep is a built step as the store writes it.
+// It is validated here, once, where it is stored; the export builds the
+// same steps by the same code and does not pay for the schema again.
 func newStep(st *trajectory.Step) (store.NewStep, error) {
+	if err := st.ATDP.Validate(); err != nil {
+		return store.NewStep{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("step %d: %v", st.ATDP.Metadata.StepIndex, err), "BadData", err)
+	}
 	raw, err := json.Marshal(st.ATDP)
 	if err != nil {
 		return store.NewStep{}, fmt.Errorf("encode step %d: %w", st.ATDP.Metadata.StepIndex, err)

@@ -164,9 +164,6 @@ func Build(sess store.SessionInfo, inter []store.InteractionRow, rewards []store
 			st.Metadata.Eligibility = atdp.Eligibility{Reason: v.IneligibleReason}
 		}
 		st.Normalize()
-		if err := st.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("step %d of session %s: %w", i, sess.ID, err)
-		}
 		out[i] = Step{ATDP: st, InteractionID: it.ID, Rewards: per[i], Status: it.Status, TrainedInto: v.TrainedInto}
 	}
 	return out, total, nil

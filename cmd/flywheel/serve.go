@@ -210,9 +210,10 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax}
 	if pol != nil {
-		tc := pol.train
-		t := cfg.Trainer
-		tc.Loss.IcePop, tc.Loss.IcePopLow, tc.Loss.IcePopHigh, tc.Loss.KPop, tc.Loss.KPopPhi = t.IcePop, t.IcePopLow, t.IcePopHigh, t.KPop, t.KPopPhi
+		tc, t := pol.train, cfg.Trainer
+		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
+			return fmt.Errorf("worker: trainer: %w", err)
+		}
 		local, err := trainer.NewLocal(pol.model, pol.serving, tc, pol.engine)
 		if err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
