@@ -130,22 +130,56 @@ func (s *demoSystem) runUntil(t *testing.T, steps int, fleet demo.FleetConfig, s
 // GRPO group size, singletons, stale drops, how far each step ran ahead of
 // serving and how far behind the trained version the samples' behaviour
 // version was. Per-step learning depends on these, so a slow run says why.
+// Distances are counted along the lineage (a version's depth is its
+// parent's plus one), not by version number: after a reset to the anchor
+// the numbers run on while the depth starts again from the anchor's.
 func (s *demoSystem) logTraining(t *testing.T) {
 	t.Helper()
+	const depth = `WITH RECURSIVE depth(id, d) AS (
+  SELECT id, 0 FROM model_versions WHERE deployment = $1 AND parent_version IS NULL
+  UNION ALL SELECT v.id, depth.d + 1 FROM model_versions v JOIN depth ON v.parent_version = depth.id)
+`
 	var steps, baseline, dropped, trainerDropped int
 	var perStep, groupSize, ahead, lag float64
-	require.NoError(t, s.pool.QueryRow(context.Background(), `
+	require.NoError(t, s.pool.QueryRow(context.Background(), depth+`
 SELECT count(*), coalesce(avg((stats->>'samples')::float8), 0),
        coalesce(avg((stats->>'samples')::float8 / nullif((stats->>'groups')::float8, 0)), 0),
        coalesce(sum((stats->>'baseline_samples')::int), 0)::int, coalesce(sum((stats->>'dropped_stale')::int), 0)::int,
        coalesce(sum((stats->>'trainer_dropped_stale')::int), 0)::int,
-       coalesce(avg(split_part(version_id, '@v', 2)::int - nullif(split_part(stats->>'base_version', '@v', 2), '')::int), 0)::float8
-FROM training_runs WHERE deployment = $1 AND status = 'trained'`, s.model).Scan(&steps, &perStep, &groupSize, &baseline, &dropped, &trainerDropped, &ahead))
-	require.NoError(t, s.pool.QueryRow(context.Background(), `
-SELECT coalesce(avg(split_part(l.version_id, '@v', 2)::int - split_part(ts.behaviour_version, '@v', 2)::int), 0)::float8
-FROM model_version_lineage l JOIN training_samples ts ON ts.id = l.sample_id WHERE ts.deployment = $1`, s.model).Scan(&lag))
-	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it",
+       coalesce(avg(v.d - b.d), 0)::float8
+FROM training_runs r LEFT JOIN depth v ON v.id = r.version_id LEFT JOIN depth b ON b.id = r.stats->>'base_version'
+WHERE r.deployment = $1 AND r.status = 'trained'`, s.model).Scan(&steps, &perStep, &groupSize, &baseline, &dropped, &trainerDropped, &ahead))
+	require.NoError(t, s.pool.QueryRow(context.Background(), depth+`
+SELECT coalesce(avg(v.d - b.d), 0)::float8
+FROM model_version_lineage l JOIN training_samples ts ON ts.id = l.sample_id
+JOIN depth v ON v.id = l.version_id JOIN depth b ON b.id = ts.behaviour_version WHERE ts.deployment = $1`, s.model).Scan(&lag))
+	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; along the lineage a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it",
 		steps, perStep, groupSize, baseline, dropped, trainerDropped, ahead, lag)
+}
+
+// logGates logs how the weights releases ended and why their gates said
+// what they said, grouped by gate and reason with the numbers masked, so a
+// run whose control plane refused most candidates says which gate did and
+// whether it measured a loss or could not measure at all.
+func (s *demoSystem) logGates(t *testing.T) {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(), `
+SELECT g.gate, g.passed, coalesce(g.metrics->>'not_evaluated', 'false') = 'true',
+       coalesce(g.metrics->>'regressed', 'false') = 'true',
+       regexp_replace(left(coalesce(g.metrics->>'reason', ''), 160), '[0-9]+([.][0-9]+)?', '#', 'g'), count(*)
+FROM releases r JOIN gate_results g ON g.release_id = r.id
+WHERE r.deployment = $1 AND r.layer = 'weights'
+GROUP BY 1, 2, 3, 4, 5 ORDER BY 6 DESC LIMIT 16`, s.model)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var gate, reason string
+		var passed, unevaluated, regressed bool
+		var n int
+		require.NoError(t, rows.Scan(&gate, &passed, &unevaluated, &regressed, &reason, &n))
+		t.Logf("gate %-10s passed=%-5t not_evaluated=%-5t regressed=%-5t ×%d: %s", gate, passed, unevaluated, regressed, n, reason)
+	}
+	require.NoError(t, rows.Err())
 }
 
 // promotion is a promoted weights release with the anchor its regression
@@ -236,12 +270,13 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 	}
 	s := startDemo(t, "demo-e2e", 20*time.Second)
 	sum := s.run(t, 150, demo.FleetConfig{})
+	s.logTraining(t)
+	s.logGates(t)
 	require.GreaterOrEqual(t, sum.TrainSteps, 150, "the budget is training steps")
 	require.Positive(t, sum.VersionsPromoted, "the control plane released a trained version on its own")
 	require.NotEqual(t, s.model+"@v0", sum.ServingVersion)
 	require.GreaterOrEqual(t, sum.SafetyEnd, sum.SafetyStart-1.0/32, "safety must not drop")
 	require.Positive(t, sum.SampledAnswers)
-	s.logTraining(t)
 	score := s.judgeIndependently(t, 0.05)
 	// The rise is judged like the gates judge, on 200 prompts they never
 	// saw: paired, one-sided 95%. How far it rises in 150 steps still
