@@ -282,6 +282,39 @@ func TestClaimWaitsForTheRestOfAGroup(t *testing.T) {
 	require.Equal(t, 2, claim.Samples)
 }
 
+// TestClaimKeepsTenantsGroupsApart: group ids are each tenant's own names,
+// so two tenants' "g" of size 2 with one session each are two partial
+// groups, neither ready before the wait, and never one GRPO group.
+func TestClaimKeepsTenantsGroupsApart(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedTenant(t, db, "globex", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 1, 1)
+	queueSamples(t, db, "globex", "dep", "dep@v1", 1, 0)
+	_, err := db.Exec(ctx, `UPDATE training_samples SET group_id = 'g', group_size = 2`)
+	require.NoError(t, err)
+	acts := &Training{DB: db}
+	wait := time.Minute
+	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 0, q.Queued, "each tenant's g has one of its two sessions")
+
+	_, err = db.Exec(ctx, `UPDATE training_samples SET created_at = now() - interval '2 minutes'`)
+	require.NoError(t, err)
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	require.NoError(t, err)
+	require.Equal(t, 2, claim.Samples)
+	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
+	require.NoError(t, err)
+	groups := map[string]bool{}
+	for _, s := range samples {
+		groups[toTrainerSample(s).GroupID] = true
+	}
+	require.Equal(t, map[string]bool{"acme/g": true, "globex/g": true}, groups, "the trainer normalises each tenant's group alone")
+}
+
 func must[T any](v T, err error) T {
 	if err != nil {
 		panic(err)

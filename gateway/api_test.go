@@ -151,19 +151,28 @@ func TestCrossTenantProbes(t *testing.T) {
 		{"GET", "/v1/trajectories?session_id=" + sid, nil, nil},
 		{"POST", "/v1/forget", map[string]any{"session_id": sid}, nil},
 		{"POST", "/v1/forget", map[string]any{"end_user": "alice"}, nil},
-		{"POST", "/v1/chat/completions", chatBody("hijack"), []string{"X-Session-Id", sid}},
-		{"POST", "/s/" + sid + "/v1/chat/completions", chatBody("hijack"), nil},
-		{"POST", "/v1/chat/completions", chatBody("hijack"), []string{"X-Session-Id", "shared-name"}},
 	}
 	for _, p := range probes {
 		st, _, body := e.do(p.method, p.path, e.keyB, p.body, p.headers...)
 		require.Equal(t, 404, st, "%s %s → %s", p.method, p.path, body)
 		require.NotContains(t, string(body), "secret plans")
 	}
-	// B's unscoped export holds nothing of A's.
+	// Session ids are each tenant's own names: B naming A's ids names
+	// sessions of B's, which hold none of A's data.
+	for _, p := range [][]string{{"/v1/chat/completions", "X-Session-Id", sid}, {"/s/" + sid + "/v1/chat/completions"},
+		{"/v1/chat/completions", "X-Session-Id", "shared-name"}} {
+		st, _, body := e.do("POST", p[0], e.keyB, chatBody("hijack"), p[1:]...)
+		require.Equal(t, 200, st, "%v → %s", p, body)
+		require.NotContains(t, string(body), "secret plans")
+	}
+	_, bView := e.doJSON("GET", "/v1/sessions/"+sid, e.keyB, nil)
+	require.Len(t, bView["steps"], 2, "B's session of that name holds B's two calls")
+	// B's unscoped export holds B's calls and nothing of A's.
 	st, _, body := e.do("GET", "/v1/trajectories", e.keyB, nil)
 	require.Equal(t, 200, st)
-	require.Empty(t, strings.TrimSpace(string(body)))
+	require.Contains(t, string(body), "hijack")
+	require.NotContains(t, string(body), "secret plans")
+	require.NotContains(t, string(body), "hdr")
 	// A's data is untouched by B's attempts.
 	_, view := e.doJSON("GET", "/v1/sessions/"+sid, e.keyA, nil)
 	require.Equal(t, "open", view["status"])

@@ -278,11 +278,10 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) err
 	return nil
 }
 
-// closedSessionError says why a session refused a step: another tenant's
-// id is indistinguishable from a missing one.
+// closedSessionError says why a session refused a step.
 func (s *Server) closedSessionError(ctx context.Context, cl *call) error {
-	tenant, status, err := store.SessionStatus(ctx, s.deps.DB, cl.sessionID)
-	if err != nil || tenant != cl.p.TenantID {
+	status, err := store.SessionStatus(ctx, s.deps.DB, cl.p.TenantID, cl.sessionID)
+	if err != nil {
 		return errf(http.StatusNotFound, "session %q not found", cl.sessionID)
 	}
 	return errf(http.StatusConflict, "session %q is %s; start a new session", cl.sessionID, status)

@@ -81,10 +81,11 @@ func (n *TemporalNotifier) Start(session workflows.SessionInput) {
 }
 
 func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
-	q, ok := n.pending[session.SessionID]
+	id := workflows.SessionWorkflowID(session.TenantID, session.SessionID)
+	q, ok := n.pending[id]
 	if !ok {
 		q = &sessionQueue{input: session}
-		n.pending[session.SessionID] = q
+		n.pending[id] = q
 	}
 	return q
 }
@@ -152,9 +153,10 @@ func (n *TemporalNotifier) count(outcome string) {
 func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := n.c.SignalWithStartWorkflow(ctx, q.input.SessionID, workflows.SessionEventsSignal,
+	id := workflows.SessionWorkflowID(q.input.TenantID, q.input.SessionID)
+	_, err := n.c.SignalWithStartWorkflow(ctx, id, workflows.SessionEventsSignal,
 		workflows.SessionEvents{Events: q.events},
-		client.StartWorkflowOptions{ID: q.input.SessionID, TaskQueue: workflows.SessionTaskQueue},
+		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.SessionTaskQueue},
 		workflows.SessionWorkflowName, q.input)
 	return err
 }
@@ -163,13 +165,14 @@ func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 func (n *TemporalNotifier) requeue(q *sessionQueue) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if cur, ok := n.pending[q.input.SessionID]; ok {
+	id := workflows.SessionWorkflowID(q.input.TenantID, q.input.SessionID)
+	if cur, ok := n.pending[id]; ok {
 		q.events = append(q.events, cur.events...)
 	}
 	if len(q.events) > maxPendingPerSession {
 		q.events = q.events[len(q.events)-maxPendingPerSession:]
 	}
-	n.pending[q.input.SessionID] = q
+	n.pending[id] = q
 }
 
 // Close stops the loop and makes one last delivery attempt within ctx.

@@ -67,6 +67,7 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	st, created := e.doJSON("POST", "/v1/sessions", e.keyA, map[string]any{"model": fixtureModel, "group_size": 2, "task_id": "task-9"})
 	require.Equal(t, 201, st)
 	sid := created["id"].(string)
+	wid := workflows.SessionWorkflowID("acme", sid)
 	var ids []string
 	for range 3 {
 		_, c := e.doJSON("POST", "/v1/chat/completions", created["api_key"].(string), chatBody("go"))
@@ -78,7 +79,7 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	var got []workflows.SessionEvent
 	eventually(t, func() bool {
 		got = got[:0]
-		for _, s := range signals(t, tc, sid) {
+		for _, s := range signals(t, tc, wid) {
 			got = append(got, s.Events...)
 		}
 		return len(got) == 5
@@ -93,12 +94,12 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	raw, _ := json.Marshal(got)
 	require.NotContains(t, string(raw), "go", "notices carry ids, never content")
 
-	desc, err := tc.DescribeWorkflowExecution(context.Background(), sid, "")
+	desc, err := tc.DescribeWorkflowExecution(context.Background(), wid, "")
 	require.NoError(t, err)
 	require.Equal(t, workflows.SessionWorkflowName, desc.WorkflowExecutionInfo.Type.Name)
 	require.Equal(t, workflows.SessionTaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
 	var input workflows.SessionInput
-	hist := tc.GetWorkflowHistory(context.Background(), sid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	hist := tc.GetWorkflowHistory(context.Background(), wid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	first, err := hist.Next()
 	require.NoError(t, err)
 	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(first.GetWorkflowExecutionStartedEventAttributes().Input, &input))

@@ -39,16 +39,16 @@ WITH sess AS (
 ), scored AS (
     SELECT s.session_id, s.tenant_id, s.tokens,
         COALESCE(
-            (SELECT avg(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.interaction_id IS NULL),
-            (SELECT avg(r.value) FROM rewards r WHERE r.session_id = s.session_id)) AS outcome,
-        EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.session_id AND (r.value < 0 OR r.source = 'correction')) AS corrected,
-        EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.session_id AND r.source = 'safety' AND r.value < 0) AS flagged
+            (SELECT avg(r.value) FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND r.interaction_id IS NULL),
+            (SELECT avg(r.value) FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id)) AS outcome,
+        EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND (r.value < 0 OR r.source = 'correction')) AS corrected,
+        EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND r.source = 'safety' AND r.value < 0) AS flagged
     FROM sess s
 )
 SELECT count(*), count(outcome), COALESCE(avg(outcome), 0),
        count(*) FILTER (WHERE corrected), count(*) FILTER (WHERE flagged),
        count(DISTINCT tenant_id), count(DISTINCT tenant_id) FILTER (WHERE outcome < 0),
-       COALESCE((SELECT avg(r.value) FROM rewards r JOIN sess USING (session_id) WHERE r.source = 'evaluator'), 0),
+       COALESCE((SELECT avg(r.value) FROM rewards r JOIN sess USING (tenant_id, session_id) WHERE r.source = 'evaluator'), 0),
        COALESCE(avg(tokens), 0)
 FROM scored`, deployment, from, to).Scan(&w.Sessions, &w.RewardedSessions, &w.MeanReward, &w.Corrected, &w.SafetyFlagged,
 		&w.Tenants, &w.FailingTenants, &w.EvaluatorMean, &w.TokensPerSession)
@@ -73,19 +73,19 @@ type ToolStats struct {
 func ToolFailures(ctx context.Context, db DBTX, deployment string, from, to time.Time) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `
 WITH msgs AS (
-    SELECT i.session_id, m FROM interactions i, jsonb_array_elements(i.request->'messages') m
+    SELECT i.tenant_id, i.session_id, m FROM interactions i, jsonb_array_elements(i.request->'messages') m
     WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
       AND `+consentedSQL+`
 ), calls AS (
-    SELECT DISTINCT session_id, tc->>'id' AS call_id, COALESCE(tc->>'name', tc->'function'->>'name') AS tool
+    SELECT DISTINCT tenant_id, session_id, tc->>'id' AS call_id, COALESCE(tc->>'name', tc->'function'->>'name') AS tool
     FROM msgs, jsonb_array_elements(CASE WHEN jsonb_typeof(m->'tool_calls') = 'array' THEN m->'tool_calls' ELSE '[]'::jsonb END) tc
     WHERE m->>'role' = 'assistant'
 ), results AS (
-    SELECT DISTINCT ON (session_id, m->>'tool_call_id') session_id, m->>'tool_call_id' AS call_id, left(m->>'content', 200) AS content
+    SELECT DISTINCT ON (tenant_id, session_id, m->>'tool_call_id') tenant_id, session_id, m->>'tool_call_id' AS call_id, left(m->>'content', 200) AS content
     FROM msgs WHERE m->>'role' = 'tool'
 ), joined AS (
     SELECT c.tool, r.content, r.content ~* '^\s*(error|exception|traceback|failed)|"error"' AS failed
-    FROM results r JOIN calls c USING (session_id, call_id)
+    FROM results r JOIN calls c USING (tenant_id, session_id, call_id)
 )
 SELECT tool, count(*), count(*) FILTER (WHERE failed),
        COALESCE((SELECT content FROM joined j2 WHERE j2.tool = joined.tool AND j2.failed
@@ -231,7 +231,7 @@ WHERE deployment = $1 ORDER BY created_at DESC, id DESC LIMIT $2`, deployment, l
 // SessionsSince counts a deployment's sessions with interactions after t.
 func SessionsSince(ctx context.Context, db DBTX, deployment string, t time.Time) (int, error) {
 	var n int
-	err := db.QueryRow(ctx, `SELECT count(DISTINCT session_id) FROM interactions WHERE deployment = $1 AND created_at > $2`, deployment, t).Scan(&n)
+	err := db.QueryRow(ctx, `SELECT count(DISTINCT (tenant_id, session_id)) FROM interactions WHERE deployment = $1 AND created_at > $2`, deployment, t).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("sessions of %s since %s: %w", deployment, t.Format(time.RFC3339), err)
 	}

@@ -50,15 +50,16 @@ type Captured struct {
 
 // insertInteractionSQL upserts the session (advancing its step counter
 // under the row lock, so concurrent gateways agree on seq) and inserts the
-// interaction in one statement. No row comes back when the session belongs
-// to another tenant or is no longer open.
+// interaction in one statement. No row comes back when the session is no
+// longer open. Session ids are the tenant's own: another tenant's session
+// of the same name is a different row.
 const insertInteractionSQL = `
 WITH s AS (
 	INSERT INTO sessions (id, tenant_id, deployment, end_user, identity_mode, next_seq)
 	VALUES ($1, $2, $3, $4, $5, 1)
-	ON CONFLICT (id) DO UPDATE SET next_seq = sessions.next_seq + 1, last_active_at = now(),
+	ON CONFLICT (tenant_id, id) DO UPDATE SET next_seq = sessions.next_seq + 1, last_active_at = now(),
 		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
-	WHERE sessions.tenant_id = EXCLUDED.tenant_id AND sessions.status = 'open'
+	WHERE sessions.status = 'open'
 	RETURNING next_seq - 1 AS seq
 )
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
@@ -81,12 +82,12 @@ func (n *NewInteraction) args() []any {
 }
 
 // insertBatchSQL inserts a whole batch in one statement: it upserts each
-// distinct session once ($1-$6), advancing its step counter by the number
+// distinct (tenant, session) once ($1-$6), advancing its step counter by the number
 // of its rows (under the row lock, so concurrent gateways agree on seq),
 // and inserts the rows ($7-), each numbered back from the new counter by
 // the offset the caller computed (its session's row count minus its place
-// among them). Rows whose session belongs to another tenant or is no
-// longer open find no session row and are not inserted.
+// among them). Rows whose session is no longer open find no session row
+// and are not inserted.
 //
 // Token ids and logprobs travel in binary, every row's concatenated into
 // one flat array ($27-$29), and each row takes its slice by offset and
@@ -101,9 +102,9 @@ const insertBatchSQL = `
 WITH s AS (
 	INSERT INTO sessions (id, tenant_id, deployment, end_user, identity_mode, next_seq)
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
-	ON CONFLICT (id) DO UPDATE SET next_seq = sessions.next_seq + EXCLUDED.next_seq, last_active_at = now(),
+	ON CONFLICT (tenant_id, id) DO UPDATE SET next_seq = sessions.next_seq + EXCLUDED.next_seq, last_active_at = now(),
 		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
-	WHERE sessions.tenant_id = EXCLUDED.tenant_id AND sessions.status = 'open'
+	WHERE sessions.status = 'open'
 	RETURNING id, tenant_id, next_seq
 )
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
@@ -118,11 +119,11 @@ SELECT s.tenant_id, s.id, s.next_seq - r.back, r.completion_id, r.protocol, r.st
 	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id
 FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::text[], $13::text[], $14::text[],
 		$15::text[], $16::int[], $17::int[], $18::int[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[],
-		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[])
+		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[], $33::text[])
 	AS r(session_id, back, completion_id, protocol, stream, deployment, model_version, request, response,
 		p_off, p_len, c_off, c_len, l_off, l_len, prompt_tokens, completion_tokens, finish_reason, status, error,
-		latency_ms, continuation_hash, request_id)
-JOIN s ON s.id = r.session_id
+		latency_ms, continuation_hash, request_id, tenant_id)
+JOIN s ON s.tenant_id = r.tenant_id AND s.id = r.session_id
 RETURNING completion_id, id, seq`
 
 // flatSlices concatenates parts into one array and records each part's
@@ -148,9 +149,7 @@ func (f *flatSlices[T]) add(xs []T) {
 // InsertInteractions inserts rows in one statement, so the batch commits
 // with one WAL flush. On a pool (autocommit) the statement is its own
 // transaction and has committed when this returns without error. errs[i] is
-// ErrSessionClosed for a row whose session refused it. A session id that
-// two tenants use within one batch takes a second statement for the later
-// tenant's rows, so each row is checked against its own tenant.
+// ErrSessionClosed for a row whose session refused it.
 func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([]Captured, []error, error) {
 	if len(rows) == 1 {
 		// The single-row statement starts up cheaper (no unnested arrays
@@ -166,21 +165,16 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 	// Sessions in first-seen order, each with its rows' count; a row's
 	// offset back from the session's new counter is count - place.
 	type sess struct{ first, count int }
-	sessions := make(map[string]*sess, n)
+	type key struct{ tenant, id string }
+	sessions := make(map[key]*sess, n)
 	order := make([]*sess, 0, n)
 	place := make([]int, n)
-	var later []int // rows whose session id another tenant used first
 	for i, r := range rows {
-		e, ok := sessions[r.SessionID]
-		switch {
-		case !ok:
+		e, ok := sessions[key{r.TenantID, r.SessionID}]
+		if !ok {
 			e = &sess{first: i}
-			sessions[r.SessionID] = e
+			sessions[key{r.TenantID, r.SessionID}] = e
 			order = append(order, e)
-		case rows[e.first].TenantID != r.TenantID:
-			later = append(later, i)
-			place[i] = -1
-			continue
 		}
 		place[i] = e.count
 		e.count++
@@ -194,25 +188,21 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		r := rows[e.first]
 		sid[j], sTenant[j], sDep[j], sUser[j], sMode[j], sCount[j] = r.SessionID, r.TenantID, r.Deployment, r.EndUser, r.IdentityMode, int32(e.count)
 	}
-	k := n - len(later)
 	var (
-		rSid, cid, proto, dep, version, finish, status, errText, reqID = make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k), make([]string, 0, k)
-		back, ptok, ctok                                               = make([]int32, 0, k), make([]int32, 0, k), make([]int32, 0, k)
-		stream                                                         = make([]bool, 0, k)
-		req, resp                                                      = make([]string, 0, k), make([]string, 0, k)
-		pids, cids                                                     flatSlices[int32]
-		lps                                                            flatSlices[float32]
-		lat                                                            = make([]float64, 0, k)
-		hash                                                           = make([][]byte, 0, k)
+		rSid, rTenant, cid, proto, dep, version, finish, status, errText, reqID = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		back, ptok, ctok                                                        = make([]int32, 0, n), make([]int32, 0, n), make([]int32, 0, n)
+		stream                                                                  = make([]bool, 0, n)
+		req, resp                                                               = make([]string, 0, n), make([]string, 0, n)
+		pids, cids                                                              flatSlices[int32]
+		lps                                                                     flatSlices[float32]
+		lat                                                                     = make([]float64, 0, n)
+		hash                                                                    = make([][]byte, 0, n)
 	)
 	index := make(map[string]int, n)
 	for i, r := range rows {
-		if place[i] < 0 {
-			continue
-		}
-		rSid, cid, proto, dep, version = append(rSid, r.SessionID), append(cid, r.CompletionID), append(proto, r.Protocol), append(dep, r.Deployment), append(version, r.ModelVersion)
+		rSid, rTenant, cid, proto, dep, version = append(rSid, r.SessionID), append(rTenant, r.TenantID), append(cid, r.CompletionID), append(proto, r.Protocol), append(dep, r.Deployment), append(version, r.ModelVersion)
 		finish, status, errText, reqID = append(finish, r.FinishReason), append(status, r.Status), append(errText, r.Error), append(reqID, r.RequestID)
-		back = append(back, int32(sessions[r.SessionID].count-place[i]))
+		back = append(back, int32(sessions[key{r.TenantID, r.SessionID}].count-place[i]))
 		ptok, ctok, stream, lat, hash = append(ptok, int32(r.PromptTokens)), append(ctok, int32(r.CompletionTokens)), append(stream, r.Stream), append(lat, r.LatencyMS), append(hash, r.ContinuationHash)
 		req, resp = append(req, string(r.Request)), append(resp, string(r.Response))
 		pids.add(r.PromptTokenIDs)
@@ -222,7 +212,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 	}
 	res, err := db.Query(ctx, insertBatchSQL, sid, sTenant, sDep, sUser, sMode, sCount,
 		rSid, back, cid, proto, stream, dep, version, req, resp, pids.off, pids.len, cids.off, cids.len, lps.off, lps.len,
-		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID)
+		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID, rTenant)
 	if err != nil {
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}
@@ -244,24 +234,8 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}
 	for i := range rows {
-		if !got[i] && place[i] >= 0 {
+		if !got[i] {
 			errs[i] = ErrSessionClosed
-		}
-	}
-	if len(later) > 0 {
-		rest := make([]*NewInteraction, len(later))
-		for j, i := range later {
-			rest[j] = rows[i]
-		}
-		// The first statement may have committed already: a failure
-		// here belongs to these rows alone.
-		restOut, restErrs, err := InsertInteractions(ctx, db, rest)
-		for j, i := range later {
-			if err != nil {
-				errs[i] = err
-				continue
-			}
-			out[i], errs[i] = restOut[j], restErrs[j]
 		}
 	}
 	return out, errs, nil
@@ -352,7 +326,7 @@ func FindContinuation(ctx context.Context, db DBTX, tenantID string, hashes [][]
 			i.deployment, coalesce(i.request->>'injected_system', '')
 		FROM unnest($2::bytea[]) WITH ORDINALITY AS h(hash, ord)
 		JOIN interactions i ON i.tenant_id = $1 AND i.continuation_hash = h.hash
-		JOIN sessions s ON s.id = i.session_id AND s.status = 'open'
+		JOIN sessions s ON s.tenant_id = i.tenant_id AND s.id = i.session_id AND s.status = 'open'
 		WHERE i.status = 'ok'
 		ORDER BY h.ord, i.id DESC
 		LIMIT 1`, tenantID, hashes).Scan(&c.SessionID, &c.InteractionID, &c.Hash, &c.TokenIDs,

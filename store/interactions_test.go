@@ -15,8 +15,9 @@ import (
 
 // TestInsertInteractionsBatch checks the one-statement batch: rows of one
 // session numbered in batch order after what the session already holds,
-// new sessions starting at 0, rows for a closed or foreign session refused
-// without failing the others, and each row's own token ids and logprobs
+// new sessions starting at 0 (another tenant's session of the same name is
+// not this tenant's), rows for a closed session refused without failing
+// the others, and each row's own token ids and logprobs
 // (of different lengths, empty, or absent) sliced out of the batch's flat
 // arrays.
 func TestInsertInteractionsBatch(t *testing.T) {
@@ -62,7 +63,7 @@ func TestInsertInteractionsBatch(t *testing.T) {
 		got, errs, err = store.InsertInteractions(ctx, tx, rows)
 		return err
 	}))
-	wantSeq := []int{0, 2, -1, 1, -1, 3, 2}
+	wantSeq := []int{0, 2, -1, 1, 0, 3, 2}
 	for i, want := range wantSeq {
 		if want < 0 {
 			require.ErrorIs(t, errs[i], store.ErrSessionClosed, "row %d", i)
@@ -95,10 +96,10 @@ func TestInsertInteractionsBatch(t *testing.T) {
 	require.Equal(t, 4, c.Seq)
 }
 
-// TestInsertInteractionsBatchSessionIDOfTwoTenants: when two tenants send
-// the same session id in one batch, each row is checked against its own
-// tenant: the owner's rows land in order, the other tenant's are refused
-// and never attached to the owner's session.
+// TestInsertInteractionsBatchSessionIDOfTwoTenants: session ids are each
+// tenant's own names, so when two tenants send the same session id in one
+// batch, each tenant's rows land in order in its own session of that name
+// and never in the other's.
 func TestInsertInteractionsBatchSessionIDOfTwoTenants(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
@@ -113,24 +114,31 @@ func TestInsertInteractionsBatchSessionIDOfTwoTenants(t *testing.T) {
 	}
 	_, err := store.InsertInteraction(ctx, pool, row("b", "b-owned"))
 	require.NoError(t, err)
-	// "b-owned" is b's already; "fresh" is created by a, its first user.
+	// "b-owned" is b's already, and a's first use of the name starts a's
+	// own session; both tenants start a "fresh".
 	rows := []*store.NewInteraction{row("a", "b-owned"), row("b", "b-owned"), row("a", "fresh"),
 		row("b", "fresh"), row("b", "b-owned"), row("a", "fresh")}
 	got, errs, err := store.InsertInteractions(ctx, pool, rows)
 	require.NoError(t, err)
-	wantSeq := []int{-1, 1, 0, -1, 2, 1}
+	wantSeq := []int{0, 1, 0, 0, 2, 1}
 	for i, want := range wantSeq {
-		if want < 0 {
-			require.ErrorIs(t, errs[i], store.ErrSessionClosed, "row %d", i)
-			_, err := store.InteractionByCompletion(ctx, pool, rows[i].TenantID, rows[i].CompletionID)
-			require.ErrorIs(t, err, store.ErrNotFound, "row %d", i)
-			continue
-		}
 		require.NoError(t, errs[i], "row %d", i)
 		require.Equal(t, want, got[i].Seq, "row %d", i)
 		it, err := store.InteractionByCompletion(ctx, pool, rows[i].TenantID, rows[i].CompletionID)
 		require.NoError(t, err)
 		require.Equal(t, rows[i].SessionID, it.SessionID)
+		other := map[string]string{"a": "b", "b": "a"}[rows[i].TenantID]
+		_, err = store.InteractionByCompletion(ctx, pool, other, rows[i].CompletionID)
+		require.ErrorIs(t, err, store.ErrNotFound, "row %d is not the other tenant's", i)
+	}
+	for _, tenant := range []string{"a", "b"} {
+		for _, session := range []string{"b-owned", "fresh"} {
+			var steps int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM interactions WHERE tenant_id = $1 AND session_id = $2`,
+				tenant, session).Scan(&steps))
+			want := map[string]int{"a/b-owned": 1, "a/fresh": 2, "b/b-owned": 3, "b/fresh": 1}[tenant+"/"+session]
+			require.Equal(t, want, steps, "%s's %s", tenant, session)
+		}
 	}
 	// No response and no token arrays are stored as NULL, not as empty
 	// values; an empty token list stays an empty array.

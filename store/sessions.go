@@ -71,11 +71,12 @@ func GetSession(ctx context.Context, db DBTX, tenantID, id string) (*Session, er
 	return &s, nil
 }
 
-// SessionStatus is the owner and state of a session id, for the request
-// path; ErrNotFound when the id is unused.
-func SessionStatus(ctx context.Context, db DBTX, id string) (tenantID, status string, err error) {
-	err = db.QueryRow(ctx, `SELECT tenant_id, status FROM sessions WHERE id = $1`, id).Scan(&tenantID, &status)
-	return tenantID, status, notFound(err)
+// SessionStatus is the state of the tenant's session, for the request
+// path; ErrNotFound when the tenant has no session of that id.
+func SessionStatus(ctx context.Context, db DBTX, tenantID, id string) (string, error) {
+	var status string
+	err := db.QueryRow(ctx, `SELECT status FROM sessions WHERE tenant_id = $1 AND id = $2`, tenantID, id).Scan(&status)
+	return status, notFound(err)
 }
 
 // EndSession marks the tenant's open session ended; it reports whether it

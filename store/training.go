@@ -62,7 +62,7 @@ func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int, g
 // before its last members arrive is normalised against part of itself.
 const readyGroups = `
 q AS (
-  SELECT id, created_at, session_id, group_size, CASE WHEN group_id = '' THEN 'id:' || id ELSE group_id END AS k
+  SELECT id, created_at, session_id, group_size, CASE WHEN group_id = '' THEN 'id:' || id ELSE tenant_id || '/' || group_id END AS k
   FROM training_samples WHERE deployment = $1 AND status = 'queued'
     AND ($2::bigint < 0 OR (` + behaviourVersionN + `::bigint >= $2) IS NOT FALSE)),
 g AS (

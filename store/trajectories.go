@@ -304,7 +304,7 @@ SELECT s.tenant_id, s.id, i.deployment, se.task_id, se.group_id, i.model_version
        `+fmt.Sprintf(stepIDsSQL, "logprobs", "real")+`, s.discounted_return, s.session_id, se.group_size
 FROM atdp_steps s
 JOIN interactions i ON i.id = s.interaction_id
-JOIN sessions se ON se.id = s.session_id
+JOIN sessions se ON se.tenant_id = s.tenant_id AND se.id = s.session_id
 WHERE s.trajectory_id = $1 AND s.tenant_id = $2 AND s.eligible AND s.discounted_return IS NOT NULL
   AND jsonb_array_length(s.step->'action'->'tokens'->'completion_ids') > 0
   AND NOT EXISTS (

@@ -197,7 +197,7 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 
 	var res workflows.SessionResult
 	require.Eventually(t, func() bool {
-		return s.tc.GetWorkflow(ctx, session, "").Get(ctx, &res) == nil
+		return s.tc.GetWorkflow(ctx, workflows.SessionWorkflowID("acme", session), "").Get(ctx, &res) == nil
 	}, time.Minute, 100*time.Millisecond)
 	require.Equal(t, "done", res.State.Phase)
 	require.Equal(t, workflows.EndByClient, res.State.EndReason)
@@ -212,12 +212,12 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	require.NotContains(t, stepJSON, "ann@example.com", "stored steps are redacted")
 
 	// The state query answers after the end, from the closed workflow.
-	v, err := s.tc.QueryWorkflow(ctx, session, "", workflows.SessionStateQuery)
+	v, err := s.tc.QueryWorkflow(ctx, workflows.SessionWorkflowID("acme", session), "", workflows.SessionStateQuery)
 	require.NoError(t, err)
 	var state workflows.SessionState
 	require.NoError(t, v.Get(&state))
 	require.Equal(t, "done", state.Phase)
-	testenv.RecordHistory(t, s.tc, session, filepath.Join("testdata", "session_history.json"))
+	testenv.RecordHistory(t, s.tc, workflows.SessionWorkflowID("acme", session), filepath.Join("testdata", "session_history.json"))
 }
 
 func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T) {

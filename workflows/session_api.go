@@ -4,7 +4,7 @@ import "time"
 
 // The session contract between the gateway (which signals) and
 // SessionWorkflow (which owns the session's lifecycle). The workflow id is
-// the session id, so a signal-with-start from any gateway replica reaches
+// SessionWorkflowID, so a signal-with-start from any gateway replica reaches
 // the one workflow of that session.
 const (
 	SessionWorkflowName = "SessionWorkflow"
@@ -13,6 +13,14 @@ const (
 	// SessionStateQuery answers SessionState.
 	SessionStateQuery = "state"
 )
+
+// SessionWorkflowID is the id of a session's workflow, "<tenant>/<session>":
+// session ids are the tenant's own names, so two tenants' "task-42" are
+// two sessions and two workflows. Tenant names hold no "/", so the id is
+// unambiguous.
+func SessionWorkflowID(tenantID, sessionID string) string {
+	return tenantID + "/" + sessionID
+}
 
 // Kinds of SessionEvent.
 const (

@@ -105,7 +105,7 @@ func listWorkflows(ctx context.Context, c client.Client, query string) error {
 	return nil
 }
 
-const sessionUsage = "flywheel session show ID | session list [--tenant T]"
+const sessionUsage = "flywheel session show [--tenant T] ID | session list [--tenant T]"
 
 func runSessionCmd(ctx context.Context, args []string) error {
 	v, rest, err := verb(args, sessionUsage)
@@ -114,7 +114,7 @@ func runSessionCmd(ctx context.Context, args []string) error {
 	}
 	var tenant string
 	e, pos, err := openWF(ctx, "session "+v, rest, false, func(fs *flag.FlagSet) {
-		fs.StringVar(&tenant, "tenant", "", "only this tenant's sessions (list)")
+		fs.StringVar(&tenant, "tenant", "", "the session's tenant (show: ID is then the session id, not the workflow id \"<tenant>/<session>\"); only this tenant's sessions (list)")
 	})
 	if err != nil {
 		return err
@@ -125,6 +125,9 @@ func runSessionCmd(ctx context.Context, args []string) error {
 		id, err := one(pos, "session id")
 		if err != nil {
 			return err
+		}
+		if tenant != "" {
+			id = workflows.SessionWorkflowID(tenant, id)
 		}
 		return queryState(ctx, e.c, id, workflows.SessionStateQuery)
 	case "list":

@@ -1,0 +1,86 @@
+package gateway_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// TestTenantsShareSessionIDs: two tenants both name a session "task-42".
+// Each gets its own session, steps, rewards, end, export, forget and
+// session workflow, and never sees the other's.
+func TestTenantsShareSessionIDs(t *testing.T) {
+	tc := testenv.Temporal(t)
+	n := gateway.NewTemporalNotifier(tc, 50*time.Millisecond, slog.New(slog.DiscardHandler))
+	e := newEnv(t, envOpts{notifier: n})
+	const sid = "task-42"
+	keys := map[string]string{"acme": e.keyA, "globex": e.keyB}
+	text := map[string]string{"acme": "acme's private notes", "globex": "globex's private notes"}
+	value := map[string]float64{"acme": 1, "globex": -1}
+	for _, tenant := range []string{"acme", "globex"} {
+		for range map[string]int{"acme": 2, "globex": 1}[tenant] {
+			st, body := e.doJSON("POST", "/v1/chat/completions", keys[tenant], chatBody(text[tenant]), "X-Session-Id", sid)
+			require.Equal(t, 200, st, "%s: %v", tenant, body)
+		}
+		st, body := e.doJSON("POST", "/v1/sessions/"+sid+"/reward", keys[tenant], map[string]any{"value": value[tenant]})
+		require.Equal(t, 201, st, "%s: %v", tenant, body)
+	}
+	for tenant, other := range map[string]string{"acme": "globex", "globex": "acme"} {
+		st, view := e.doJSON("GET", "/v1/sessions/"+sid, keys[tenant], nil)
+		require.Equal(t, 200, st)
+		steps := view["steps"].([]any)
+		require.Len(t, steps, map[string]int{"acme": 2, "globex": 1}[tenant], tenant)
+		last := steps[len(steps)-1].(map[string]any)
+		require.Equal(t, value[tenant], last["reward"], "%s's outcome reward binds to its own last step", tenant)
+		_, _, export := e.do("GET", "/v1/trajectories?session_id="+sid, keys[tenant], nil)
+		require.Contains(t, string(export), text[tenant])
+		require.NotContains(t, string(export), text[other])
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		st, _ := e.doJSON("POST", "/v1/sessions/"+sid+"/end", keys[tenant], nil)
+		require.Equal(t, 200, st, tenant)
+	}
+
+	// One workflow each, under its tenant, with its own events.
+	for tenant, steps := range map[string]int{"acme": 2, "globex": 1} {
+		id := workflows.SessionWorkflowID(tenant, sid)
+		var got []workflows.SessionEvent
+		eventually(t, func() bool {
+			got = got[:0]
+			for _, s := range signals(t, tc, id) {
+				got = append(got, s.Events...)
+			}
+			return len(got) == steps+2
+		}, tenant+"'s steps, reward and end reach its own workflow")
+		hist := tc.GetWorkflowHistory(context.Background(), id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		first, err := hist.Next()
+		require.NoError(t, err)
+		var input workflows.SessionInput
+		require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(first.GetWorkflowExecutionStartedEventAttributes().Input, &input))
+		require.Equal(t, tenant, input.TenantID)
+		require.Equal(t, sid, input.SessionID)
+	}
+
+	// Forgetting acme's task-42 leaves globex's whole.
+	st, res := e.doJSON("POST", "/v1/forget", e.keyA, map[string]any{"session_id": sid})
+	require.Equal(t, 200, st, res)
+	require.Equal(t, []any{sid}, res["sessions"])
+	_, view := e.doJSON("GET", "/v1/sessions/"+sid, e.keyA, nil)
+	require.Equal(t, "forgotten", view["status"])
+	_, view = e.doJSON("GET", "/v1/sessions/"+sid, e.keyB, nil)
+	require.Equal(t, "ended", view["status"])
+	steps := view["steps"].([]any)
+	require.Len(t, steps, 1)
+	require.Equal(t, value["globex"], steps[0].(map[string]any)["reward"], "globex's reward survives acme's forget")
+	_, _, export := e.do("GET", "/v1/trajectories?session_id="+sid, e.keyB, nil)
+	require.Contains(t, string(export), text["globex"])
+}
