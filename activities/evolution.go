@@ -89,8 +89,12 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in workflows.EvidenceIn
 		return evolution.Evidence{}, err
 	}
 	for _, t := range tools {
-		ev.ToolFailures = append(ev.ToolFailures, evolution.ToolFailure{Tool: t.Tool, Calls: t.Calls, Failures: t.Failures,
-			Rate: float64(t.Failures) / float64(t.Calls), Example: t.Example})
+		example := t.Example
+		if e.Redactor != nil {
+			example, _ = e.Redactor.Text(example)
+		}
+		ev.ToolFailures = append(ev.ToolFailures, evolution.ToolFailure{Tenant: t.Tenant, Tool: t.Tool, Calls: t.Calls, Failures: t.Failures,
+			Rate: float64(t.Failures) / float64(t.Calls), Example: example, Sessions: t.Sessions})
 	}
 	recent, err := store.UserPrompts(ctx, e.DB, in.Deployment, from, now, 200)
 	if err != nil {
@@ -134,7 +138,8 @@ func (e *Evolution) RecordDecision(ctx context.Context, in workflows.RecordDecis
 		evolution.Evidence
 		Trigger string `json:"trigger,omitempty"`
 		Target  string `json:"target,omitempty"`
-	}{in.Evidence, in.Trigger, in.Decision.Target})
+		Tenant  string `json:"tenant,omitempty"`
+	}{in.Evidence, in.Trigger, in.Decision.Target, in.Decision.Tenant})
 	if err != nil {
 		return 0, fmt.Errorf("encode evidence: %w", err)
 	}
@@ -203,21 +208,26 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 	case evolution.KindToolSchema:
 		var f *evolution.ToolFailure
 		for i := range in.Evidence.ToolFailures {
-			if in.Evidence.ToolFailures[i].Tool == in.Target {
-				f = &in.Evidence.ToolFailures[i]
+			if g := &in.Evidence.ToolFailures[i]; g.Tool == in.Target && g.Tenant == in.Tenant {
+				f = g
 			}
 		}
-		if f == nil {
-			return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q is not in the evidence", in.Target), "BadInput", nil)
+		if f == nil || f.Tenant == "" {
+			return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q of tenant %q is not in the evidence", in.Target, in.Tenant), "BadInput", nil)
 		}
-		ts := evolution.ToolSchema{Tools: map[string]evolution.ToolOverride{}}
+		ts := evolution.ToolSchema{Tenants: map[string]map[string]evolution.ToolOverride{}}
 		if cur.ToolSchema != nil {
-			for k, v := range cur.ToolSchema.Tools {
-				ts.Tools[k] = v
+			for t, o := range cur.ToolSchema.Tenants {
+				ts.Tenants[t] = o
 			}
 		}
-		ts.Tools[f.Tool] = evolution.ToolSchemaFor(*f, ts.Tools[f.Tool].Description)
-		content, items = ts, len(ts.Tools)
+		mine := map[string]evolution.ToolOverride{}
+		for k, v := range ts.Tenants[f.Tenant] {
+			mine[k] = v
+		}
+		mine[f.Tool] = evolution.ToolSchemaFor(*f, mine[f.Tool])
+		ts.Tenants[f.Tenant] = mine
+		content, items = ts, len(mine)
 	default:
 		return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown artefact kind %q", in.Kind), "BadInput", nil)
 	}
@@ -233,8 +243,8 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 	return workflows.ProposeArtefactOutput{Version: a.Version, Items: items}, nil
 }
 
-// lessons turns corrected answers into playbook items, redacted, with the
-// correction as the lesson when the user gave one.
+// lessons turns corrected answers into playbook items of their tenants,
+// redacted, with the correction as the lesson when the user gave one.
 func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
 	var out []evolution.PlaybookItem
 	for _, c := range corr {
@@ -252,7 +262,8 @@ func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
 			text, _ = e.Redactor.Text(text)
 		}
 		sum := sha256.Sum256([]byte(strings.ToLower(text)))
-		out = append(out, evolution.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1})
+		out = append(out, evolution.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1,
+			Tenant: c.TenantID, Sessions: []string{c.SessionID}})
 	}
 	return out
 }

@@ -82,13 +82,16 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.InDelta(t, 0.5, ev.CorrectionRate, 1e-9)
 	require.Equal(t, 2, ev.Tenants)
 	require.Equal(t, 2, ev.FailingTenants)
-	require.Len(t, ev.ToolFailures, 1)
-	require.Equal(t, evolution.ToolFailure{Tool: "lookup_invoice", Calls: 4, Failures: 3, Rate: 0.75, Example: "error: month must be a number"}, ev.ToolFailures[0])
+	require.Equal(t, []evolution.ToolFailure{
+		{Tenant: "acme", Tool: "lookup_invoice", Calls: 2, Failures: 2, Rate: 1, Example: "error: month must be a number", Sessions: []string{"new-0", "new-2"}},
+		{Tenant: "globex", Tool: "lookup_invoice", Calls: 2, Failures: 1, Rate: 0.5, Example: "error: month must be a number", Sessions: []string{"new-1"}},
+	}, ev.ToolFailures, "each tenant's tool is its own cluster")
 	require.InDelta(t, 1, ev.Drift, 1e-9, "password questions then invoice questions")
 	require.Equal(t, "dep@v1", ev.ServingVersion)
 
-	d := evolution.Decide(ev, evolution.Thresholds{MinSessions: 4, MinToolCalls: 3})
+	d := evolution.Decide(ev, evolution.Thresholds{MinSessions: 4, MinToolCalls: 2, ToolFailureRate: 0.8})
 	require.Equal(t, evolution.DecisionToolSchema, d.Kind)
+	require.Equal(t, "acme", d.Tenant, "acme's cluster fails often enough; globex's does not")
 	id, err := e.RecordDecision(ctx, workflows.RecordDecisionInput{Deployment: "dep", Decision: d, Evidence: ev, Trigger: "test"})
 	require.NoError(t, err)
 	rows, err := store.ListDecisions(ctx, db, "dep", 10)
@@ -97,32 +100,49 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, id, rows[0].ID)
 	require.Contains(t, string(rows[0].Evidence), `"correction_rate": 0.5`)
 
-	ts, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: "lookup_invoice", Evidence: ev, Key: "w1"})
+	ts, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
 	require.NoError(t, err)
 	require.Equal(t, 1, ts.Version)
 	a, err := store.ArtefactVersion(ctx, db, "dep", evolution.KindToolSchema, "1")
 	require.NoError(t, err)
-	require.Contains(t, string(a.Content), "month must be a number")
+	var tools evolution.ArtefactSet
+	require.NoError(t, tools.Decode(evolution.KindToolSchema, a.Content))
+	require.Contains(t, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Description, "month must be a number")
+	require.Equal(t, []string{"new-0", "new-2"}, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Sessions)
+	require.NotContains(t, tools.ToolSchema.Tenants, "globex", "acme's tool override is acme's alone")
+	_, err = e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
+	require.ErrorContains(t, err, "not in the evidence")
 
 	// A tenant that does not train by default corrects the agent too: its
-	// text must not reach the playbook, which every tenant's prompts get.
+	// text must not reach the playbook at all.
 	seedTenant(t, db, "initech", false)
 	optedOut := []inference.Message{{Role: "user", Content: "what is our merger codename"}}
 	oid := seedCall(t, db, "initech", "private-1", "dep", 0, optedOut, "I do not know.", now.Add(-8*time.Minute))
 	seedReward(t, db, "initech", "private-1", &oid, -1, false)
 	seedCall(t, db, "initech", "private-1", "dep", 1, append(optedOut, inference.Message{Role: "assistant", Content: "I do not know."},
 		inference.Message{Role: "user", Content: "No, it is BLUEBIRD-42"}), "Noted.", now.Add(-7*time.Minute))
+	again, err := e.ComputeEvidence(ctx, workflows.EvidenceInput{Deployment: "dep", Window: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, 4, again.Sessions, "an opted-out session is not evidence for any layer")
+	require.Equal(t, 2, again.Tenants)
+	require.Equal(t, ev.CorrectionRate, again.CorrectionRate)
 
 	pb, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
 	require.NoError(t, err)
 	require.Equal(t, 1, pb.Version)
-	require.Equal(t, 1, pb.Items, "the two identical corrections merge into one lesson")
+	require.Equal(t, 2, pb.Items, "the same correction from two tenants is two lessons, one for each")
 	a, err = store.ArtefactVersion(ctx, db, "dep", evolution.KindPlaybook, "1")
 	require.NoError(t, err)
 	var set evolution.ArtefactSet
 	require.NoError(t, set.Decode(evolution.KindPlaybook, a.Content))
-	require.Equal(t, 2, set.Playbook.Items[0].Helpful)
-	require.Contains(t, set.Playbook.Items[0].Content, "the total is 12")
+	for i, tenant := range []string{"acme", "globex"} {
+		it := set.Playbook.Items[i]
+		require.Equal(t, tenant, it.Tenant)
+		require.Equal(t, []string{map[string]string{"acme": "new-0", "globex": "new-1"}[tenant]}, it.Sessions, "the lesson names the session it came from")
+		require.Contains(t, it.Content, "the total is 12")
+	}
+	require.Contains(t, set.System("acme"), "the total is 12")
+	require.NotContains(t, set.System("initech"), "the total is 12", "a tenant that taught nothing is shown nothing")
 	require.NotContains(t, string(a.Content), "bob@example.com", "lessons are redacted before other sessions see them")
 	require.NotContains(t, string(a.Content), "BLUEBIRD", "an opted-out session feeds no artefact")
 

@@ -189,11 +189,13 @@ func (r *Release) variants(ctx context.Context, in workflows.GateInput) (cand, b
 		variant{version: weights, artefacts: set, suffix: suffix, key: weights + suffix}, nil
 }
 
-// answer lets v answer msgs.
+// answer lets v answer msgs, under every tenant's part of its artefacts:
+// suite prompts are no tenant's, and a candidate playbook or tool schema
+// is judged on all it could put in front of any tenant.
 // limit is the request's own max_tokens (0: none): the smaller of it and
 // the gate's bound applies.
 func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs []inference.Message, tools []inference.Tool, limit int) (*inference.Response, error) {
-	msgs, tools = v.artefacts.Apply(msgs, tools)
+	msgs, tools = v.artefacts.Apply(evolution.AllTenants, msgs, tools)
 	zero, seed := 0.0, int64(1)
 	maxTokens := r.MaxTokens
 	if maxTokens <= 0 {

@@ -33,7 +33,7 @@ type Evidence struct {
 	// CorrectionRate is the share of sessions with a negative reward or a
 	// reward from source "correction".
 	CorrectionRate float64 `json:"correction_rate"`
-	// ToolFailures are per-tool failure clusters, worst first.
+	// ToolFailures are per-tenant, per-tool failure clusters, worst first.
 	ToolFailures []ToolFailure `json:"tool_failures"`
 	// EvaluatorScore is the mean reward from source "evaluator" (and the
 	// previous window's).
@@ -66,14 +66,18 @@ type Evidence struct {
 	SessionsSinceLast int    `json:"sessions_since_last"`
 }
 
-// ToolFailure is one tool's failure cluster.
+// ToolFailure is one tenant's failure cluster of one tool: tool names and
+// results are the tenant's own, and so is the schema change they call for.
 type ToolFailure struct {
+	Tenant   string  `json:"tenant"`
 	Tool     string  `json:"tool"`
 	Calls    int     `json:"calls"`
 	Failures int     `json:"failures"`
 	Rate     float64 `json:"rate"`
-	// Example is a short failure message seen most often.
-	Example string `json:"example,omitempty"`
+	// Example is a short failure message seen most often, redacted, and
+	// Sessions the sessions whose results it quotes.
+	Example  string   `json:"example,omitempty"`
+	Sessions []string `json:"sessions,omitempty"`
 }
 
 // Thresholds tune Decide; zero fields take the defaults (WithDefaults).
@@ -130,11 +134,12 @@ func (t Thresholds) WithDefaults() Thresholds {
 }
 
 // Decision is u* with the reason and, for tool-schema and rollback, the
-// target (a tool name, a version).
+// target (a tool name, a version); a tool-schema change is the Tenant's.
 type Decision struct {
 	Kind   string `json:"decision"`
 	Reason string `json:"reason"`
 	Target string `json:"target,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Decide picks one change from the evidence. Cheap, reversible layers come
@@ -161,8 +166,8 @@ func Decide(e Evidence, t Thresholds) Decision {
 	}
 	for _, f := range e.ToolFailures {
 		if f.Calls >= t.MinToolCalls && f.Rate >= t.ToolFailureRate {
-			return Decision{Kind: DecisionToolSchema, Target: f.Tool,
-				Reason: fmt.Sprintf("tool %s failed %d of %d calls (%.0f%%)", f.Tool, f.Failures, f.Calls, 100*f.Rate)}
+			return Decision{Kind: DecisionToolSchema, Target: f.Tool, Tenant: f.Tenant,
+				Reason: fmt.Sprintf("tool %s of tenant %s failed %d of %d calls (%.0f%%)", f.Tool, f.Tenant, f.Failures, f.Calls, 100*f.Rate)}
 		}
 	}
 	corrected := e.CorrectionRate >= t.CorrectionRate
@@ -259,9 +264,10 @@ func HarnessFor(current string, e Evidence) string {
 	return current + "\n" + add
 }
 
-// ToolSchemaFor proposes a description override for a failing tool.
-func ToolSchemaFor(f ToolFailure, description string) ToolOverride {
-	d := strings.TrimSpace(description)
+// ToolSchemaFor proposes a description override for a tenant's failing
+// tool, extending the tenant's current one (prev).
+func ToolSchemaFor(f ToolFailure, prev ToolOverride) ToolOverride {
+	d := strings.TrimSpace(prev.Description)
 	note := fmt.Sprintf("Note: %.0f%% of recent calls failed", 100*f.Rate)
 	if f.Example != "" {
 		ex := f.Example
@@ -274,5 +280,5 @@ func ToolSchemaFor(f ToolFailure, description string) ToolOverride {
 	if d != "" {
 		d += " "
 	}
-	return ToolOverride{Description: d + note}
+	return ToolOverride{Description: d + note, Parameters: prev.Parameters, Sessions: joinSessions(prev.Sessions, f.Sessions)}
 }

@@ -90,39 +90,84 @@ func TestGateScoring(t *testing.T) {
 	require.Contains(t, why, "below baseline")
 }
 
+// TestArtefactsApply: the harness applies to every tenant; a playbook
+// lesson and a tool override only to the tenant they came from, and
+// lessons of no tenant to no one. The gates' view is every tenant's part.
 func TestArtefactsApply(t *testing.T) {
 	var set ArtefactSet
 	require.NoError(t, set.Decode(KindHarness, []byte(`{"system_prompt":"Be brief."}`)))
-	require.NoError(t, set.Decode(KindPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units."}]}`)))
-	require.NoError(t, set.Decode(KindToolSchema, []byte(`{"tools":{"search":{"description":"Search the web. Query must be non-empty."}}}`)))
+	require.NoError(t, set.Decode(KindPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units.","tenant":"acme"},
+		{"id":"p2","content":"Globex lesson.","tenant":"globex"},{"id":"p0","content":"Old mixed lesson."}]}`)))
+	require.NoError(t, set.Decode(KindToolSchema, []byte(`{"tenants":{"acme":{"search":{"description":"Search the web. Query must be non-empty."}},
+		"globex":{"calc":{"description":"Globex calc."}}}}`)))
 	require.Error(t, set.Decode("kernel", []byte(`{}`)))
 	require.Error(t, set.Decode(KindHarness, []byte(`[`)))
 
 	in := []inference.Message{{Role: "system", Content: "You are helpful."}, {Role: "user", Content: "hi"}}
 	tools := []inference.Tool{{Name: "search", Description: "Search."}, {Name: "calc"}}
-	msgs, outTools := set.Apply(in, tools)
+	msgs, outTools := set.Apply("acme", in, tools)
 	require.Len(t, msgs, 2)
 	require.Equal(t, "Be brief.\n\n"+PlaybookHeader+"\n- [p1] Check units.\n\nYou are helpful.", msgs[0].Content)
 	require.Equal(t, "You are helpful.", in[0].Content, "the input is not modified")
 	require.Equal(t, "Search the web. Query must be non-empty.", outTools[0].Description)
+	require.Empty(t, outTools[1].Description, "globex's override is not acme's")
 	require.Equal(t, "Search.", tools[0].Description)
 
-	msgs, _ = set.Apply([]inference.Message{{Role: "user", Content: "hi"}}, nil)
+	msgs, outTools = set.Apply("initech", []inference.Message{{Role: "user", Content: "hi"}}, tools)
 	require.Equal(t, "system", msgs[0].Role)
+	require.Equal(t, "Be brief.", msgs[0].Content, "a tenant with no lessons gets the harness only")
+	require.Equal(t, tools, outTools)
+
+	all := set.System(AllTenants)
+	require.Contains(t, all, "Check units.")
+	require.Contains(t, all, "Globex lesson.")
+	require.NotContains(t, all, "Old mixed lesson.", "a lesson of no tenant is shown to no one")
+	_, changed := set.Tools(AllTenants, tools)
+	require.Equal(t, []string{"search", "calc"}, changed)
 
 	var empty ArtefactSet
-	msgs, _ = empty.Apply(in, nil)
+	msgs, _ = empty.Apply("acme", in, nil)
 	require.Equal(t, in, msgs)
 }
 
 func TestCuratePlaybook(t *testing.T) {
-	old := Playbook{Items: []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 3}, {ID: "b", Content: "Guess", Helpful: 1, Harmful: 4}}}
-	got := CuratePlaybook(old, []PlaybookItem{{ID: "c", Content: "check   UNITS", Helpful: 2}, {ID: "d", Content: "Cite sources", Helpful: 1}}, 5)
-	require.Equal(t, []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 5}, {ID: "d", Content: "Cite sources", Helpful: 1}}, got.Items)
-	require.Len(t, CuratePlaybook(got, nil, 1).Items, 1)
+	old := Playbook{Items: []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 3, Tenant: "acme", Sessions: []string{"s1"}},
+		{ID: "b", Content: "Guess", Helpful: 1, Harmful: 4, Tenant: "acme"}, {ID: "z", Content: "Unscoped", Helpful: 9}}}
+	got := CuratePlaybook(old, []PlaybookItem{{ID: "c", Content: "check   UNITS", Helpful: 2, Tenant: "acme", Sessions: []string{"s3", "s1"}},
+		{ID: "e", Content: "check units", Helpful: 1, Tenant: "globex", Sessions: []string{"g1"}},
+		{ID: "d", Content: "Cite sources", Helpful: 1, Tenant: "acme"}}, 5)
+	require.Equal(t, []PlaybookItem{
+		{ID: "a", Content: "Check units", Helpful: 5, Tenant: "acme", Sessions: []string{"s1", "s3"}},
+		{ID: "d", Content: "Cite sources", Helpful: 1, Tenant: "acme"},
+		{ID: "e", Content: "check units", Helpful: 1, Tenant: "globex", Sessions: []string{"g1"}},
+	}, got.Items, "the same lesson of two tenants stays two lessons; unscoped ones go")
+	capped := CuratePlaybook(got, nil, 1).Items
+	require.Len(t, capped, 2, "the cap is per tenant")
 	raw, err := json.Marshal(got)
 	require.NoError(t, err)
 	require.Contains(t, string(raw), `"items"`)
+}
+
+// TestForgetRemovesWhatASessionTaught: forgetting acme's s1 drops acme's
+// lessons and overrides learnt from it, and nothing of globex's, though
+// globex has a session of the same name.
+func TestForgetRemovesWhatASessionTaught(t *testing.T) {
+	set := ArtefactSet{
+		Playbook: &Playbook{Items: []PlaybookItem{{ID: "a", Content: "from s1", Tenant: "acme", Sessions: []string{"s0", "s1"}},
+			{ID: "b", Content: "from s2", Tenant: "acme", Sessions: []string{"s2"}},
+			{ID: "c", Content: "globex's s1", Tenant: "globex", Sessions: []string{"s1"}}}},
+		ToolSchema: &ToolSchema{Tenants: map[string]map[string]ToolOverride{
+			"acme":   {"search": {Description: "x", Sessions: []string{"s1"}}},
+			"globex": {"search": {Description: "y", Sessions: []string{"s1"}}}}},
+	}
+	before := set
+	require.Equal(t, []string{KindPlaybook, KindToolSchema}, set.Forget("acme", []string{"s1"}))
+	require.Equal(t, []string{"b", "c"}, []string{set.Playbook.Items[0].ID, set.Playbook.Items[1].ID})
+	require.NotContains(t, set.ToolSchema.Tenants, "acme")
+	require.Contains(t, set.ToolSchema.Tenants, "globex")
+	require.Len(t, before.Playbook.Items, 3, "the old versions' contents are not modified")
+	require.Contains(t, before.ToolSchema.Tenants, "acme")
+	require.Empty(t, set.Forget("acme", []string{"s9"}), "nothing learnt from s9: nothing changes")
 }
 
 func TestHarnessAndToolSchemaProposals(t *testing.T) {
@@ -130,9 +175,11 @@ func TestHarnessAndToolSchemaProposals(t *testing.T) {
 	require.Contains(t, h, "Be kind.\n")
 	require.Contains(t, h, "40%")
 	require.Equal(t, h, HarnessFor(h, Evidence{CorrectionRate: 0.4}), "proposing twice does not stack the same line")
-	o := ToolSchemaFor(ToolFailure{Tool: "search", Rate: 0.5, Example: "missing query"}, "Search.")
+	o := ToolSchemaFor(ToolFailure{Tenant: "acme", Tool: "search", Rate: 0.5, Example: "missing query", Sessions: []string{"s2"}},
+		ToolOverride{Description: "Search.", Sessions: []string{"s1"}})
 	require.Contains(t, o.Description, "Search. Note: 50%")
 	require.Contains(t, o.Description, "missing query")
+	require.Equal(t, []string{"s1", "s2"}, o.Sessions)
 }
 
 func TestSignificantVerdictIgnoresNoiseButNotAClearLoss(t *testing.T) {

@@ -294,7 +294,7 @@ func TestToolSchemaOverrideApplied(t *testing.T) {
 	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES ($1, 'tool_schema', 3,
-		'{"tools":{"search":{"description":"Search the web. Quote exact phrases."}}}', 'serving')`, fixtureModel)
+		'{"tenants":{"acme":{"search":{"description":"Search the web. Quote exact phrases."}}}}', 'serving')`, fixtureModel)
 	require.NoError(t, err)
 	body := chatBody("find it")
 	body["tools"] = []any{map[string]any{"type": "function", "function": map[string]any{"name": "search", "description": "old",
@@ -308,4 +308,10 @@ func TestToolSchemaOverrideApplied(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "3", step.Observation.Tools[0].Version)
 	require.Equal(t, map[string]string{"search": "3"}, step.Metadata.ToolVersions)
+
+	// acme's override is acme's: globex's tool of the same name keeps its own description.
+	st, c2 := e.doJSON("POST", "/v1/chat/completions", e.keyB, body, "X-Session-Id", "tools-1")
+	require.Equal(t, 200, st, c2)
+	sent = e.fixture.LastRequest()["tools"].([]any)[0].(map[string]any)["function"].(map[string]any)
+	require.Equal(t, "old", sent["description"])
 }

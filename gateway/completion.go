@@ -14,6 +14,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
@@ -79,17 +80,18 @@ func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *infer
 	// Before any byte of a stream goes out: the client learns its session
 	// (useful in stitched mode) from the response headers.
 	c.Header("X-Session-Id", cl.sessionID)
-	t, err := s.router.resolve(c.Request.Context(), req.Model, cl.sessionID)
+	t, err := s.router.resolve(c.Request.Context(), req.Model, p.TenantID, cl.sessionID)
 	if err != nil {
 		return nil, err
 	}
 	cl.target = t
 	req.Version = t.version
-	inject(req, t.system)
-	if changed := t.tools.apply(req); len(changed) > 0 {
+	req.Messages = evolution.InjectSystem(req.Messages, t.system)
+	var changed []string
+	if req.Tools, changed = t.artefacts.Tools(p.TenantID, req.Tools); len(changed) > 0 {
 		cl.toolVersions = map[string]string{}
 		for _, name := range changed {
-			cl.toolVersions[name] = strconv.Itoa(t.tools.Version)
+			cl.toolVersions[name] = strconv.Itoa(t.toolVersion)
 		}
 	}
 	if protocol == protoAnthropic {

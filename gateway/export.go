@@ -242,7 +242,7 @@ func (s *Server) forget(c *gin.Context) {
 		return
 	}
 	out := gin.H{"forget_request_id": res.ID, "scope": scope, "sessions": res.Sessions,
-		"affected_versions": res.AffectedVersions, "deleted": res.Deleted}
+		"affected_versions": res.AffectedVersions, "clean_artefacts": res.CleanArtefacts, "deleted": res.Deleted}
 	// The data is gone once this answers; retiring the versions it trained
 	// is durable work for a workflow, which the gateway only starts.
 	if s.deps.Forgets != nil {

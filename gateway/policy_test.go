@@ -52,15 +52,16 @@ func TestPolicyPromptIDsReusedAcrossTurns(t *testing.T) {
 }
 
 // TestCanaryRoutingAndPlaybookInjection: a running weights release sends
-// its share of sessions to the candidate; the serving playbook reaches
-// the system prompt.
+// its share of sessions to the candidate; the serving playbook's lessons
+// reach the system prompt of their own tenant only.
 func TestCanaryRoutingAndPlaybookInjection(t *testing.T) {
 	e := newEnv(t, envOpts{policy: newPolicy(t)})
 	ctx := context.Background()
 	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend, serving_version) VALUES ($1, 'policy', 'flywheel-policy@v1')`, policyModel)
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status)
-		VALUES ($1, 'playbook', 1, '{"items":[{"id":"p1","content":"check units"}]}', 'serving')`, policyModel)
+		VALUES ($1, 'playbook', 1, '{"items":[{"id":"p1","content":"check units","tenant":"acme"},
+			{"id":"p2","content":"globex secret lesson","tenant":"globex"},{"id":"p3","content":"unscoped lesson"}]}', 'serving')`, policyModel)
 	require.NoError(t, err)
 	body := func(s string) map[string]any {
 		return map[string]any{"model": policyModel, "max_tokens": 2, "messages": []any{map[string]any{"role": "user", "content": s}}}
@@ -75,6 +76,12 @@ func TestCanaryRoutingAndPlaybookInjection(t *testing.T) {
 	require.NoError(t, json.Unmarshal(row.Request, &req))
 	require.Equal(t, "system", req.Messages[0].Role)
 	require.Contains(t, req.Messages[0].Content, "[p1] check units")
+	require.NotContains(t, req.Messages[0].Content, "globex secret lesson", "another tenant's lesson never enters acme's prompt")
+	require.NotContains(t, req.Messages[0].Content, "unscoped lesson", "a lesson of no known tenant is shown to no one")
+	_, c = e.doJSON("POST", "/v1/chat/completions", e.keyB, body("b"))
+	require.NoError(t, json.Unmarshal(e.captured(c["id"].(string)).Request, &req))
+	require.Contains(t, req.Injected, "globex secret lesson")
+	require.NotContains(t, req.Injected, "check units")
 
 	_, err = e.pool.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, canary_share) VALUES ($1, 'weights', 'flywheel-policy@v2', 0.5)`, policyModel)
 	require.NoError(t, err)

@@ -14,12 +14,16 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const msgRoutesRefreshFailed = "deployment routes refresh failed; serving the last known routes"
+const (
+	msgRoutesRefreshFailed = "deployment routes refresh failed; serving the last known routes"
+	msgArtefactUnreadable  = "serving artefact is not readable; requests go without it"
+)
 
 // Backend kinds in the deployments table.
 const (
@@ -38,46 +42,13 @@ type target struct {
 	// version pins the weights version (serving or canary); "" lets the
 	// backend serve its current one.
 	version string
-	// system is the serving playbook / harness text to inject.
+	// system is the serving harness and the tenant's playbook lessons, as
+	// injected in front of the system prompt.
 	system string
-	// tools is the serving tool-schema override, if any.
-	tools *toolSchema
-}
-
-// toolSchema is a tool_schema artefact: per tool name, a description
-// and/or an argument schema that replace what the client sent.
-// Content: {"tools": {"NAME": {"description": "...", "parameters": {...}}}}.
-type toolSchema struct {
-	Version int
-	Tools   map[string]struct {
-		Description string          `json:"description"`
-		Parameters  json.RawMessage `json:"parameters"`
-	} `json:"tools"`
-}
-
-// apply overrides the offered tools it names and returns which it changed.
-func (ts *toolSchema) apply(req *inference.Request) []string {
-	if ts == nil {
-		return nil
-	}
-	var changed []string
-	tools := make([]inference.Tool, len(req.Tools))
-	copy(tools, req.Tools)
-	for i, t := range tools {
-		o, ok := ts.Tools[t.Name]
-		if !ok {
-			continue
-		}
-		if o.Description != "" {
-			tools[i].Description = o.Description
-		}
-		if len(o.Parameters) > 0 && json.Valid(o.Parameters) {
-			tools[i].Parameters = o.Parameters
-		}
-		changed = append(changed, t.Name)
-	}
-	req.Tools = tools
-	return changed
+	// artefacts are the deployment's serving artefacts, and toolVersion
+	// the version of its tool schema.
+	artefacts   evolution.ArtefactSet
+	toolVersion int
 }
 
 // router maps a model name to a backend and version.
@@ -87,8 +58,10 @@ type router struct {
 	logger *slog.Logger
 	cfg    config.GatewayConfig
 
-	mu         sync.Mutex
-	routes     map[string]*store.Route
+	mu     sync.Mutex
+	routes map[string]*store.Route
+	// sets are the routes' serving artefacts, decoded once per refresh.
+	sets       map[string]evolution.ArtefactSet
 	loadedAt   time.Time
 	refreshing bool
 	dynamic    map[string]inference.Backend // upstream backends built from deployments rows, by config
@@ -149,11 +122,17 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 // return what is cached and, when it is older than routeTTL, refresh it in
 // the background, so no request ever waits on the refresh.
 func (r *router) load(ctx context.Context) map[string]*store.Route {
+	routes, _ := r.loadSets(ctx)
+	return routes
+}
+
+// loadSets is load with the routes' decoded artefacts.
+func (r *router) loadSets(ctx context.Context) (map[string]*store.Route, map[string]evolution.ArtefactSet) {
 	if r.db == nil {
-		return nil
+		return nil, nil
 	}
 	r.mu.Lock()
-	routes, loaded, stale := r.routes, !r.loadedAt.IsZero(), time.Since(r.loadedAt) >= routeTTL
+	routes, sets, loaded, stale := r.routes, r.sets, !r.loadedAt.IsZero(), time.Since(r.loadedAt) >= routeTTL
 	if loaded && stale && !r.refreshing {
 		r.refreshing = true
 		go func() {
@@ -166,29 +145,40 @@ func (r *router) load(ctx context.Context) map[string]*store.Route {
 	if !loaded {
 		return r.refresh(ctx)
 	}
-	return routes
+	return routes, sets
 }
 
-func (r *router) refresh(ctx context.Context) map[string]*store.Route {
+func (r *router) refresh(ctx context.Context) (map[string]*store.Route, map[string]evolution.ArtefactSet) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	routes, err := store.LoadRoutes(ctx, r.db)
+	sets := make(map[string]evolution.ArtefactSet, len(routes))
+	for name, route := range routes {
+		var set evolution.ArtefactSet
+		for kind, a := range route.Artefacts {
+			if err := set.Decode(kind, a.Content); err != nil {
+				r.logger.Warn(msgArtefactUnreadable, "deployment", name, "kind", kind, "version", a.Version, "err", err)
+			}
+		}
+		sets[name] = set
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.refreshing = false
 	r.loadedAt = time.Now()
 	if err != nil {
 		r.logger.Warn(msgRoutesRefreshFailed, "err", err)
-		return r.routes
+		return r.routes, r.sets
 	}
-	r.routes = routes
-	return routes
+	r.routes, r.sets = routes, sets
+	return routes, sets
 }
 
-// resolve picks the backend and version for model; sessionID makes the
-// canary split sticky, so one session never mixes versions.
-func (r *router) resolve(ctx context.Context, model, sessionID string) (*target, error) {
-	routes := r.load(ctx)
+// resolve picks the backend and version for model and the artefacts that
+// apply to the tenant's request; sessionID makes the canary split sticky,
+// so one session never mixes versions.
+func (r *router) resolve(ctx context.Context, model, tenantID, sessionID string) (*target, error) {
+	routes, sets := r.loadSets(ctx)
 	route := routes[model]
 	t := &target{deployment: model, backend: r.static[model]}
 	if route != nil {
@@ -203,14 +193,8 @@ func (r *router) resolve(ctx context.Context, model, sessionID string) (*target,
 		if route.CanaryVersion != "" && route.CanaryShare > 0 && shareOf(sessionID) < route.CanaryShare {
 			t.version = route.CanaryVersion
 		}
-		t.system = injectedSystem(route)
-		if a, ok := route.Artefacts["tool_schema"]; ok {
-			var ts toolSchema
-			if json.Unmarshal(a.Content, &ts) == nil && len(ts.Tools) > 0 {
-				ts.Version = a.Version
-				t.tools = &ts
-			}
-		}
+		t.artefacts, t.toolVersion = sets[model], route.Artefacts[evolution.KindToolSchema].Version
+		t.system = t.artefacts.System(tenantID)
 	}
 	if t.backend == nil {
 		return nil, errf(http.StatusNotFound, "model %q does not exist", model)
@@ -290,61 +274,4 @@ func (r *router) models(ctx context.Context) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// injectedSystem renders the serving harness and playbook of a deployment
-// as system-prompt text. Artefact content is JSON: {"text": "..."} or
-// {"system_prompt": "..."} or {"items": [{"id", "content"}, ...]}.
-func injectedSystem(route *store.Route) string {
-	var parts []string
-	for _, kind := range []string{"harness", "playbook"} {
-		a, ok := route.Artefacts[kind]
-		if !ok {
-			continue
-		}
-		var c struct {
-			Text         string `json:"text"`
-			SystemPrompt string `json:"system_prompt"`
-			Items        []struct {
-				ID      string `json:"id"`
-				Content string `json:"content"`
-			} `json:"items"`
-		}
-		if json.Unmarshal(a.Content, &c) != nil {
-			continue
-		}
-		switch {
-		case c.SystemPrompt != "":
-			parts = append(parts, c.SystemPrompt)
-		case c.Text != "":
-			parts = append(parts, c.Text)
-		case len(c.Items) > 0:
-			var b strings.Builder
-			b.WriteString("Playbook (lessons from earlier sessions):")
-			for _, it := range c.Items {
-				fmt.Fprintf(&b, "\n- [%s] %s", it.ID, it.Content)
-			}
-			parts = append(parts, b.String())
-		}
-	}
-	return strings.Join(parts, "\n\n")
-}
-
-// inject prepends the deployment's system text to the request's system
-// message (or adds one), leaving the client's messages otherwise intact.
-func inject(req *inference.Request, system string) {
-	if system == "" {
-		return
-	}
-	msgs := make([]inference.Message, 0, len(req.Messages)+1)
-	if len(req.Messages) > 0 && req.Messages[0].Role == inference.RoleSystem {
-		first := req.Messages[0]
-		first.Content = system + "\n\n" + first.Content
-		msgs = append(msgs, first)
-		msgs = append(msgs, req.Messages[1:]...)
-	} else {
-		msgs = append(msgs, inference.Message{Role: inference.RoleSystem, Content: system})
-		msgs = append(msgs, req.Messages...)
-	}
-	req.Messages = msgs
 }

@@ -2,7 +2,9 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +85,52 @@ func TestTenantsShareSessionIDs(t *testing.T) {
 	require.Equal(t, value["globex"], steps[0].(map[string]any)["reward"], "globex's reward survives acme's forget")
 	_, _, export := e.do("GET", "/v1/trajectories?session_id="+sid, e.keyB, nil)
 	require.Contains(t, string(export), text["globex"])
+}
+
+// TestForgetCleansArtefacts: forgetting a session removes the playbook
+// lessons and tool overrides it taught from every version, and a clean
+// version serves at once; other sessions' and other tenants' lessons stay,
+// and no other tenant's lesson ever reaches a prompt.
+func TestForgetCleansArtefacts(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	for _, sid := range []string{"taught-1", "taught-2"} {
+		st, _ := e.doJSON("POST", "/v1/chat/completions", e.keyA, chatBody("hi"), "X-Session-Id", sid)
+		require.Equal(t, 200, st)
+	}
+	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+		($1, 'playbook', 1, '{"items":[{"id":"p1","content":"forgotten lesson","tenant":"acme","sessions":["taught-1"]}]}', 'superseded'),
+		($1, 'playbook', 2, '{"items":[{"id":"p1","content":"forgotten lesson","tenant":"acme","sessions":["taught-1","x"]},
+			{"id":"p2","content":"kept lesson","tenant":"acme","sessions":["taught-2"]},
+			{"id":"p3","content":"globex lesson","tenant":"globex","sessions":["taught-1"]}]}', 'serving'),
+		($1, 'tool_schema', 1, '{"tenants":{"acme":{"search":{"description":"forgotten tool text","sessions":["taught-1"]}}}}', 'serving')`, fixtureModel)
+	require.NoError(t, err)
+	injected := func(key string) string {
+		_, c := e.doJSON("POST", "/v1/chat/completions", key, chatBody("q"))
+		var req struct {
+			Injected string `json:"injected_system"`
+		}
+		require.NoError(t, json.Unmarshal(e.captured(c["id"].(string)).Request, &req))
+		return req.Injected
+	}
+	eventually(t, func() bool { return strings.Contains(injected(e.keyA), "forgotten lesson") }, "the serving playbook applies")
+	require.NotContains(t, injected(e.keyA), "globex lesson")
+
+	st, res := e.doJSON("POST", "/v1/forget", e.keyA, map[string]any{"session_id": "taught-1"})
+	require.Equal(t, 200, st, res)
+	require.ElementsMatch(t, []any{fixtureModel + "/playbook:3", fixtureModel + "/tool_schema:2"}, res["clean_artefacts"])
+	var leftovers int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM artefacts WHERE content::text LIKE '%forgotten%'`).Scan(&leftovers))
+	require.Zero(t, leftovers, "no version, serving or not, keeps what the session taught")
+	var serving []string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT array_agg(kind || ':' || version ORDER BY kind) FROM artefacts WHERE status = 'serving'`).Scan(&serving))
+	require.Equal(t, []string{"playbook:3", "tool_schema:2"}, serving)
+
+	eventually(t, func() bool { return !strings.Contains(injected(e.keyA), "forgotten lesson") }, "the clean version serves")
+	got := injected(e.keyA)
+	require.Contains(t, got, "kept lesson")
+	require.NotContains(t, got, "globex lesson")
+	require.Contains(t, injected(e.keyB), "globex lesson", "globex's lesson from its own session of that name stays")
 }

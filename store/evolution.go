@@ -34,7 +34,7 @@ func SessionWindow(ctx context.Context, db DBTX, deployment string, from, to tim
 WITH sess AS (
     SELECT i.session_id, i.tenant_id, sum(i.prompt_tokens + i.completion_tokens) AS tokens
     FROM interactions i
-    WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3
+    WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND `+consentedSQL+`
     GROUP BY i.session_id, i.tenant_id
 ), scored AS (
     SELECT s.session_id, s.tenant_id, s.tokens,
@@ -58,18 +58,22 @@ FROM scored`, deployment, from, to).Scan(&w.Sessions, &w.RewardedSessions, &w.Me
 	return w, nil
 }
 
-// ToolStats is one tool's calls and failures in a window.
+// ToolStats is one tenant's calls and failures of one tool in a window.
 type ToolStats struct {
+	Tenant   string
 	Tool     string
 	Calls    int
 	Failures int
+	// Example is the failure message seen most often, and Sessions the
+	// sessions where it was seen.
 	Example  string
+	Sessions []string
 }
 
-// ToolFailures counts, per tool, the tool results in a deployment's
-// requests in [from, to) and how many of them report an error. A result is
-// matched to its tool by tool_call_id; each call counts once per session
-// although later turns repeat it.
+// ToolFailures counts, per tenant and tool, the tool results in a
+// deployment's consented requests in [from, to) and how many of them
+// report an error. A result is matched to its tool by tool_call_id; each
+// call counts once per session although later turns repeat it.
 func ToolFailures(ctx context.Context, db DBTX, deployment string, from, to time.Time) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `
 WITH msgs AS (
@@ -84,19 +88,24 @@ WITH msgs AS (
     SELECT DISTINCT ON (tenant_id, session_id, m->>'tool_call_id') tenant_id, session_id, m->>'tool_call_id' AS call_id, left(m->>'content', 200) AS content
     FROM msgs WHERE m->>'role' = 'tool'
 ), joined AS (
-    SELECT c.tool, r.content, r.content ~* '^\s*(error|exception|traceback|failed)|"error"' AS failed
+    SELECT c.tenant_id, c.session_id, c.tool, r.content, r.content ~* '^\s*(error|exception|traceback|failed)|"error"' AS failed
     FROM results r JOIN calls c USING (tenant_id, session_id, call_id)
+), example AS (
+    SELECT DISTINCT ON (tenant_id, tool) tenant_id, tool, content
+    FROM (SELECT tenant_id, tool, content, count(*) AS n FROM joined WHERE failed GROUP BY 1, 2, 3) x
+    ORDER BY tenant_id, tool, n DESC, content
 )
-SELECT tool, count(*), count(*) FILTER (WHERE failed),
-       COALESCE((SELECT content FROM joined j2 WHERE j2.tool = joined.tool AND j2.failed
-                 GROUP BY content ORDER BY count(*) DESC, content LIMIT 1), '')
-FROM joined WHERE tool IS NOT NULL GROUP BY tool ORDER BY count(*) FILTER (WHERE failed) DESC, tool`, deployment, from, to)
+SELECT j.tenant_id, j.tool, count(*), count(*) FILTER (WHERE j.failed), COALESCE(e.content, ''),
+       COALESCE(array_agg(DISTINCT j.session_id) FILTER (WHERE j.failed AND j.content = e.content), '{}')
+FROM joined j LEFT JOIN example e USING (tenant_id, tool)
+WHERE j.tool IS NOT NULL GROUP BY j.tenant_id, j.tool, e.content
+ORDER BY count(*) FILTER (WHERE j.failed) DESC, j.tenant_id, j.tool`, deployment, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("tool failures of %s: %w", deployment, err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ToolStats, error) {
 		var s ToolStats
-		err := r.Scan(&s.Tool, &s.Calls, &s.Failures, &s.Example)
+		err := r.Scan(&s.Tenant, &s.Tool, &s.Calls, &s.Failures, &s.Example, &s.Sessions)
 		return s, err
 	})
 }
@@ -117,8 +126,10 @@ ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// Correction is a negatively rewarded answer with what the user said next.
+// Correction is a negatively rewarded answer with what the user said next,
+// and the tenant's session it was given in.
 type Correction struct {
+	TenantID, SessionID      string
 	Prompt, Answer, FollowUp string
 }
 
@@ -136,7 +147,7 @@ const consentedSQL = `EXISTS (SELECT 1 FROM sessions cs JOIN tenants ct ON ct.id
 // message in the session (the correction), newest first.
 func Corrections(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]Correction, error) {
 	rows, err := db.Query(ctx, `
-SELECT
+SELECT i.tenant_id, i.session_id,
   COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
             WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), ''),
   COALESCE(i.response->'message'->>'content', ''),
@@ -155,7 +166,7 @@ ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Correction, error) {
 		var c Correction
-		err := r.Scan(&c.Prompt, &c.Answer, &c.FollowUp)
+		err := r.Scan(&c.TenantID, &c.SessionID, &c.Prompt, &c.Answer, &c.FollowUp)
 		return c, err
 	})
 }

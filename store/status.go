@@ -269,7 +269,7 @@ func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) 
 		func() (err error) { d.Versions, err = versionsOf(ctx, db, q, name, d.ServingVersion, d.Canary); return },
 		func() (err error) { d.Releases, err = releasesOf(ctx, db, name, q.Limit); return },
 		func() (err error) { d.ReleaseCounts, err = releaseCountsOf(ctx, db, name); return },
-		func() (err error) { d.Decisions, err = decisionsOf(ctx, db, name, q.Limit); return },
+		func() (err error) { d.Decisions, err = decisionsOf(ctx, db, name, q.TenantID, q.Limit); return },
 		func() (err error) { d.TrainingRuns, err = trainingRunsOf(ctx, db, q, name); return },
 		func() (err error) { d.TrainingCounts, err = trainingCountsOf(ctx, db, name); return },
 		func() (err error) { d.Anchor, err = AnchorOf(ctx, db, name); return },
@@ -390,18 +390,22 @@ func trainingCountsOf(ctx context.Context, db DBTX, deployment string) (map[stri
 	return out, nil
 }
 
-func decisionsOf(ctx context.Context, db DBTX, deployment string, limit int) ([]DecisionStatus, error) {
+func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limit int) ([]DecisionStatus, error) {
 	rows, err := ListDecisions(ctx, db, deployment, limit)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]DecisionStatus, len(rows))
 	for i, r := range rows {
-		ev, err := scrubEvidence(r.Evidence)
+		ev, theirs, err := scrubEvidence(r.Evidence, tenantID)
 		if err != nil {
 			return nil, fmt.Errorf("decision %d: %w", r.ID, err)
 		}
-		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: r.Reason, Evidence: ev, CreatedAt: r.CreatedAt}
+		reason := r.Reason
+		if theirs {
+			reason = "a tool of another tenant failed often: its description changes for that tenant only"
+		}
+		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
 	}
 	return out, nil
 }
@@ -417,29 +421,40 @@ func jsonObject(raw []byte) map[string]any {
 	return m
 }
 
-// scrubEvidence drops the example failure messages of tool failure
-// clusters: they are text from some tenant's tool results, and the
-// deployment's decisions are shown to every tenant that uses it.
-func scrubEvidence(raw json.RawMessage) (json.RawMessage, error) {
+// scrubEvidence keeps, of a decision's evidence, what the tenant may see:
+// the deployment's decisions are shown to every tenant that uses it, and
+// tool failure clusters are one tenant's tool names and results. Other
+// tenants' clusters (and clusters of no tenant, recorded before clusters
+// were per tenant) go; theirs reports a decision about another tenant's
+// tool, whose target goes too.
+func scrubEvidence(raw json.RawMessage, tenantID string) (json.RawMessage, bool, error) {
 	if len(raw) == 0 {
-		return json.RawMessage(`{}`), nil
+		return json.RawMessage(`{}`), false, nil
 	}
 	var ev map[string]any
 	if err := json.Unmarshal(raw, &ev); err != nil {
-		return nil, fmt.Errorf("decode evidence: %w", err)
+		return nil, false, fmt.Errorf("decode evidence: %w", err)
 	}
 	if tools, ok := ev["tool_failures"].([]any); ok {
+		mine := []any{}
 		for _, t := range tools {
-			if m, ok := t.(map[string]any); ok {
-				delete(m, "example")
+			if m, ok := t.(map[string]any); ok && m["tenant"] == tenantID {
+				mine = append(mine, m)
 			}
 		}
+		ev["tool_failures"] = mine
+	}
+	theirs := false
+	if t, ok := ev["tenant"].(string); ok && t != tenantID {
+		theirs = true
+		delete(ev, "target")
+		delete(ev, "tenant")
 	}
 	out, err := json.Marshal(ev)
 	if err != nil {
-		return nil, fmt.Errorf("encode evidence: %w", err)
+		return nil, false, fmt.Errorf("encode evidence: %w", err)
 	}
-	return out, nil
+	return out, theirs, nil
 }
 
 func trainingRunsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]TrainingRunStatus, error) {

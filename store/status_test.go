@@ -114,8 +114,13 @@ func TestLoadStatus(t *testing.T) {
 	require.NoError(t, store.RecordGate(ctx, pool, rel2.ID, "canary", false, map[string]any{"candidate_mean_reward": -1.0, "insufficient": true}))
 
 	_, err = store.RecordDecision(ctx, pool, store.DecisionRow{Deployment: "dep", Decision: "weights", Reason: "reward trend down",
-		Evidence:   json.RawMessage(`{"sessions": 4, "tool_failures": [{"tool": "search", "calls": 3, "failures": 2, "example": "secret tool output"}]}`),
+		Evidence: json.RawMessage(`{"sessions": 4, "tool_failures": [{"tenant": "a", "tool": "search", "calls": 3, "failures": 2, "example": "a's own output"},
+			{"tenant": "b", "tool": "b_ledger", "calls": 5, "failures": 5, "example": "secret tool output"}, {"tool": "legacy_tool", "calls": 4, "failures": 4}]}`),
 		WorkflowID: "evo-1"})
+	require.NoError(t, err)
+	_, err = store.RecordDecision(ctx, pool, store.DecisionRow{Deployment: "dep", Decision: "tool_schema", Reason: "tool b_ledger of tenant b failed 5 of 5 calls",
+		Evidence:   json.RawMessage(`{"sessions": 4, "target": "b_ledger", "tenant": "b", "tool_failures": [{"tenant": "b", "tool": "b_ledger", "calls": 5, "failures": 5}]}`),
+		WorkflowID: "evo-2"})
 	require.NoError(t, err)
 
 	// s2 was assembled but every step was redacted; s3 is open; s4 ended
@@ -180,10 +185,18 @@ func TestLoadStatus(t *testing.T) {
 
 	require.Equal(t, map[string]map[string]int{"weights": {"promoted": 1, "running": 1}}, d.ReleaseCounts)
 
-	require.Len(t, d.Decisions, 1)
-	require.Equal(t, "weights", d.Decisions[0].Decision)
-	require.NotContains(t, string(d.Decisions[0].Evidence), "secret tool output")
-	require.Contains(t, string(d.Decisions[0].Evidence), `"failures":2`)
+	// Tenant a sees its own tool clusters only, and no other tenant's
+	// tool names in a decision about that tenant's tool.
+	require.Len(t, d.Decisions, 2)
+	require.Equal(t, []string{"tool_schema", "weights"}, []string{d.Decisions[0].Decision, d.Decisions[1].Decision})
+	for _, dec := range d.Decisions {
+		for _, theirs := range []string{"secret tool output", "b_ledger", "legacy_tool"} {
+			require.NotContains(t, string(dec.Evidence), theirs)
+			require.NotContains(t, dec.Reason, theirs)
+		}
+	}
+	require.Contains(t, string(d.Decisions[1].Evidence), `"failures":2`)
+	require.Contains(t, string(d.Decisions[1].Evidence), "a's own output")
 
 	require.Len(t, d.TrainingRuns, 2)
 	require.Equal(t, []int64{run2, run1}, []int64{d.TrainingRuns[0].ID, d.TrainingRuns[1].ID})

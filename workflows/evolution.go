@@ -68,9 +68,11 @@ type ProposeArtefactInput struct {
 	Deployment string
 	Kind       string
 	Target     string
-	Evidence   evolution.Evidence
-	Window     time.Duration
-	Key        string
+	// Tenant is whose tool a tool-schema change is for.
+	Tenant   string `json:",omitempty"`
+	Evidence evolution.Evidence
+	Window   time.Duration
+	Key      string
 }
 
 // ProposeArtefactOutput is the candidate artefact (Version 0: nothing to
@@ -169,7 +171,7 @@ func EvolutionWorkflow(ctx workflow.Context, in EvolutionInput) (EvolutionResult
 		}
 		var art ProposeArtefactOutput
 		if err := workflow.ExecuteActivity(actx, ProposeArtefactActivity, ProposeArtefactInput{
-			Deployment: in.Deployment, Kind: kind, Target: res.Decision.Target, Evidence: res.Evidence,
+			Deployment: in.Deployment, Kind: kind, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
 			Window: in.Window, Key: info.WorkflowExecution.ID,
 		}).Get(ctx, &art); err != nil {
 			return res, fmt.Errorf("propose %s: %w", kind, err)
