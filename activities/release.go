@@ -364,13 +364,24 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 // sequence (valid however often it is looked at) and rolls back once the
 // candidate is shown more than MaxRewardDrop worse. Drift over many
 // releases is the held-out suite's to bound (the anchor), and the
-// watchdog's once the candidate serves.
+// watchdog's once the candidate serves. An artefact release's sides are
+// the calls the serving weights answered under the candidate artefact and
+// under the serving one (the gateway records each call's artefacts).
 func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	c, cr, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, in.Candidate, in.Since)
+	candVersion, baseVersion := in.Candidate, in.Baseline
+	var candArtefacts, baseArtefacts *string
+	if store.ArtefactKind(in.Layer) != "" {
+		cand, base, err := r.variants(ctx, in)
+		if err != nil {
+			return workflows.GateResult{}, err
+		}
+		candVersion, baseVersion, candArtefacts, baseArtefacts = cand.version, base.version, &cand.suffix, &base.suffix
+	}
+	c, cr, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, candVersion, candArtefacts, in.Since)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
-	b, br, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, in.Baseline, in.Since)
+	b, br, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, baseVersion, baseArtefacts, in.Since)
 	if err != nil {
 		return workflows.GateResult{}, err
 	}
@@ -387,8 +398,17 @@ func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows
 		}
 	}
 	if c.Rewarded < need || b.Rewarded < need {
-		return workflows.GateResult{Passed: false, Insufficient: true, Metrics: m,
-			Reason: fmt.Sprintf("%d candidate and %d baseline rewarded interactions; %d each needed", c.Rewarded, b.Rewarded, need)}, nil
+		why := fmt.Sprintf("%d candidate and %d baseline rewarded interactions; %d each needed", c.Rewarded, b.Rewarded, need)
+		if in.Final {
+			// Out of time: the canary could not evaluate, which passes
+			// only where the policy allows unevaluated gates.
+			res := notEvaluated(in, why)
+			for k, v := range m {
+				res.Metrics[k] = v
+			}
+			return res, nil
+		}
+		return workflows.GateResult{Passed: false, Insufficient: true, Metrics: m, Reason: why}, nil
 	}
 	lower, upper := r.rewardDiff(cr, br, in.Policy.Alpha)
 	m["reward_diff_lower"], m["reward_diff_upper"] = lower, upper

@@ -290,3 +290,50 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"dep@v1", fmt.Sprintf("dep@v1+harness:%d", a.Version), "dep@v2", "dep@v3"}, subjects)
 }
+
+// TestCanaryOfAnArtefactRelease: an artefact release's canary compares the
+// calls the serving weights answered under the candidate artefact with
+// those under the serving one, and a canary that ran out of time with too
+// little traffic did not evaluate.
+func TestCanaryOfAnArtefactRelease(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	_, err := db.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+		('dep', 'harness', 1, '{"system_prompt":"Be brief."}', 'serving'), ('dep', 'harness', 2, '{"system_prompt":"Be vague."}', 'candidate')`)
+	require.NoError(t, err)
+	r := &Release{DB: db}
+	begin := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerHarness, Candidate: "2"})
+	tag := func(key string) {
+		_, err := db.Exec(ctx, `UPDATE interactions SET request = request || jsonb_build_object('artefacts', $1::text) WHERE NOT request ? 'artefacts'`, key)
+		require.NoError(t, err)
+	}
+	seedTraffic(t, db, "acme", "dep", "dep@v1", 60, 0.8)
+	tag("+harness:1")
+	seedTraffic(t, db, "acme", "dep", "dep@v1", 60, 0.1)
+	tag("+harness:2")
+	seedTraffic(t, db, "acme", "dep", "dep@v0", 30, 0.1) // another version's calls are neither side
+	tag("+harness:2")
+
+	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
+		Gate: workflows.GateCanary, Since: time.Now().Add(-time.Minute), Policy: workflows.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
+	res, err := r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.True(t, res.Regressed, res.Reason)
+	require.Equal(t, 60.0, res.Metrics["candidate_interactions"])
+	require.Equal(t, 60.0, res.Metrics["baseline_interactions"])
+	require.InDelta(t, 0.1, res.Metrics["candidate_mean_reward"], 1e-9)
+	require.InDelta(t, 0.8, res.Metrics["baseline_mean_reward"], 1e-9)
+
+	gate.Since, gate.Final = time.Now().Add(time.Hour), true
+	res, err = r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.False(t, res.Passed)
+	require.True(t, res.NotEvaluated, "no traffic by the last check: not evaluated, so not passed")
+	gate.Policy.AllowUnevaluated = true
+	res, err = r.EvaluateGate(ctx, gate)
+	require.NoError(t, err)
+	require.True(t, res.Passed, res.Reason)
+}

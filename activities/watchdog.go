@@ -126,7 +126,7 @@ func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving
 // live is a version's live reward over all the traffic it served, as a
 // confidence sequence at alpha.
 func (r *Release) live(ctx context.Context, deployment, version string, alpha float64) (evolution.Live, error) {
-	o, series, err := store.OutcomeSeries(ctx, r.DB, deployment, version, time.Time{})
+	o, series, err := store.OutcomeSeries(ctx, r.DB, deployment, version, nil, time.Time{})
 	if err != nil {
 		return evolution.Live{}, err
 	}

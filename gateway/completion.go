@@ -212,7 +212,7 @@ func toInt32(xs []int) []int32 {
 
 // row builds the interaction to capture from a finished (or failed) call.
 func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr error, status string) *store.NewInteraction {
-	reqJSON, _ := json.Marshal(trajectory.StoredRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Protocol: cl.protocol,
+	reqJSON, _ := json.Marshal(trajectory.StoredRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Artefacts: cl.target.artefactsKey, Protocol: cl.protocol,
 		ClientRequest: cl.raw, EndUser: cl.endUser})
 	n := &store.NewInteraction{
 		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,10 +46,53 @@ type target struct {
 	// system is the serving harness and the tenant's playbook lessons, as
 	// injected in front of the system prompt.
 	system string
-	// artefacts are the deployment's serving artefacts, and toolVersion
-	// the version of its tool schema.
-	artefacts   evolution.ArtefactSet
-	toolVersion int
+	// artefacts are the artefacts the request is served under (the
+	// serving ones, or an artefact canary's), artefactsKey names their
+	// versions (store.ArtefactSuffix), and toolVersion is the version of
+	// the tool schema among them.
+	artefacts    evolution.ArtefactSet
+	artefactsKey string
+	toolVersion  int
+}
+
+// routeArtefacts is a route's artefacts decoded: the serving set and, while
+// an artefact release is in its canary, the set with the candidate in place
+// of its kind's serving version.
+type routeArtefacts struct {
+	serving, canary       evolution.ArtefactSet
+	servingKey, canaryKey string
+	// servingTools and canaryTools are the tool schema versions.
+	servingTools, canaryTools int
+	canaryShare               float64
+}
+
+// decodeArtefacts decodes a route's artefacts once per refresh.
+func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
+	var ra routeArtefacts
+	versions := make([]store.StoredArtefact, 0, len(route.Artefacts))
+	for kind, a := range route.Artefacts {
+		if err := ra.serving.Decode(kind, a.Content); err != nil {
+			r.logger.Warn(msgArtefactUnreadable, "deployment", route.Deployment, "kind", kind, "version", a.Version, "err", err)
+			continue
+		}
+		versions = append(versions, store.StoredArtefact{Kind: kind, Version: a.Version})
+	}
+	ra.servingKey = store.ArtefactSuffix(versions, "", "")
+	ra.servingTools = route.Artefacts[evolution.KindToolSchema].Version
+	if c := route.ArtefactCanary; c != nil {
+		ra.canary = ra.serving
+		if err := ra.canary.Decode(c.Kind, c.Content); err != nil {
+			r.logger.Warn(msgArtefactUnreadable, "deployment", route.Deployment, "kind", c.Kind, "version", c.Version, "err", err)
+			return ra
+		}
+		ra.canaryKey = store.ArtefactSuffix(versions, c.Kind, strconv.Itoa(c.Version))
+		ra.canaryTools = ra.servingTools
+		if c.Kind == evolution.KindToolSchema {
+			ra.canaryTools = c.Version
+		}
+		ra.canaryShare = c.Share
+	}
+	return ra
 }
 
 // router maps a model name to a backend and version.
@@ -60,8 +104,8 @@ type router struct {
 
 	mu     sync.Mutex
 	routes map[string]*store.Route
-	// sets are the routes' serving artefacts, decoded once per refresh.
-	sets       map[string]evolution.ArtefactSet
+	// sets are the routes' artefacts, decoded once per refresh.
+	sets       map[string]routeArtefacts
 	loadedAt   time.Time
 	refreshing bool
 	dynamic    map[string]inference.Backend // upstream backends built from deployments rows, by config
@@ -127,7 +171,7 @@ func (r *router) load(ctx context.Context) map[string]*store.Route {
 }
 
 // loadSets is load with the routes' decoded artefacts.
-func (r *router) loadSets(ctx context.Context) (map[string]*store.Route, map[string]evolution.ArtefactSet) {
+func (r *router) loadSets(ctx context.Context) (map[string]*store.Route, map[string]routeArtefacts) {
 	if r.db == nil {
 		return nil, nil
 	}
@@ -148,19 +192,13 @@ func (r *router) loadSets(ctx context.Context) (map[string]*store.Route, map[str
 	return routes, sets
 }
 
-func (r *router) refresh(ctx context.Context) (map[string]*store.Route, map[string]evolution.ArtefactSet) {
+func (r *router) refresh(ctx context.Context) (map[string]*store.Route, map[string]routeArtefacts) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	routes, err := store.LoadRoutes(ctx, r.db)
-	sets := make(map[string]evolution.ArtefactSet, len(routes))
+	sets := make(map[string]routeArtefacts, len(routes))
 	for name, route := range routes {
-		var set evolution.ArtefactSet
-		for kind, a := range route.Artefacts {
-			if err := set.Decode(kind, a.Content); err != nil {
-				r.logger.Warn(msgArtefactUnreadable, "deployment", name, "kind", kind, "version", a.Version, "err", err)
-			}
-		}
-		sets[name] = set
+		sets[name] = r.decodeArtefacts(route)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -193,7 +231,13 @@ func (r *router) resolve(ctx context.Context, model, tenantID, sessionID string)
 		if route.CanaryVersion != "" && route.CanaryShare > 0 && shareOf(sessionID) < route.CanaryShare {
 			t.version = route.CanaryVersion
 		}
-		t.artefacts, t.toolVersion = sets[model], route.Artefacts[evolution.KindToolSchema].Version
+		ra := sets[model]
+		t.artefacts, t.artefactsKey, t.toolVersion = ra.serving, ra.servingKey, ra.servingTools
+		// Its own split, so the sessions of a weights canary are not
+		// also the artefact canary's.
+		if ra.canaryShare > 0 && shareOf(sessionID+"\x00artefacts") < ra.canaryShare {
+			t.artefacts, t.artefactsKey, t.toolVersion = ra.canary, ra.canaryKey, ra.canaryTools
+		}
 		t.system = t.artefacts.System(tenantID)
 	}
 	if t.backend == nil {

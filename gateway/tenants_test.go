@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,4 +134,40 @@ func TestForgetCleansArtefacts(t *testing.T) {
 	require.Contains(t, got, "kept lesson")
 	require.NotContains(t, got, "globex lesson")
 	require.Contains(t, injected(e.keyB), "globex lesson", "globex's lesson from its own session of that name stays")
+}
+
+// TestArtefactCanaryRouting: while an artefact release is in its canary,
+// its share of sessions is served under the candidate artefact (sticky per
+// session), and every call records which artefact versions served it.
+func TestArtefactCanaryRouting(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+		($1, 'harness', 1, '{"system_prompt":"serving harness"}', 'serving'), ($1, 'harness', 2, '{"system_prompt":"candidate harness"}', 'candidate')`, fixtureModel)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, canary_share) VALUES ($1, 'harness', '2', 0.5)`, fixtureModel)
+	require.NoError(t, err)
+	served := func(session string) (key, injected string) {
+		_, c := e.doJSON("POST", "/v1/chat/completions", e.keyA, chatBody("q"), "X-Session-Id", session)
+		var req struct {
+			Artefacts string `json:"artefacts"`
+			Injected  string `json:"injected_system"`
+		}
+		require.NoError(t, json.Unmarshal(e.captured(c["id"].(string)).Request, &req))
+		return req.Artefacts, req.Injected
+	}
+	seen := map[string]int{}
+	for i := range 40 {
+		session := "canary-" + strconv.Itoa(i)
+		key, injected := served(session)
+		seen[key]++
+		require.Equal(t, map[string]string{"+harness:1": "serving harness", "+harness:2": "candidate harness"}[key], injected, "%s: the recorded key names what served", session)
+		again, _ := served(session)
+		require.Equal(t, key, again, "a session stays on its side")
+	}
+	require.Positive(t, seen["+harness:1"])
+	require.Positive(t, seen["+harness:2"])
+	require.Equal(t, 40, seen["+harness:1"]+seen["+harness:2"])
 }

@@ -21,6 +21,17 @@ type Route struct {
 	// Artefacts are the serving playbook / harness / tool_schema contents
 	// by kind.
 	Artefacts map[string]Artefact
+	// ArtefactCanary is the candidate of a running artefact release in its
+	// canary phase: it serves Share of sessions in place of its kind's
+	// serving version (nil: none).
+	ArtefactCanary *ArtefactCanary
+}
+
+// ArtefactCanary is an artefact release's candidate on live traffic.
+type ArtefactCanary struct {
+	Kind  string
+	Share float64
+	Artefact
 }
 
 // Artefact is a serving memory or harness artefact.
@@ -30,8 +41,9 @@ type Artefact struct {
 	Content json.RawMessage
 }
 
-// LoadRoutes reads every deployment with its running weights release and
-// serving artefacts, in three small queries.
+// LoadRoutes reads every deployment with its running weights release, its
+// artefact release in canary and its serving artefacts, in four small
+// queries.
 func LoadRoutes(ctx context.Context, db DBTX) (map[string]*Route, error) {
 	routes := map[string]*Route{}
 	rows, err := db.Query(ctx, `SELECT name, backend, config, coalesce(serving_version, '') FROM deployments`)
@@ -70,6 +82,28 @@ func LoadRoutes(ctx context.Context, db DBTX) (map[string]*Route, error) {
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load releases: %w", err)
+	}
+	rows, err = db.Query(ctx, `SELECT DISTINCT ON (r.deployment) r.deployment, a.kind, r.canary_share, a.id, a.version, a.content
+		FROM releases r JOIN artefacts a ON a.deployment = r.deployment AND a.kind = r.layer AND a.version::text = r.candidate
+		WHERE r.layer IN ('playbook', 'harness', 'tool_schema') AND r.status = 'running' AND r.canary_share > 0
+		ORDER BY r.deployment, r.started_at DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("load artefact canaries: %w", err)
+	}
+	for rows.Next() {
+		var dep string
+		var c ArtefactCanary
+		if err := rows.Scan(&dep, &c.Kind, &c.Share, &c.ID, &c.Version, &c.Content); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scan artefact canary: %w", err)
+		}
+		if r, ok := routes[dep]; ok {
+			r.ArtefactCanary = &c
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load artefact canaries: %w", err)
 	}
 	rows, err = db.Query(ctx, `SELECT DISTINCT ON (deployment, kind) deployment, kind, id, version, content
 		FROM artefacts WHERE status = 'serving' AND kind IN ('playbook', 'harness', 'tool_schema')

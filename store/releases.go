@@ -255,15 +255,18 @@ type VersionOutcomes struct {
 const maxOutcomeSeries = 20_000
 
 // OutcomeSeries summarises the deployment's interactions served by version
-// since t and returns each rewarded one's reward in the order they were
-// served (the most recent maxOutcomeSeries): an interaction's reward is
-// its own step rewards' mean, else its session's outcome rewards' mean.
-func OutcomeSeries(ctx context.Context, db DBTX, deployment, version string, since time.Time) (VersionOutcomes, []float64, error) {
+// since t (and, when artefacts is not nil, under exactly those artefact
+// versions, store.ArtefactSuffix) and returns each rewarded one's reward
+// in the order they were served (the most recent maxOutcomeSeries): an
+// interaction's reward is its own step rewards' mean, else its session's
+// outcome rewards' mean.
+func OutcomeSeries(ctx context.Context, db DBTX, deployment, version string, artefacts *string, since time.Time) (VersionOutcomes, []float64, error) {
 	var o VersionOutcomes
 	rows, err := db.Query(ctx, `
 WITH inter AS (
     SELECT i.id, i.tenant_id, i.session_id, i.status, i.created_at FROM interactions i
     WHERE i.deployment = $1 AND i.model_version = $2 AND i.created_at >= $3
+      AND ($5::text IS NULL OR coalesce(i.request->>'artefacts', '') = $5)
 ), scored AS (
     SELECT inter.id, inter.status, inter.created_at, COALESCE(
         (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = inter.id),
@@ -276,7 +279,7 @@ WITH inter AS (
 SELECT (SELECT count(*) FROM scored), (SELECT count(*) FILTER (WHERE status <> 'ok') FROM scored),
        (SELECT count(*) FROM scored WHERE reward IS NOT NULL),
        COALESCE((SELECT array_agg(reward ORDER BY created_at, id) FROM recent), '{}')`,
-		deployment, version, since, maxOutcomeSeries)
+		deployment, version, since, maxOutcomeSeries, artefacts)
 	if err != nil {
 		return o, nil, fmt.Errorf("outcomes of %s since %s: %w", version, since.Format(time.RFC3339), err)
 	}

@@ -22,9 +22,13 @@ type StoredRequest struct {
 	// put in front of the client's system prompt.
 	InjectedSystem string            `json:"injected_system,omitempty"`
 	ToolVersions   map[string]string `json:"tool_versions,omitempty"`
-	Protocol       string            `json:"protocol"`
-	ClientRequest  json.RawMessage   `json:"client_request"`
-	EndUser        string            `json:"end_user,omitempty"`
+	// Artefacts names the artefact versions the call was served under
+	// ("+harness:1+playbook:3", store.ArtefactSuffix): an artefact
+	// release's canary compares its candidate's calls with the others'.
+	Artefacts     string          `json:"artefacts,omitempty"`
+	Protocol      string          `json:"protocol"`
+	ClientRequest json.RawMessage `json:"client_request"`
+	EndUser       string          `json:"end_user,omitempty"`
 }
 
 // StoredResponse is the part of an interaction's response JSON (an

@@ -76,7 +76,7 @@ func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
 	require.Equal(t, "release "+ReleaseWorkflowID("dep", LayerPlaybook, "3"), res.Action)
 	require.Equal(t, ReleasePromoted, res.Release)
 	require.Equal(t, LayerPlaybook, acts.release.finished[0].Layer)
-	require.Zero(t, acts.release.calls[GateCanary], "artefacts are gated offline")
+	require.Equal(t, testPolicy.CanaryChecks, acts.release.calls[GateCanary], "an artefact passes the live canary too")
 }
 
 func TestEvolutionToolSchemaAndNothingToPropose(t *testing.T) {

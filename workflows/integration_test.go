@@ -523,8 +523,9 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 			// noise too: this test is about the loop (the gates have their
 			// own tests), hence a drop allowance wider than the score range,
 			// and unevaluated gates allowed: the corrections came before the
-			// shadow window, which sees no traffic.
-			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, MaxRewardDrop: 2, AllowUnevaluated: true}})
+			// shadow window and the canary, which see no traffic.
+			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
+				MaxRewardDrop: 2, AllowUnevaluated: true}})
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

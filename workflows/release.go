@@ -42,6 +42,11 @@ const (
 // round trip per gate instead of two).
 const releaseChangeGatesV2 = "release-gates-v2"
 
+// releaseChangeArtefactCanary: artefact releases (playbook, harness,
+// tool_schema) pass the live canary too; before, they promoted on the
+// offline gates alone.
+const releaseChangeArtefactCanary = "release-artefact-canary"
+
 // Release outcomes (releases.status).
 const (
 	ReleasePromoted   = "promoted"
@@ -419,9 +424,10 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	}
 
 	// Canary: a share of live traffic, compared with control as it comes.
-	// The gateway routes canary traffic by model version only, so artefact
-	// layers are judged by the offline gates alone.
-	if r.in.Layer != LayerWeights {
+	// The gateway serves a weights candidate's share by model version and
+	// an artefact candidate's share (its own split of sessions) under the
+	// candidate artefact.
+	if r.in.Layer != LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
 		return r.approval(ctx, "offline gates passed (no live canary for the "+r.in.Layer+" layer)")
 	}
 	if err := phase(GateCanary, p.CanaryShare); err != nil {

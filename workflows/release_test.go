@@ -197,13 +197,30 @@ func TestReleaseWaitsForApproval(t *testing.T) {
 	require.Contains(t, res.State.Reason, "no approval")
 }
 
-func TestReleaseOfAnArtefactSkipsTheLiveCanary(t *testing.T) {
+// TestReleaseOfAnArtefactPassesTheLiveCanary: an artefact candidate serves
+// the canary share of live traffic like weights do, and a canary loss
+// rolls it back.
+func TestReleaseOfAnArtefactPassesTheLiveCanary(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerHarness, Candidate: "3", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, ReleasePromoted, res.State.Status)
-	require.Zero(t, acts.calls[GateCanary])
 	require.Equal(t, 1, acts.calls[GateSafety])
+	require.Equal(t, testPolicy.CanaryChecks, acts.calls[GateCanary])
+	var share float64
+	for _, p := range acts.phases {
+		if p.Phase == GateCanary {
+			share = p.CanaryShare
+		}
+	}
+	require.Equal(t, testPolicy.CanaryShare, share)
+
+	env, acts = newReleaseEnv(t)
+	acts.verdicts[GateCanary] = []GateResult{{Passed: false, Regressed: true, Reason: "mean reward: worse"}}
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerPlaybook, Candidate: "4", Policy: testPolicy})
+	res = releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Contains(t, res.State.Reason, "canary gate failed")
 }
 
 func TestReleaseRejectsBadInput(t *testing.T) {
