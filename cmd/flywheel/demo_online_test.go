@@ -139,7 +139,7 @@ func (s *demoSystem) logTraining(t *testing.T) {
   SELECT id, 0 FROM model_versions WHERE deployment = $1 AND parent_version IS NULL
   UNION ALL SELECT v.id, depth.d + 1 FROM model_versions v JOIN depth ON v.parent_version = depth.id)
 `
-	var steps, baseline, dropped, trainerDropped int
+	var steps, baseline, dropped, trainerDropped, restarts int
 	var perStep, groupSize, ahead, lag float64
 	require.NoError(t, s.pool.QueryRow(context.Background(), depth+`
 SELECT count(*), coalesce(avg((stats->>'samples')::float8), 0),
@@ -153,12 +153,19 @@ WHERE r.deployment = $1 AND r.status = 'trained'`, s.model).Scan(&steps, &perSte
 SELECT coalesce(avg(v.d - b.d), 0)::float8
 FROM model_version_lineage l JOIN training_samples ts ON ts.id = l.sample_id
 JOIN depth v ON v.id = l.version_id JOIN depth b ON b.id = ts.behaviour_version WHERE ts.deployment = $1`, s.model).Scan(&lag))
-	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; along the lineage a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it",
-		steps, perStep, groupSize, baseline, dropped, trainerDropped, ahead, lag)
+	// A line restarts where a version is trained from a parent that
+	// already had a child: the trainer went back (a regressed or unproven
+	// line, a watchdog rollback).
+	require.NoError(t, s.pool.QueryRow(context.Background(), `
+SELECT count(*) FROM model_versions v WHERE v.deployment = $1 AND EXISTS (
+  SELECT 1 FROM model_versions w WHERE w.deployment = $1 AND w.parent_version = v.parent_version AND w.created_at < v.created_at)`,
+		s.model).Scan(&restarts))
+	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; along the lineage a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it; the line restarted %d times",
+		steps, perStep, groupSize, baseline, dropped, trainerDropped, ahead, lag, restarts)
 }
 
-// logGates logs how the weights releases ended and why their gates said
-// what they said, grouped by gate and reason with the numbers masked, so a
+// logGates logs every gate verdict on the weights releases, grouped by
+// gate, outcome and reason with the numbers masked, so a
 // run whose control plane refused most candidates says which gate did and
 // whether it measured a loss or could not measure at all.
 func (s *demoSystem) logGates(t *testing.T) {
