@@ -71,8 +71,6 @@ type TrainingCarry struct {
 	Pending       string `json:",omitempty"`
 	PendingAhead  int    `json:",omitempty"`
 	PendingReason string `json:",omitempty"`
-	// Unproven is TrainingState.Unproven.
-	Unproven int `json:",omitempty"`
 }
 
 // TrainingPolicy says when a batch is ready and how it trains; zero fields
@@ -115,13 +113,6 @@ type TrainingPolicy struct {
 	// Masks are this deployment's KPop / IcePop settings (nil: the
 	// trainer's own, config trainer.*).
 	Masks *TokenMasks `json:",omitempty"`
-	// MaxUnproven is how many candidates in a row the held-out suite may
-	// refuse as not shown good enough (not shown worse) before training
-	// goes back to the serving weights. A line that does not prove itself
-	// trains on ever staler samples: the serving version they come from
-	// stays put while the trainer moves away from it. Default 3; negative:
-	// never.
-	MaxUnproven int `json:",omitempty"`
 }
 
 func (p TrainingPolicy) withDefaults() TrainingPolicy {
@@ -148,9 +139,6 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 	}
 	if p.StepsPerRun <= 0 {
 		p.StepsPerRun = 50
-	}
-	if p.MaxUnproven == 0 {
-		p.MaxUnproven = 3
 	}
 	switch {
 	case p.MaxAhead < 0:
@@ -259,9 +247,6 @@ type TrainingState struct {
 	RolledBack int
 	// Resets counts the times training went back to the serving weights.
 	Resets int
-	// Unproven counts the candidates refused in a row, since the last
-	// promotion or reset, as not shown good enough on the held-out suite.
-	Unproven int `json:",omitempty"`
 }
 
 // TrainingWorkflow is the training loop of one deployment (workflow id
@@ -270,9 +255,8 @@ type TrainingState struct {
 // queue, and releases candidates through ReleaseWorkflows. Training goes on
 // while a release is gated, up to MaxAhead steps past the serving version;
 // when the release ends the newest candidate is released next. A candidate
-// shown to regress sends the trainer back to the serving weights, as do
-// MaxUnproven candidates in a row not shown good enough and a rollback
-// that leaves nothing to release.
+// failing a safety or regression gate sends the trainer back to the
+// serving weights, as does a rollback that leaves nothing to release.
 func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, error) {
 	if in.Deployment == "" {
 		return TrainingState{}, temporal.NewNonRetryableApplicationError("training needs a Deployment", "BadInput", nil)
@@ -281,7 +265,7 @@ func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, er
 	r.st = TrainingState{Deployment: in.Deployment, Phase: "waiting"}
 	if c := in.Carry; c != nil {
 		r.st.Steps, r.st.LastVersion, r.trainNow = c.Steps, c.LastVersion, c.TrainNow
-		r.st.Serving, r.st.Ahead, r.st.Unproven = c.Serving, c.Ahead, c.Unproven
+		r.st.Serving, r.st.Ahead = c.Serving, c.Ahead
 		r.pending, r.pendingAhead, r.pendingReason = c.Pending, c.PendingAhead, c.PendingReason
 	}
 	if err := workflow.SetQueryHandler(ctx, TrainingStateQuery, func() (TrainingState, error) { return r.st, nil }); err != nil {
@@ -426,8 +410,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
 		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
-			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason,
-			Unproven: r.st.Unproven},
+			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason},
 	})
 }
 
@@ -502,7 +485,6 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 		}
 		if promoted {
 			r.st.Promoted++
-			r.st.Unproven = 0
 			r.st.Serving = r.relCand
 			// A reset since the release began (a watchdog rollback) already
 			// counted the trainer from the serving weights.
@@ -524,13 +506,6 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 				// may be in a dip on the way up; only one shown worse than
 				// allowed ends its line.
 				abandon = failed.Regressed
-			}
-			if failed.Gate == GateRegression && !failed.Regressed {
-				r.st.Unproven++
-				if r.p.MaxUnproven > 0 && r.st.Unproven >= r.p.MaxUnproven &&
-					workflow.GetVersion(ctx, trainingChangeUnprovenReset, workflow.DefaultVersion, 1) >= 1 {
-					abandon = true
-				}
 			}
 			if abandon || stuck {
 				if err := r.reset(ctx); err != nil {
@@ -560,7 +535,7 @@ func (r *trainingRun) reset(ctx workflow.Context) error {
 		return nil
 	}
 	r.st.Resets++
-	r.st.Ahead, r.pending, r.pendingAhead, r.st.Unproven = 0, "", 0, 0
+	r.st.Ahead, r.pending, r.pendingAhead = 0, "", 0
 	return nil
 }
 
@@ -591,11 +566,6 @@ func failedGate(s ReleaseState) GateResult {
 	}
 	return GateResult{}
 }
-
-// trainingChangeUnprovenReset: MaxUnproven candidates in a row not shown
-// good enough on the held-out suite send the trainer back to the serving
-// weights.
-const trainingChangeUnprovenReset = "training-reset-unproven-streak"
 
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.

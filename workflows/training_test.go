@@ -172,31 +172,6 @@ func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
 	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
 }
 
-// TestTrainingGoesBackAfterAStreakOfUnprovenCandidates: a line whose
-// candidates the held-out suite refuses MaxUnproven times in a row, none
-// of them shown worse, goes back to the serving weights; a promotion in
-// between starts the count again.
-func TestTrainingGoesBackAfterAStreakOfUnprovenCandidates(t *testing.T) {
-	unproven := GateResult{Passed: false, Reason: "not shown within the budget"}
-	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{unproven, unproven, {Passed: true}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
-		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 6, MaxUnproven: 2, Release: testPolicy}})
-	next := continueAsNewTraining(t, env.GetWorkflowError())
-	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v4 rolled_back", "dep@v5 promoted", "dep@v7 promoted"}, releasedCandidates(acts))
-	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets, "the second refusal in a row ends the line")
-	require.Zero(t, next.Carry.Unproven)
-
-	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{unproven, {Passed: true}, unproven, {Passed: true}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
-		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 6, MaxUnproven: 2, Release: testPolicy}})
-	continueAsNewTraining(t, env.GetWorkflowError())
-	require.Empty(t, acts.resets, "a promotion between two refusals: no streak")
-}
-
 // TestTrainingFollowsAWatchdogRollback: the watchdog moved serving back to
 // the anchor; the loop drops the candidates of the abandoned line and
 // trains on from the anchor's weights.
