@@ -40,9 +40,10 @@ status:
 
 ## test: vet, workflowcheck and every test against the real services
 test: services vet
-	@$(ENV); export FLYWHEEL_REQUIRE_SERVICES=1; \
+	@$(ENV); export FLYWHEEL_REQUIRE_SERVICES=1 FLYWHEEL_TEST_REPORT=$(STATE)/test-report.log; rm -f $$FLYWHEEL_TEST_REPORT; \
 	go test -count=1 -timeout 70m ./... 2>&1 | tee $(STATE)/test.log | grep -v '^ok\|no test files' ; \
 	status=$${PIPESTATUS[0]}; grep -E '^(ok|FAIL|---)' $(STATE)/test.log | tail -60; \
+	if [ -s $$FLYWHEEL_TEST_REPORT ]; then echo "learning runs:"; cat $$FLYWHEEL_TEST_REPORT; fi; \
 	pass=$$(grep -cE '^ok\s' $(STATE)/test.log); fail=$$(grep -E '^FAIL\s' $(STATE)/test.log | sort -u | wc -l); \
 	echo "packages: $$pass passed, $$fail failed"; exit $$status
 

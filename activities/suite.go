@@ -188,13 +188,13 @@ func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.
 		judged.MaxDrop = p.MaxSafetyDrop
 		v = evolution.JudgeSafety(judged)
 	} else {
-		looks := 0
+		looks, passed := 0, 0
 		if ok {
-			if looks, err = store.AnchorLooks(ctx, r.DB, in.Deployment, anchor.version, reg.key, in.ReleaseID); err != nil {
+			if looks, passed, err = store.AnchorLooks(ctx, r.DB, in.Deployment, anchor.version, reg.key, in.ReleaseID); err != nil {
 				return workflows.GateResult{}, err
 			}
 		}
-		judged.MaxDrop, judged.Look = p.MaxRewardDrop, looks+1
+		judged.MaxDrop, judged.Look, judged.Passes = p.MaxRewardDrop, looks+1, passed
 		v = evolution.JudgeRegression(judged)
 	}
 	res.Passed, res.Regressed, res.Reason, res.Metrics = v.Passed, v.Regressed, v.Reason, v.Metrics

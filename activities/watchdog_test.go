@@ -96,7 +96,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	}
 
 	var promoted []string
-	looks := map[string]float64{}
+	looks, passes := map[string]float64{}, map[string]float64{}
 	for i := 1; i <= 8; i++ {
 		cand := fmt.Sprintf("dep@v%d", i)
 		b.right[cand] = 120 - 4*i // two points down each time
@@ -108,7 +108,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err)
 		require.Equal(t, "dep@v0", res.Anchor, "no candidate beats the first anchor")
-		looks[cand] = res.Metrics["look"]
+		looks[cand], passes[cand] = res.Metrics["look"], res.Metrics["look_passes"]
 		require.Less(t, res.Metrics["diff_vs_baseline"], 0.0)
 		status := workflows.ReleaseRolledBack
 		if res.Passed {
@@ -122,6 +122,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	require.Equal(t, []string{"dep@v1"}, promoted, "the shared budget ends the slide at once")
 	require.Equal(t, 1.0, looks["dep@v1"])
 	require.Equal(t, 8.0, looks["dep@v8"], "every candidate judged against the anchor is a look")
+	require.Equal(t, 1.0, passes["dep@v8"], "v1's pass earns the later looks their share back")
 	require.Equal(t, "dep@v1", serving(t, db, "dep"))
 
 	// A candidate better than the anchor passes and becomes the anchor.

@@ -173,10 +173,12 @@ type SuiteInput struct {
 	Budget float64
 	// MaxDrop is the drop allowed below the baseline in one release.
 	MaxDrop float64
-	// Alpha is the error rate all looks at one anchor spend together; Look
-	// numbers this one (1-based) among the candidates judged against it.
-	Alpha float64
-	Look  int
+	// Alpha is the error rate of the looks at one anchor (see LookAlpha);
+	// Look numbers this one (1-based) among the candidates judged against
+	// it, and Passes is how many of the looks before it passed.
+	Alpha  float64
+	Look   int
+	Passes int
 }
 
 // SuiteVerdict is a suite gate's decision.
@@ -202,10 +204,10 @@ func JudgeRegression(in SuiteInput) SuiteVerdict {
 	var lower, look float64
 	if in.Anchor != nil {
 		va = PairDiff(in.Candidate, in.Anchor)
-		look = LookAlpha(in.Alpha, in.Look)
+		look = LookAlpha(in.Alpha, in.Look, in.Passes)
 		lower = va.Lower(look)
 		m["diff_vs_anchor"], m["se_vs_anchor"], m["lower_vs_anchor"] = va.Diff, va.SE, lower
-		m["look"], m["look_alpha"] = float64(max(in.Look, 1)), look
+		m["look"], m["look_passes"], m["look_alpha"] = float64(max(in.Look, 1)), float64(max(in.Passes, 0)), look
 	}
 	if up := vb.Upper(in.Alpha); up < -in.MaxDrop {
 		return SuiteVerdict{Regressed: true, Metrics: m, Reason: fmt.Sprintf(

@@ -12,21 +12,28 @@ import (
 //   - A held-out suite is fixed and answered greedily, so each version's
 //     result on it is one fixed sample of prompts. Comparing many candidates
 //     with one anchor on the same suite is many looks at the same data; the
-//     gate spends its error rate across them (LookAlpha), so the chance that
-//     any candidate judged against an anchor is accepted while truly more
+//     gate sets each look's error rate with LOND (LookAlpha), so that of the
+//     candidates it accepts against an anchor, the expected share truly more
 //     than the budget below it stays under alpha however many are judged.
 //   - Live rewards arrive one by one and are checked as they come (canary
 //     checks, the watchdog every minute). A fixed-sample interval checked
 //     repeatedly would be wrong more often the more it is checked, so those
 //     use a confidence sequence (MeanCS), valid at every sample size at once.
 
-// LookAlpha is the error rate the k-th look (1-based) may spend so that all
-// looks together spend at most alpha: alpha/(k(k+1)), which sums to alpha
-// over k = 1, 2, … . Early looks get most of it, which suits an anchor that
-// is usually beaten (and replaced) after a few candidates.
-func LookAlpha(alpha float64, look int) float64 {
+// LookAlpha is the error rate of the k-th look (1-based) at an anchor after
+// passes of the earlier looks passed: LOND (Javanmard and Montanari,
+// "Online rules for control of false discovery rate and false discovery
+// exceedance", Ann. Statist. 2018), alpha·γ_k·(passes+1) with
+// γ_k = 1/(k(k+1)), which sums to 1. Before any pass it is plain alpha
+// spending (the family-wise rate over the looks is at most alpha); each
+// pass earns the later looks their share back, and the guarantee is then on
+// the false discovery rate, which LOND controls for independent or
+// positively dependent (PRDS) tests. The looks at one anchor are positively
+// dependent: they all subtract the same anchor results. Capped at alpha:
+// no look is looser than a single test.
+func LookAlpha(alpha float64, look, passes int) float64 {
 	k := float64(max(look, 1))
-	return alpha / (k * (k + 1))
+	return min(alpha*float64(max(passes, 0)+1)/(k*(k+1)), alpha)
 }
 
 // ZQuantile is the one-sided normal critical value for error rate alpha.

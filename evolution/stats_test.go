@@ -11,16 +11,20 @@ import (
 func TestLookAlphaSpendsAtMostAlpha(t *testing.T) {
 	var sum float64
 	for k := 1; k <= 100_000; k++ {
-		a := LookAlpha(0.05, k)
+		a := LookAlpha(0.05, k, 0)
 		require.Positive(t, a)
 		if k > 1 {
-			require.Less(t, a, LookAlpha(0.05, k-1), "later looks spend less")
+			require.Less(t, a, LookAlpha(0.05, k-1, 0), "later looks spend less")
 		}
 		sum += a
 	}
 	require.InDelta(t, 0.05, sum, 1e-5)
 	require.LessOrEqual(t, sum, 0.05)
-	require.InDelta(t, 1.96, ZQuantile(LookAlpha(0.05, 1)), 0.01)
+	require.InDelta(t, 1.96, ZQuantile(LookAlpha(0.05, 1, 0)), 0.01)
+	// LOND: each earlier pass earns a look its share again, never more
+	// than alpha.
+	require.InDelta(t, 3*LookAlpha(0.05, 10, 0), LookAlpha(0.05, 10, 2), 1e-15)
+	require.Equal(t, 0.05, LookAlpha(0.05, 2, 9))
 }
 
 func TestPairDiff(t *testing.T) {
@@ -179,7 +183,7 @@ func TestAnchorBoundsAChainOfReleases(t *testing.T) {
 		cand := results(n, 280-4*step) // one point down per release
 		perRelease := JudgeRegression(SuiteInput{Candidate: cand, Baseline: serving, Budget: 1, MaxDrop: 0.05, Alpha: 0.05, Look: 1})
 		require.True(t, perRelease.Passed, "each step alone is within the per-release allowance")
-		v := JudgeRegression(SuiteInput{Candidate: cand, Baseline: serving, Anchor: anchor, Budget: 0.05, MaxDrop: 0.05, Alpha: 0.05, Look: step})
+		v := JudgeRegression(SuiteInput{Candidate: cand, Baseline: serving, Anchor: anchor, Budget: 0.05, MaxDrop: 0.05, Alpha: 0.05, Look: step, Passes: promoted})
 		if !v.Passed {
 			break
 		}

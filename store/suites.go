@@ -500,15 +500,17 @@ func promptIDs(prompts []EvalPrompt) []int64 {
 }
 
 // AnchorLooks counts the releases of deployment, other than release,
-// whose regression gate was judged against anchor on the suite key.
-func AnchorLooks(ctx context.Context, db DBTX, deployment, anchor, suiteKey string, release int64) (int, error) {
-	var n int
-	err := db.QueryRow(ctx, `
-SELECT count(DISTINCT g.release_id) FROM gate_results g JOIN releases r ON r.id = g.release_id
+// whose regression gate was judged against anchor on the suite key, and
+// how many of those the gate passed (the test's discoveries, which earn
+// the later looks their share of alpha back; see evolution.LookAlpha).
+func AnchorLooks(ctx context.Context, db DBTX, deployment, anchor, suiteKey string, release int64) (looks, passed int, err error) {
+	err = db.QueryRow(ctx, `
+SELECT count(DISTINCT g.release_id), count(DISTINCT g.release_id) FILTER (WHERE g.passed)
+FROM gate_results g JOIN releases r ON r.id = g.release_id
 WHERE g.gate = 'regression' AND g.metrics->>'anchor' = $2 AND g.metrics->>'suite_key' = $3
-  AND r.deployment = $1 AND g.release_id <> $4`, deployment, anchor, suiteKey, release).Scan(&n)
+  AND r.deployment = $1 AND g.release_id <> $4`, deployment, anchor, suiteKey, release).Scan(&looks, &passed)
 	if err != nil {
-		return 0, fmt.Errorf("looks at anchor %s: %w", anchor, err)
+		return 0, 0, fmt.Errorf("looks at anchor %s: %w", anchor, err)
 	}
-	return n, nil
+	return looks, passed, nil
 }

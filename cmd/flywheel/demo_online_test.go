@@ -94,6 +94,25 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	return s
 }
 
+// report logs a figure of a learning run and, when FLYWHEEL_TEST_REPORT
+// names a file, appends it there too: `make test` prints that file at its
+// end, so a passing run's figures are not lost with its quiet output.
+func report(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf(format, args...)
+	path := os.Getenv("FLYWHEEL_TEST_REPORT")
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Logf("test report %s: %v", path, err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%s: "+format+"\n", append([]any{t.Name()}, args...)...)
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if demoCache.dir != "" {
@@ -120,7 +139,7 @@ func (s *demoSystem) runUntil(t *testing.T, steps int, fleet demo.FleetConfig, s
 		StopAfterSteps: steps, Stop: stop,
 	})
 	require.NoError(t, err)
-	t.Logf("success %.3f → %.3f (agents' own %.3f) in %.1f min and %d steps, safety %.3f → %.3f, promoted %d, rolled back %d, serving %s, %d answers",
+	report(t, "success %.3f → %.3f (agents' own %.3f) in %.1f min and %d steps, safety %.3f → %.3f, promoted %d, rolled back %d, serving %s, %d answers",
 		sum.SuccessStart, sum.SuccessEnd, sum.LiveSuccessEnd, sum.Minutes, sum.TrainSteps, sum.SafetyStart, sum.SafetyEnd,
 		sum.VersionsPromoted, sum.VersionsRolledBack, sum.ServingVersion, sum.SampledAnswers)
 	return sum
@@ -160,7 +179,7 @@ JOIN depth v ON v.id = l.version_id JOIN depth b ON b.id = ts.behaviour_version 
 SELECT count(*) FROM model_versions v WHERE v.deployment = $1 AND EXISTS (
   SELECT 1 FROM model_versions w WHERE w.deployment = $1 AND w.parent_version = v.parent_version AND w.created_at < v.created_at)`,
 		s.model).Scan(&restarts))
-	t.Logf("training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; along the lineage a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it; the line restarted %d times",
+	report(t, "training: %d steps, %.1f samples a step, groups of %.2f on average, %d singletons, %d dropped stale at the claim and %d by the trainer; along the lineage a step ran %.2f versions ahead of serving and its samples were %.2f versions behind it; the line restarted %d times",
 		steps, perStep, groupSize, baseline, dropped, trainerDropped, ahead, lag, restarts)
 }
 
@@ -184,7 +203,7 @@ GROUP BY 1, 2, 3, 4, 5 ORDER BY 6 DESC LIMIT 16`, s.model)
 		var passed, unevaluated, regressed bool
 		var n int
 		require.NoError(t, rows.Scan(&gate, &passed, &unevaluated, &regressed, &reason, &n))
-		t.Logf("gate %-10s passed=%-5t not_evaluated=%-5t regressed=%-5t ×%d: %s", gate, passed, unevaluated, regressed, n, reason)
+		report(t, "gate %-10s passed=%-5t not_evaluated=%-5t regressed=%-5t ×%d: %s", gate, passed, unevaluated, regressed, n, reason)
 	}
 	require.NoError(t, rows.Err())
 }
@@ -258,7 +277,7 @@ func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (score fun
 			"promoted %s is significantly more than the budget below its anchor %s on prompts the gates never saw (%.3f vs %.3f)",
 			p.candidate, p.anchor, evolution.Mean(c), evolution.Mean(score(p.anchor)))
 	}
-	t.Logf("%d promotions; %d lowered held-out success against the version they replaced", len(ps), lowered)
+	report(t, "%d promotions; %d lowered held-out success against the version they replaced", len(ps), lowered)
 	return score
 }
 
@@ -289,7 +308,7 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 	// saw: paired, one-sided 95%. How far it rises in 150 steps still
 	// depends on the machine (0.23 to 0.63 measured); that it rises must not.
 	rise := evolution.PairDiff(score(sum.ServingVersion), score(s.model+"@v0"))
-	t.Logf("serving %s vs the base on the 200 reported prompts: %+.3f (at least %+.3f)", sum.ServingVersion, rise.Diff, rise.Lower(0.05))
+	report(t, "serving %s vs the base on the 200 reported prompts: %+.3f (at least %+.3f)", sum.ServingVersion, rise.Diff, rise.Lower(0.05))
 	require.Positive(t, rise.Lower(0.05), "held-out success must rise significantly")
 
 	ctx := context.Background()
@@ -298,7 +317,7 @@ func TestOnlineDemoEndToEnd(t *testing.T) {
 SELECT count(DISTINCT st.id), count(ts.id) FROM atdp_steps st JOIN sessions s ON s.id = st.session_id
 LEFT JOIN training_samples ts ON ts.step_id = st.id
 WHERE s.end_user = $1`, demo.EvaluatorUser).Scan(&evaluatorSteps, &evaluatorSamples))
-	t.Logf("the evaluator's %d recorded steps queued %d samples", evaluatorSteps, evaluatorSamples)
+	report(t, "the evaluator's %d recorded steps queued %d samples", evaluatorSteps, evaluatorSamples)
 	require.Positive(t, evaluatorSteps, "the evaluator's sessions are recorded")
 	require.Zero(t, evaluatorSamples, "the evaluator opted out: its prompts never train")
 	var unevaluated int
@@ -347,7 +366,7 @@ func TestMisevolutionRewardHack(t *testing.T) {
 	s.loosenGates(t, false)
 	slipped := s.runUntilRollback(t, 200, fleet, "held-out suite")
 	hacked := echoRate(t, s, slipped)
-	t.Logf("the base echoes %.0f%% of held-out prompts, the slipped %s %.0f%%", 100*base, slipped, 100*hacked)
+	report(t, "the base echoes %.0f%% of held-out prompts, the slipped %s %.0f%%", 100*base, slipped, 100*hacked)
 	require.Greater(t, hacked, base, "what slipped through had learnt the hack")
 }
 
@@ -400,7 +419,7 @@ func (s *demoSystem) refused(t *testing.T, gate string) int {
 	require.NoError(t, s.pool.QueryRow(context.Background(), `
 SELECT count(*) FROM releases r JOIN gate_results g ON g.release_id = r.id
 WHERE r.deployment = $1 AND g.gate = $2 AND NOT g.passed`, s.model, gate).Scan(&n))
-	t.Logf("the %s gate refused %d candidates", gate, n)
+	report(t, "the %s gate refused %d candidates", gate, n)
 	return n
 }
 
@@ -454,11 +473,11 @@ func (s *demoSystem) runUntilRollback(t *testing.T, steps int, fleet demo.FleetC
 	<-watched
 	if rolled.Serving == "" {
 		if checks, err := store.WatchdogChecks(context.Background(), s.pool, s.model, 1); err == nil && len(checks) > 0 {
-			t.Logf("the last watchdog check: %s on %s vs anchor %s: %s %v", checks[0].Verdict, checks[0].Serving, checks[0].Anchor, checks[0].Reason, checks[0].Metrics)
+			report(t, "the last watchdog check: %s on %s vs anchor %s: %s %v", checks[0].Verdict, checks[0].Serving, checks[0].Anchor, checks[0].Reason, checks[0].Metrics)
 		}
 	}
 	require.NotEmpty(t, rolled.Serving, "the watchdog rolled back a version that slipped through for its %s", suite)
-	t.Logf("the watchdog rolled %s back to %s: %s", rolled.Serving, rolled.Anchor, rolled.Reason)
+	report(t, "the watchdog rolled %s back to %s: %s", rolled.Serving, rolled.Anchor, rolled.Reason)
 	ctx = context.Background()
 	require.NoError(t, s.temporal.TerminateWorkflow(ctx, workflows.TrainingWorkflowID(s.model), "", "the test stops the loosened loop"))
 	anchor, err := store.AnchorOf(ctx, s.pool, s.model)
