@@ -60,6 +60,7 @@ type TemporalNotifier struct {
 }
 
 type sessionQueue struct {
+	id     string // the session's workflow id
 	input  workflows.SessionInput
 	events []workflows.SessionEvent
 }
@@ -84,7 +85,7 @@ func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
 	id := workflows.SessionWorkflowID(session.TenantID, session.SessionID)
 	q, ok := n.pending[id]
 	if !ok {
-		q = &sessionQueue{input: session}
+		q = &sessionQueue{id: id, input: session}
 		n.pending[id] = q
 	}
 	return q
@@ -153,10 +154,9 @@ func (n *TemporalNotifier) count(outcome string) {
 func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	id := workflows.SessionWorkflowID(q.input.TenantID, q.input.SessionID)
-	_, err := n.c.SignalWithStartWorkflow(ctx, id, workflows.SessionEventsSignal,
+	_, err := n.c.SignalWithStartWorkflow(ctx, q.id, workflows.SessionEventsSignal,
 		workflows.SessionEvents{Events: q.events},
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.SessionTaskQueue},
+		client.StartWorkflowOptions{ID: q.id, TaskQueue: workflows.SessionTaskQueue},
 		workflows.SessionWorkflowName, q.input)
 	return err
 }
@@ -165,14 +165,13 @@ func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 func (n *TemporalNotifier) requeue(q *sessionQueue) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	id := workflows.SessionWorkflowID(q.input.TenantID, q.input.SessionID)
-	if cur, ok := n.pending[id]; ok {
+	if cur, ok := n.pending[q.id]; ok {
 		q.events = append(q.events, cur.events...)
 	}
 	if len(q.events) > maxPendingPerSession {
 		q.events = q.events[len(q.events)-maxPendingPerSession:]
 	}
-	n.pending[id] = q
+	n.pending[q.id] = q
 }
 
 // Close stops the loop and makes one last delivery attempt within ctx.
