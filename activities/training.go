@@ -283,20 +283,11 @@ func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
 	return func() { close(done) }
 }
 
-// groupKey names a sample's GRPO group for the trainer: group ids are the
-// client's names, so two tenants' "g1" are different groups.
-func groupKey(s store.RunSample) string {
-	if s.GroupID == "" {
-		return ""
-	}
-	return s.TenantID + "/" + s.GroupID
-}
-
 // toTrainerSample lays out prompt then completion; only the completion
 // trains, at its behaviour log-probs and version.
 func toTrainerSample(s store.RunSample) trainer.Sample {
 	n := len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
-	out := trainer.Sample{GroupID: groupKey(s), TaskID: s.TaskID, Reward: s.Reward,
+	out := trainer.Sample{GroupID: s.GroupKey(), TaskID: s.TaskID, Reward: s.Reward,
 		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
 	v, _ := store.VersionNumber(s.BehaviourVersion)
 	for _, id := range s.PromptTokenIDs {

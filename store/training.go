@@ -55,10 +55,11 @@ func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int, g
 }
 
 // readyGroups lists the queued samples of deployment ($1) with behaviour
-// version at least $2 (< 0: any) by GRPO group (k), and keeps the groups
-// that are ready: all of their sessions queued, or waiting longer than $3
-// seconds (0: every group), since a member that never comes (unrewarded,
-// stale, opted out) must not hold the rest back for ever. A group trained
+// version at least $2 (< 0: any) by GRPO group (k: RunSample.GroupKey, or
+// the sample alone), and keeps the groups that are ready: all of their
+// sessions queued, or waiting longer than $3 seconds (0: every group),
+// since a member that never comes (unrewarded, stale, opted out) must not
+// hold the rest back for ever. A group trained
 // before its last members arrive is normalised against part of itself.
 const readyGroups = `
 q AS (
@@ -186,6 +187,16 @@ type RunSample struct {
 	Logprobs           []float32
 	Reward             float64
 	Status             string
+}
+
+// GroupKey names the sample's GRPO group for the trainer, as readyGroups
+// keys groups for the claim: group ids are the client's names, so two
+// tenants' "g1" are different groups. "" for a sample in no group.
+func (s RunSample) GroupKey() string {
+	if s.GroupID == "" {
+		return ""
+	}
+	return s.TenantID + "/" + s.GroupID
 }
 
 // LoadRun reads a run and its samples (in claim order).
