@@ -93,9 +93,15 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	}
 	if t.Deployment != "" && in.Deployment != t.Deployment {
 		// Training another deployment's samples into these weights would
-		// also write its checkpoints under the wrong name.
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(
-			fmt.Sprintf("train step: this worker trains %q, not %q", t.Deployment, in.Deployment), "WrongDeployment", nil)
+		// also write its checkpoints under the wrong name. The run ends
+		// failed (its samples stay queued), so it does not stay claimed.
+		msg := fmt.Sprintf("train step: this worker trains %q, not %q", t.Deployment, in.Deployment)
+		if t.DB != nil {
+			if err := store.FailRun(ctx, t.DB, in.RunID, msg); err != nil {
+				return workflows.TrainStepOutput{}, err
+			}
+		}
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(msg, "WrongDeployment", nil)
 	}
 	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if errors.Is(err, store.ErrNotFound) {

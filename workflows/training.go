@@ -326,7 +326,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	// A run ends after StepsPerRun steps or maxPollsPerRun idle polls, far
 	// below the history limits either way.
 	const maxPollsPerRun = 500
-	polls := 0
+	polls, failed := 0, 0
 	for steps := 0; steps < p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
 		r.drain()
 		if err := r.servingChanged(ctx); err != nil {
@@ -377,8 +377,17 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 			// A failed step leaves its samples queued for the next batch.
 			r.st.LastError = err.Error()
 			workflow.GetLogger(ctx).Error("train step failed", "deployment", in.Deployment, "run_id", claim.RunID, "error", err)
+			failed++
+			if workflow.GetVersion(ctx, trainingChangeBackoff, workflow.DefaultVersion, 1) >= 1 {
+				// A step that cannot succeed (no trainer for this
+				// deployment, a bad batch) fails at once; claiming the
+				// next batch at once would spin. Wait, longer each time.
+				r.st.Phase = "waiting after a failed step"
+				r.wait(ctx, failedStepWait(p.PollInterval, failed))
+			}
 			continue
 		}
+		failed = 0
 		r.st.Steps++
 		r.st.Ahead++
 		r.st.LastVersion, r.st.LastError = out.Version, ""
@@ -566,6 +575,22 @@ func failedGate(s ReleaseState) GateResult {
 	}
 	return GateResult{}
 }
+
+// failedStepWait is the wait after the n-th failed step in a row: the poll
+// interval, doubling each time up to five minutes (or the poll interval,
+// if longer).
+func failedStepWait(poll time.Duration, n int) time.Duration {
+	limit := max(5*time.Minute, poll)
+	d := poll
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// trainingChangeBackoff: a failed step is followed by a wait before the
+// next claim.
+const trainingChangeBackoff = "training-wait-after-failed-step"
 
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.

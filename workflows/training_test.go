@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 )
 
@@ -18,8 +19,9 @@ type trainingActs struct {
 	queued    []CheckBatchOutput // one per check (last repeats)
 	claims    []ClaimBatchInput
 	trains    int
-	trained   int // successful steps: the Nth makes version N+1
-	failTrain int // first attempts that fail
+	trained   int  // successful steps: the Nth makes version N+1
+	failTrain int  // first attempts that fail
+	refuse    bool // every step fails at once, as on a worker for another deployment
 	resets    []ResetTrainerInput
 	release   *releaseActs
 }
@@ -41,6 +43,9 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 	}, activity.RegisterOptions{Name: ClaimBatchActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in TrainStepInput) (TrainStepOutput, error) {
 		a.trains++
+		if a.refuse {
+			return TrainStepOutput{}, temporal.NewNonRetryableApplicationError("this worker trains \"other\", not \"dep\"", "WrongDeployment", nil)
+		}
 		if a.trains <= a.failTrain {
 			return TrainStepOutput{}, errors.New("trainer worker lost")
 		}
@@ -104,6 +109,31 @@ func TestTrainingSurvivesAFailedStep(t *testing.T) {
 	require.Equal(t, 1, next.Carry.Steps, "the loop goes on after a failed step")
 	require.Len(t, acts.claims, 2)
 	require.NotEqual(t, acts.claims[0].RunKey, acts.claims[1].RunKey)
+}
+
+// TestTrainingWaitsWhenNoWorkerCanTrain: a step refused at once (no
+// trainer for this deployment) is not followed by the next claim at once,
+// or the loop would claim and fail batches as fast as it can; it waits,
+// longer each time, and says why.
+func TestTrainingWaitsWhenNoWorkerCanTrain(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.refuse = true
+	start := env.Now()
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, PollInterval: 10 * time.Second, StepsPerRun: 4, NoRelease: true}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	require.Zero(t, next.Carry.Steps)
+	require.Len(t, acts.claims, 4)
+	require.Equal(t, 4, acts.trains, "a refused step is not retried")
+	require.GreaterOrEqual(t, env.Now().Sub(start), (10+20+40+80)*time.Second, "each failure waits twice as long")
+}
+
+func TestFailedStepWait(t *testing.T) {
+	require.Equal(t, 30*time.Second, failedStepWait(30*time.Second, 1))
+	require.Equal(t, 2*time.Minute, failedStepWait(30*time.Second, 3))
+	require.Equal(t, 5*time.Minute, failedStepWait(30*time.Second, 40))
+	require.Equal(t, time.Hour, failedStepWait(time.Hour, 3), "never shorter than the poll interval")
 }
 
 func continueAsNewTraining(t *testing.T, err error) TrainingInput {
