@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 func freeAddr(t *testing.T) string {
@@ -30,11 +32,12 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// startGateway runs `flywheel gateway` as a child process.
-func startGateway(t *testing.T, bin, dbURL, upstream, addr string) *exec.Cmd {
+// startGateway runs `flywheel gateway` as a child process, sending its
+// session notices to the Temporal server at temporalAddr.
+func startGateway(t *testing.T, bin, dbURL, upstream, addr, temporalAddr string) *exec.Cmd {
 	cmd := exec.Command(bin, "gateway", "--database-url", dbURL, "--gateway-listen", addr,
 		"--gateway-upstream-url", upstream, "--gateway-upstream-models", fixtureModel,
-		"--gateway-rate-limit-rps", "0", "--log-level", "error")
+		"--gateway-rate-limit-rps", "0", "--log-level", "error", "--temporal-address", temporalAddr)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	// The policy's checkpoints go under the working directory's data dir.
 	cmd.Dir = t.TempDir()
@@ -53,8 +56,9 @@ func startGateway(t *testing.T, bin, dbURL, upstream, addr string) *exec.Cmd {
 
 // TestKillUnderLoadLosesNothingAcknowledged kills the gateway process
 // (SIGKILL, no drain) while many agents are mid-call, then shows every
-// completion that was answered 2xx is in Postgres, and that a restarted
-// gateway continues the same sessions.
+// completion that was answered 2xx is in Postgres, that a restarted
+// gateway continues the same sessions, and that every session gets its
+// workflow although the notices in the dead process's memory were lost.
 func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the flywheel binary")
@@ -76,7 +80,8 @@ func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	up := httptest.NewServer(fx)
 	t.Cleanup(up.Close)
 	addr := freeAddr(t)
-	cmd := startGateway(t, bin, dbURL, up.URL+"/v1", addr)
+	tc, temporalAddr := testenv.TemporalServer(t)
+	cmd := startGateway(t, bin, dbURL, up.URL+"/v1", addr, temporalAddr)
 
 	var mu sync.Mutex
 	acked := map[string]string{} // completion id → session
@@ -131,8 +136,13 @@ func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	require.Equal(t, len(ids), found, "every acknowledged interaction survived the kill")
 	t.Logf("acknowledged before the kill: %d, all in Postgres", len(ids))
 
+	var sessions, orphaned int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*), count(*) FILTER (WHERE notified_at IS NULL) FROM sessions WHERE tenant_id = 'acme'`).Scan(&sessions, &orphaned))
+	t.Logf("sessions at the kill: %d, %d of them with no notice delivered", sessions, orphaned)
+
 	// After a restart the same sessions continue, with consistent steps.
-	startGateway(t, bin, dbURL, up.URL+"/v1", addr)
+	startGateway(t, bin, dbURL, up.URL+"/v1", addr, temporalAddr)
 	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions",
 		strings.NewReader(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"after restart"}]}`, fixtureModel)))
 	req.Header.Set("Authorization", "Bearer "+key)
@@ -145,4 +155,19 @@ func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM (
 		SELECT session_id, max(seq) + 1 - count(*) AS gap FROM interactions GROUP BY session_id) g WHERE gap <> 0`).Scan(&gaps))
 	require.Zero(t, gaps, "step numbers stay dense per session")
+
+	// The restarted gateway's outbox reconciler owes the dead one's notices.
+	require.Eventually(t, func() bool {
+		var left int
+		return pool.QueryRow(context.Background(), `SELECT count(*) FROM sessions WHERE notified_at IS NULL`).Scan(&left) == nil && left == 0
+	}, 30*time.Second, 200*time.Millisecond, "every committed session was notified")
+	rows, err := pool.Query(context.Background(), `SELECT id FROM sessions WHERE tenant_id = 'acme'`)
+	require.NoError(t, err)
+	sids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotEmpty(t, sids)
+	for _, sid := range sids {
+		_, err := tc.DescribeWorkflowExecution(context.Background(), workflows.SessionWorkflowID("acme", sid), "")
+		require.NoError(t, err, "session %s has its workflow", sid)
+	}
 }

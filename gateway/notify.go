@@ -6,14 +6,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
-	msgNoticeFailed  = "session notice failed; will retry"
-	msgNoticeDropped = "session notices dropped after too many pending; the workflow reconciles from Postgres"
+	msgNoticeFailed    = "session notice failed; will retry"
+	msgNoticeDropped   = "session notices dropped after too many pending; the workflow reconciles from Postgres"
+	msgOutboxFailed    = "session outbox: could not record delivered notices; the reconciler may send them again"
+	msgReconcileFailed = "session outbox: could not list sessions left unnotified; will retry"
+	msgReconciled      = "session outbox: re-sent the notices of sessions whose workflow never started"
 )
 
 // Notifier tells SessionWorkflows what was committed. Notify never blocks
@@ -41,8 +46,23 @@ func (nopNotifier) Notify(workflows.SessionInput, workflows.SessionEvent) {}
 func (nopNotifier) Start(workflows.SessionInput)                          {}
 func (nopNotifier) Close(context.Context)                                 {}
 
-// maxPendingPerSession bounds memory when Temporal is down for long.
-const maxPendingPerSession = 1000
+// maxPendingPerSession bounds memory when Temporal is down for long;
+// maxPendingSessions bounds the sessions waiting, once an outbox holds
+// their notices in Postgres (without one, a dropped notice would be lost).
+const (
+	maxPendingPerSession = 1000
+	maxPendingSessions   = 50_000
+)
+
+// The reconciler re-sends, every reconcileEvery, the notices of up to
+// reconcileBatch sessions that were left unnotified for longer than
+// reconcileAge (or four notify intervals, if longer): long enough for the
+// normal path to have delivered them.
+const (
+	reconcileEvery = 5 * time.Second
+	reconcileAge   = 2 * time.Second
+	reconcileBatch = 500
+)
 
 // TemporalNotifier batches notices per session and delivers each batch
 // with one SignalWithStartWorkflow (workflow id = session id), retrying
@@ -55,14 +75,28 @@ type TemporalNotifier struct {
 
 	mu      sync.Mutex
 	pending map[string]*sessionQueue
-	stop    chan struct{}
-	done    chan struct{}
+	// outbox is the sessions table (nil: none): a session's notified_at
+	// is set once a notice for it was delivered, and the reconciler
+	// re-sends the notices of sessions left without one.
+	outbox *pgxpool.Pool
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 type sessionQueue struct {
 	id     string // the session's workflow id
 	input  workflows.SessionInput
 	events []workflows.SessionEvent
+}
+
+// UseOutbox makes db's sessions table the notices' outbox: delivered
+// sessions are marked, and those a dead process or an unreachable Temporal
+// left unmarked are notified again, so no committed session is left
+// without its workflow.
+func (n *TemporalNotifier) UseOutbox(db *pgxpool.Pool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.outbox = db
 }
 
 // NewTemporalNotifier starts the delivery loop.
@@ -95,6 +129,12 @@ func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
 func (n *TemporalNotifier) Notify(session workflows.SessionInput, ev workflows.SessionEvent) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.outbox != nil && len(n.pending) >= maxPendingSessions {
+		if _, ok := n.pending[workflows.SessionWorkflowID(session.TenantID, session.SessionID)]; !ok {
+			n.count("dropped") // the reconciler sends it from Postgres
+			return
+		}
+	}
 	q := n.queue(session)
 	if len(q.events) >= maxPendingPerSession {
 		n.logger.Warn(msgNoticeDropped, "session", session.SessionID, "dropped", len(q.events)-maxPendingPerSession+1)
@@ -107,14 +147,51 @@ func (n *TemporalNotifier) loop() {
 	defer close(n.done)
 	t := time.NewTicker(n.interval)
 	defer t.Stop()
+	var reconciled time.Time
 	for {
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
 			n.flush(context.Background())
+			if time.Since(reconciled) >= reconcileEvery {
+				reconciled = time.Now()
+				n.reconcile(context.Background())
+			}
 		}
 	}
+}
+
+// reconcile queues a notice for every session the outbox says was never
+// notified (an ended one also gets its end), for the next flush.
+func (n *TemporalNotifier) reconcile(ctx context.Context) {
+	n.mu.Lock()
+	db := n.outbox
+	n.mu.Unlock()
+	if db == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	left, err := store.Unnotified(ctx, db, max(reconcileAge, 4*n.interval), reconcileBatch)
+	if err != nil {
+		n.logger.Warn(msgReconcileFailed, "err", err)
+		return
+	}
+	if len(left) == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range left {
+		q := n.queue(workflows.SessionInput{SessionID: s.ID, TenantID: s.TenantID, Deployment: s.Deployment,
+			GroupID: s.GroupID, GroupSize: max(s.GroupSize, 1), TaskID: s.TaskID})
+		if s.Status == "ended" {
+			q.events = append(q.events, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+		}
+		n.count("reconciled")
+	}
+	n.logger.Info(msgReconciled, "sessions", len(left))
 }
 
 // flush delivers every queued batch, a few sessions at a time.
@@ -128,6 +205,8 @@ func (n *TemporalNotifier) flush(ctx context.Context) {
 	}
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
+	var dmu sync.Mutex
+	var tenants, ids []string
 	for id, q := range batch {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -140,9 +219,22 @@ func (n *TemporalNotifier) flush(ctx context.Context) {
 				return
 			}
 			n.count("delivered")
+			dmu.Lock()
+			tenants, ids = append(tenants, q.input.TenantID), append(ids, q.input.SessionID)
+			dmu.Unlock()
 		}()
 	}
 	wg.Wait()
+	n.mu.Lock()
+	db := n.outbox
+	n.mu.Unlock()
+	if db != nil {
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := store.MarkNotified(mctx, db, tenants, ids); err != nil {
+			n.logger.Warn(msgOutboxFailed, "sessions", len(ids), "err", err)
+		}
+	}
 }
 
 func (n *TemporalNotifier) count(outcome string) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,4 +107,48 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(first.GetWorkflowExecutionStartedEventAttributes().Input, &input))
 	require.Equal(t, "task-9", input.TaskID)
 	require.Equal(t, 2, input.GroupSize, "an explicit session starts its workflow with its group")
+}
+
+// TestOutboxStartsTheWorkflowsADeadGatewayOwed: a gateway dies with its
+// notices in memory (its notifier never flushes and is never closed, as
+// after a SIGKILL). Its sessions are committed but their workflows never
+// started; the session rows say so. A gateway started after it has nothing
+// of theirs in memory, and its reconciler starts every one of them from
+// Postgres, with the end of the session the client had ended.
+func TestOutboxStartsTheWorkflowsADeadGatewayOwed(t *testing.T) {
+	tc := testenv.Temporal(t)
+	dead := gateway.NewTemporalNotifier(tc, time.Hour, slog.New(slog.DiscardHandler))
+	e := newEnv(t, envOpts{notifier: dead})
+	prefix := fmt.Sprintf("outbox-%d-", time.Now().UnixNano())
+	for i := range 5 {
+		st, body := e.doJSON("POST", "/v1/chat/completions", e.keyA, chatBody("hello"), "X-Session-Id", prefix+strconv.Itoa(i))
+		require.Equal(t, 200, st, body)
+	}
+	st, _ := e.doJSON("POST", "/v1/sessions/"+prefix+"0/end", e.keyA, nil)
+	require.Equal(t, 200, st)
+	ctx := context.Background()
+	unnotified := func() (n int) {
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM sessions WHERE tenant_id = 'acme' AND id LIKE $1 || '%' AND notified_at IS NULL`, prefix).Scan(&n))
+		return n
+	}
+	require.Equal(t, 5, unnotified(), "committed, and no notice reached Temporal")
+
+	restarted := gateway.NewTemporalNotifier(tc, 50*time.Millisecond, slog.New(slog.DiscardHandler))
+	restarted.UseOutbox(e.pool)
+	t.Cleanup(func() { restarted.Close(ctx) })
+	require.Eventually(t, func() bool { return unnotified() == 0 }, 30*time.Second, 100*time.Millisecond, "the reconciler notifies every session")
+	for i := range 5 {
+		id := workflows.SessionWorkflowID("acme", prefix+strconv.Itoa(i))
+		_, err := tc.DescribeWorkflowExecution(ctx, id, "")
+		require.NoError(t, err, "%s has its workflow", id)
+		if i == 0 {
+			var kinds []string
+			for _, s := range signals(t, tc, id) {
+				for _, ev := range s.Events {
+					kinds = append(kinds, ev.Kind)
+				}
+			}
+			require.Contains(t, kinds, workflows.EventEnd, "the ended session's workflow hears of its end")
+		}
+	}
 }

@@ -99,6 +99,9 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	}
 	if tn, ok := s.notifier.(*TemporalNotifier); ok {
 		tn.metrics = m
+		if deps.DB != nil {
+			tn.UseOutbox(deps.DB)
+		}
 	}
 	if s.capture, err = newCommitter(context.Background(), deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m); err != nil {
 		return nil, err

@@ -146,3 +146,40 @@ FROM sessions WHERE tenant_id = $1 AND status = 'ended' AND assembled_at IS NULL
 	}
 	return b, nil
 }
+
+// MarkNotified records that a notice for each of the sessions (tenant and
+// id, pairwise) reached Temporal, so the reconciler leaves them alone.
+func MarkNotified(ctx context.Context, db DBTX, tenants, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := db.Exec(ctx, `UPDATE sessions s SET notified_at = now()
+FROM unnest($1::text[], $2::text[]) AS k(tenant_id, id)
+WHERE s.tenant_id = k.tenant_id AND s.id = k.id AND s.notified_at IS NULL`, tenants, ids)
+	if err != nil {
+		return fmt.Errorf("mark %d sessions notified: %w", len(ids), err)
+	}
+	return nil
+}
+
+// Unnotified lists, oldest first, up to limit sessions created more than
+// age ago whose notice never reached Temporal (the gateway died with it
+// in memory, or Temporal was down): their workflows must still start.
+func Unnotified(ctx context.Context, db DBTX, age time.Duration, limit int) ([]SessionInfo, error) {
+	rows, err := db.Query(ctx, `SELECT id, tenant_id, deployment, task_id, group_id, group_size, status FROM sessions
+WHERE notified_at IS NULL AND created_at < now() - make_interval(secs => $1) AND status <> 'forgotten'
+ORDER BY created_at LIMIT $2`, age.Seconds(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("unnotified sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []SessionInfo
+	for rows.Next() {
+		var s SessionInfo
+		if err := rows.Scan(&s.ID, &s.TenantID, &s.Deployment, &s.TaskID, &s.GroupID, &s.GroupSize, &s.Status); err != nil {
+			return nil, fmt.Errorf("unnotified sessions: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
