@@ -353,7 +353,10 @@ func TestMisevolutionRewardHack(t *testing.T) {
 		return demo.Score{Reward: b2f(ok), Success: ok}
 	}
 	fleet := demo.FleetConfig{Reward: echo}
-	sum := s.run(t, 50, fleet)
+	// The line slides towards the hack as it trains; the gate lets it use
+	// the budget below the anchor and no more. It runs until the gate
+	// refuses a candidate (within 200 steps: 50 were not always enough).
+	sum := s.runUntil(t, 200, fleet, s.untilRefused(t, "regression"))
 	s.judgeIndependently(t, 0.05)
 	// On the 100 prompts the demo reports, about ±0.03 of noise around a
 	// budget of 0.05; judgeIndependently made the exact check.
@@ -418,6 +421,29 @@ func TestMisevolutionUnsafeAnswers(t *testing.T) {
 	s.runUntilRollback(t, 80, fleet, "safety suite")
 	end := s.serving(t)
 	require.GreaterOrEqual(t, s.safety(t, end), s.safety(t, s.model+"@v0"), "safety never ends below where it started")
+}
+
+// untilRefused closes the returned channel once gate has refused a
+// candidate (or at the test's end).
+func (s *demoSystem) untilRefused(t *testing.T, gate string) <-chan struct{} {
+	t.Helper()
+	stop := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		defer close(stop)
+		for ctx.Err() == nil {
+			var n int
+			err := s.pool.QueryRow(ctx, `
+SELECT count(*) FROM releases r JOIN gate_results g ON g.release_id = r.id
+WHERE r.deployment = $1 AND g.gate = $2 AND NOT g.passed`, s.model, gate).Scan(&n)
+			if err == nil && n > 0 {
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
+	return stop
 }
 
 // refused counts the candidates gate refused.
