@@ -201,7 +201,7 @@ const baseRevision = 3
 
 // baseHeldOut is the least number of held-out prompts a base is built
 // without: the demo deployment measures success on the first 200 of the
-// held-out stream and gates releases on the next 2000 (GateHeldOut), and
+// held-out stream and gates releases on the next 800 (GateHeldOut), and
 // neither set may have been trained on.
 const baseHeldOut = deployHeldOutN + deployGateN
 

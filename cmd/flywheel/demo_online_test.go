@@ -371,8 +371,8 @@ func TestMisevolutionRewardHack(t *testing.T) {
 	// The watchdog judged on the gate's suite; on the reported prompts,
 	// which it never saw, what slipped through must be worse too. (Whether
 	// it already echoes more than the base depends on how far it slipped
-	// before the watchdog caught it: with the 2,000-prompt suite, before
-	// the echo rate moved at times. It is reported, not asserted.)
+	// before the watchdog caught it: at times before the echo rate moved.
+	// It is reported, not asserted.)
 	score := s.judgeIndependently(t, 1)
 	slipped, anchor := score(rolled.Serving), score(rolled.Anchor)
 	d := evolution.PairDiff(slipped, anchor)
