@@ -336,7 +336,10 @@ type SWEConfig struct {
 	PoolSize int
 	// Limits for every sandbox; see sandbox.Limits.
 	Limits sandbox.Limits
-	Logger *slog.Logger
+	// DockerHost is the Docker Engine address (docker.host; empty: the
+	// environment's DOCKER_HOST, or the local socket).
+	DockerHost string
+	Logger     *slog.Logger
 }
 
 // NewSWEActivities connects to the Docker engine, removes sandboxes left
@@ -356,7 +359,7 @@ func NewSWEActivities(ctx context.Context, cfg SWEConfig) (*SWEActivities, func(
 	case cfg.PoolSize < 0:
 		cfg.PoolSize = 0
 	}
-	cli, err := sandbox.Connect(ctx)
+	cli, err := sandbox.Connect(ctx, cfg.DockerHost)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -314,4 +315,25 @@ func TestToolSchemaOverrideApplied(t *testing.T) {
 	require.Equal(t, 200, st, c2)
 	sent = e.fixture.LastRequest()["tools"].([]any)[0].(map[string]any)["function"].(map[string]any)
 	require.Equal(t, "old", sent["description"])
+}
+
+func TestModelsCreatedIsTheDeploymentsOwn(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO deployments (name, backend, created_at) VALUES ($1, 'upstream', $2)`, fixtureModel, at)
+	require.NoError(t, err)
+	created := func() map[string]int64 {
+		st, out := e.doJSON("GET", "/v1/models", e.keyA, nil)
+		require.Equal(t, 200, st)
+		m := map[string]int64{}
+		for _, d := range out["data"].([]any) {
+			d := d.(map[string]any)
+			m[d["id"].(string)] = int64(d["created"].(float64))
+		}
+		return m
+	}
+	first := created()
+	require.Equal(t, at.Unix(), first[fixtureModel], "a registered deployment is as old as its row")
+	time.Sleep(1100 * time.Millisecond)
+	require.Equal(t, first, created(), "created does not move between calls")
 }

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -172,11 +171,10 @@ func (s *Server) listModels(c *gin.Context) {
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
 	}
-	names := s.router.models(c.Request.Context())
-	data := make([]model, len(names))
-	now := time.Now().Unix()
-	for i, n := range names {
-		data[i] = model{ID: n, Object: "model", Created: now, OwnedBy: "flywheel"}
+	served := s.router.models(c.Request.Context())
+	data := make([]model, len(served))
+	for i, m := range served {
+		data[i] = model{ID: m.Name, Object: "model", Created: m.Created.Unix(), OwnedBy: "flywheel"}
 	}
 	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
 }

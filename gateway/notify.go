@@ -183,9 +183,9 @@ func (n *TemporalNotifier) reconcile(ctx context.Context) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, s := range left {
-		q := n.queue(workflows.SessionInput{SessionID: s.ID, TenantID: s.TenantID, Deployment: s.Deployment,
-			GroupID: s.GroupID, GroupSize: max(s.GroupSize, 1), TaskID: s.TaskID})
+	for i := range left {
+		s := &left[i]
+		q := n.queue(sessionInput(s))
 		if s.Status == "ended" {
 			q.events = append(q.events, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
 		}

@@ -98,9 +98,12 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 // router maps a model name to a backend and version.
 type router struct {
 	static map[string]inference.Backend
-	db     store.DBTX
-	logger *slog.Logger
-	cfg    config.GatewayConfig
+	// started is when the static routes were built: their models' created
+	// time in /v1/models.
+	started time.Time
+	db      store.DBTX
+	logger  *slog.Logger
+	cfg     config.GatewayConfig
 
 	mu     sync.Mutex
 	routes map[string]*store.Route
@@ -125,7 +128,7 @@ type deploymentConfig struct {
 // newRouter builds the static routes: the in-process policy under its
 // model name, and the configured upstream models with their fallbacks.
 func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX, logger *slog.Logger) (*router, error) {
-	r := &router{static: map[string]inference.Backend{}, db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
+	r := &router{static: map[string]inference.Backend{}, started: time.Now(), db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
 	if policy != nil {
 		r.static[cfg.PolicyModel] = policy
 	}
@@ -301,21 +304,29 @@ func (r *router) dynamicBackend(route *store.Route) (inference.Backend, error) {
 	return b, nil
 }
 
-// models lists every model name this gateway serves.
-func (r *router) models(ctx context.Context) []string {
-	seen := map[string]bool{}
+// servedModel is one entry of /v1/models.
+type servedModel struct {
+	Name    string
+	Created time.Time
+}
+
+// models lists every model this gateway serves, by name: a registered
+// deployment's created time is its row's, a static model's the gateway's
+// start.
+func (r *router) models(ctx context.Context) []servedModel {
+	seen := map[string]time.Time{}
 	for m := range r.static {
-		seen[m] = true
+		seen[m] = r.started
 	}
 	for m, route := range r.load(ctx) {
 		if route.Backend == BackendUpstream || r.static[m] != nil {
-			seen[m] = true
+			seen[m] = route.CreatedAt
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for m := range seen {
-		out = append(out, m)
+	out := make([]servedModel, 0, len(seen))
+	for m, at := range seen {
+		out = append(out, servedModel{Name: m, Created: at})
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }

@@ -21,15 +21,21 @@ const (
 	LabelTask = "flywheel.sandbox.task"
 )
 
-// Connect returns a Docker Engine client configured from the environment
-// (DOCKER_HOST, DOCKER_API_VERSION, ...) and negotiates the API version now.
+// Connect returns a Docker Engine client for host (docker.host; empty: the
+// environment's DOCKER_HOST, or the local socket), with the environment's
+// other settings (DOCKER_API_VERSION, DOCKER_CERT_PATH, ...), and
+// negotiates the API version now.
 //
 // The client negotiates lazily on its first request and, if that ping fails,
 // silently keeps its own newest version, which an older daemon (20.10 speaks
 // 1.41) then rejects with a confusing 400. Pinging here surfaces the real
 // cause (daemon down, version too old) at start-up instead.
-func Connect(ctx context.Context) (*client.Client, error) {
-	cli, err := client.New(client.FromEnv)
+func Connect(ctx context.Context, host string) (*client.Client, error) {
+	opts := []client.Opt{client.FromEnv}
+	if host != "" {
+		opts = append(opts, client.WithHost(host))
+	}
+	cli, err := client.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 )
 
 // Route is how the gateway serves one deployment right now: its backend,
@@ -14,6 +15,8 @@ type Route struct {
 	Backend        string
 	Config         json.RawMessage
 	ServingVersion string
+	// CreatedAt is when the deployment was registered.
+	CreatedAt time.Time
 	// CanaryVersion receives CanaryShare of traffic while a weights
 	// release is running.
 	CanaryVersion string
@@ -46,13 +49,13 @@ type Artefact struct {
 // queries.
 func LoadRoutes(ctx context.Context, db DBTX) (map[string]*Route, error) {
 	routes := map[string]*Route{}
-	rows, err := db.Query(ctx, `SELECT name, backend, config, coalesce(serving_version, '') FROM deployments`)
+	rows, err := db.Query(ctx, `SELECT name, backend, config, coalesce(serving_version, ''), created_at FROM deployments`)
 	if err != nil {
 		return nil, fmt.Errorf("load deployments: %w", err)
 	}
 	for rows.Next() {
 		r := &Route{Artefacts: map[string]Artefact{}}
-		if err := rows.Scan(&r.Deployment, &r.Backend, &r.Config, &r.ServingVersion); err != nil {
+		if err := rows.Scan(&r.Deployment, &r.Backend, &r.Config, &r.ServingVersion, &r.CreatedAt); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("scan deployment: %w", err)
 		}

@@ -18,12 +18,14 @@ func runBench(ctx context.Context, args []string) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	if len(args) == 0 {
-		return fmt.Errorf("usage: flywheel bench {%s} [flags]", strings.Join(names, "|"))
+	usage := fmt.Sprintf("flywheel bench {%s} [flags]", strings.Join(names, "|"))
+	name, rest, err := verb(args, usage)
+	if err != nil {
+		return err
 	}
-	run, ok := benchCommands[args[0]]
+	run, ok := benchCommands[name]
 	if !ok {
-		return fmt.Errorf("unknown benchmark %q (have: %s)", args[0], strings.Join(names, ", "))
+		return fmt.Errorf("unknown benchmark %q; usage: %s", name, usage)
 	}
-	return run(ctx, args[1:])
+	return run(ctx, rest)
 }

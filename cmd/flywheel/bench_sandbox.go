@@ -18,20 +18,21 @@ func init() {
 // provisioning, agent exec against docker exec, fork and concurrency on the
 // local Docker engine. The last line is the JSON result.
 func benchSandbox(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("bench sandbox", flag.ContinueOnError)
 	var cfg sandbox.BenchConfig
-	fs.IntVar(&cfg.Provisions, "provisions", 6, "sequential cold creates to time")
-	fs.IntVar(&cfg.PoolSize, "pool", 4, "warm pool size")
-	fs.IntVar(&cfg.AcquireRounds, "rounds", 5, "warm-pool rounds (each drains the full pool)")
-	fs.IntVar(&cfg.AgentExecs, "agent-execs", 200, "exec samples through the agent")
-	fs.IntVar(&cfg.DockerExecs, "docker-execs", 30, "exec samples through docker exec")
-	fs.IntVar(&cfg.Forks, "forks", 4, "sandboxes started from one snapshot")
-	fs.IntVar(&cfg.Concurrent, "concurrent", 16, "sandboxes started and held at once")
-	if err := fs.Parse(args); err != nil {
+	all, _, err := loadConfig("bench sandbox", args, func(fs *flag.FlagSet) {
+		fs.IntVar(&cfg.Provisions, "provisions", 6, "sequential cold creates to time")
+		fs.IntVar(&cfg.PoolSize, "pool", 4, "warm pool size")
+		fs.IntVar(&cfg.AcquireRounds, "rounds", 5, "warm-pool rounds (each drains the full pool)")
+		fs.IntVar(&cfg.AgentExecs, "agent-execs", 200, "exec samples through the agent")
+		fs.IntVar(&cfg.DockerExecs, "docker-execs", 30, "exec samples through docker exec")
+		fs.IntVar(&cfg.Forks, "forks", 4, "sandboxes started from one snapshot")
+		fs.IntVar(&cfg.Concurrent, "concurrent", 16, "sandboxes started and held at once")
+	})
+	if err != nil {
 		return err
 	}
 	cfg.Progress = os.Stdout
-	cli, err := sandbox.Connect(ctx)
+	cli, err := sandbox.Connect(ctx, all.Docker.Host)
 	if err != nil {
 		return err
 	}

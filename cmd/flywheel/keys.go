@@ -9,11 +9,16 @@ import (
 )
 
 func runKeys(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "create" {
-		return fmt.Errorf("usage: flywheel keys create --tenant NAME [--name LABEL]")
+	const usage = "flywheel keys create --tenant NAME [--name LABEL]"
+	v, rest, err := verb(args, usage)
+	if err != nil {
+		return err
+	}
+	if v != "create" {
+		return fmt.Errorf("unknown keys subcommand %q; usage: %s", v, usage)
 	}
 	var tenant, name string
-	cfg, _, err := loadConfig("keys create", args[1:], func(fs *flag.FlagSet) {
+	cfg, _, err := loadConfig("keys create", rest, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "tenant the key belongs to (created if new); required")
 		fs.StringVar(&name, "name", "", "a label for the key")
 	})

@@ -20,10 +20,12 @@ import (
 
 // runSandbox implements `flywheel sandbox SUBCOMMAND`.
 func runSandbox(ctx context.Context, args []string) error {
-	const usage = "usage: flywheel sandbox {build|tasks|janitor|rollout} [flags]"
-	if len(args) == 0 {
-		return errors.New(usage)
+	const usage = "flywheel sandbox {build|tasks|janitor|rollout} [flags]"
+	v, rest, err := verb(args, usage)
+	if err != nil {
+		return err
 	}
+	args = append([]string{v}, rest...)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	switch args[0] {
 	case "build":
@@ -35,7 +37,7 @@ func runSandbox(ctx context.Context, args []string) error {
 	case "rollout":
 		return runSandboxRollout(ctx, args[1:])
 	default:
-		return fmt.Errorf("unknown sandbox subcommand %q; %s", args[0], usage)
+		return fmt.Errorf("unknown sandbox subcommand %q; usage: %s", args[0], usage)
 	}
 }
 
@@ -43,18 +45,22 @@ func runSandbox(ctx context.Context, args []string) error {
 // every shipped task (or those named with -tasks). All are cached by content
 // hash, so a second run only inspects.
 func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error {
-	fs := flag.NewFlagSet("sandbox build", flag.ContinueOnError)
-	registry := fs.String("registry-image", os.Getenv("FLYWHEEL_SANDBOX_REGISTRY_IMAGE"), "use this Debian/python image when present or pullable instead of building it")
-	only := fs.String("tasks", "", "comma-separated task ids to build (default: all shipped tasks)")
-	baseOnly := fs.Bool("base-only", false, "build only the minimal busybox base image")
-	parallel := fs.Int("parallel", 2, "task images built at once")
-	if err := fs.Parse(args); err != nil {
+	var registry, only *string
+	var baseOnly *bool
+	var parallel *int
+	cfg, _, err := loadConfig("sandbox build", args, func(fs *flag.FlagSet) {
+		registry = fs.String("registry-image", os.Getenv("FLYWHEEL_SANDBOX_REGISTRY_IMAGE"), "use this Debian/python image when present or pullable instead of building it")
+		only = fs.String("tasks", "", "comma-separated task ids to build (default: all shipped tasks)")
+		baseOnly = fs.Bool("base-only", false, "build only the minimal busybox base image")
+		parallel = fs.Int("parallel", 2, "task images built at once")
+	})
+	if err != nil {
 		return err
 	}
 	if *parallel < 1 {
 		return errors.New("sandbox build: -parallel must be at least 1")
 	}
-	cli, err := sandbox.Connect(ctx)
+	cli, err := sandbox.Connect(ctx, cfg.Docker.Host)
 	if err != nil {
 		return err
 	}
@@ -132,13 +138,16 @@ func runSandboxTasks() error {
 }
 
 func runSandboxJanitor(ctx context.Context, args []string, log *slog.Logger) error {
-	fs := flag.NewFlagSet("sandbox janitor", flag.ContinueOnError)
-	all := fs.Bool("all", false, "remove every flywheel sandbox and snapshot, live owners included")
-	maxAge := fs.Duration("max-age", 24*time.Hour, "remove leftovers older than this whatever their owner")
-	if err := fs.Parse(args); err != nil {
+	var all *bool
+	var maxAge *time.Duration
+	cfg, _, err := loadConfig("sandbox janitor", args, func(fs *flag.FlagSet) {
+		all = fs.Bool("all", false, "remove every flywheel sandbox and snapshot, live owners included")
+		maxAge = fs.Duration("max-age", 24*time.Hour, "remove leftovers older than this whatever their owner")
+	})
+	if err != nil {
 		return err
 	}
-	cli, err := sandbox.Connect(ctx)
+	cli, err := sandbox.Connect(ctx, cfg.Docker.Host)
 	if err != nil {
 		return err
 	}

@@ -9,10 +9,15 @@ import (
 )
 
 func runTemporal(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "setup" {
-		return fmt.Errorf("usage: flywheel temporal setup")
+	const usage = "flywheel temporal setup"
+	v, rest, err := verb(args, usage)
+	if err != nil {
+		return err
 	}
-	cfg, _, err := loadConfig("temporal setup", args[1:], nil)
+	if v != "setup" {
+		return fmt.Errorf("unknown temporal subcommand %q; usage: %s", v, usage)
+	}
+	cfg, _, err := loadConfig("temporal setup", rest, nil)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,8 @@ func runUp(ctx context.Context, args []string) error {
 	if !slices.Contains(cfg.Worker.TaskQueues, workflows.SWETaskQueue) {
 		cfg.Worker.TaskQueues = append(cfg.Worker.TaskQueues, workflows.SWETaskQueue)
 	}
-	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel, Logger: logger}
+	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel,
+		DockerHost: cfg.Docker.Host, Logger: logger}
 	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
 	gw, err := newGateway(cfg, pool, c, pol.engine, logger)
 	if err != nil {

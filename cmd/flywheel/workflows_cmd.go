@@ -66,8 +66,16 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// verb splits a command's subcommand from the rest of its arguments. Asked
+// for help (-h, --help, help) it prints usage and returns flag.ErrHelp, so
+// the command exits 0 as the flag-parsing commands do; with no subcommand
+// the usage is the error.
 func verb(args []string, usage string) (string, []string, error) {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprintln(os.Stderr, "usage:", usage)
+		return "", nil, flag.ErrHelp
+	}
+	if len(args) == 0 {
 		return "", nil, fmt.Errorf("usage: %s", usage)
 	}
 	return args[0], args[1:], nil

@@ -31,7 +31,7 @@ func Docker(t testing.TB) *client.Client {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cli, err := sandbox.Connect(ctx)
+	cli, err := sandbox.Connect(ctx, "")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
