@@ -9,6 +9,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 )
 
 func (e *env) openai(key string) openai.Client {
@@ -121,23 +123,33 @@ func TestOpenAISDKErrorsAreProtocolShaped(t *testing.T) {
 	require.Equal(t, fixtureModel, models.Data[0].ID)
 }
 
+// TestOpenAIStreamUpstreamBreaksEndsWithErrorEvent: an upstream stream cut
+// without [DONE], or ended by vLLM's mid-stream error chunk, reaches the
+// client as an error event and is captured as an upstream error, not as ok.
 func TestOpenAIStreamUpstreamBreaksEndsWithErrorEvent(t *testing.T) {
-	e := newEnv(t, envOpts{})
-	e.fixture.BreakStreamAfter = 1
-	c := e.openai(e.keyA)
-	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
-		Model: fixtureModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a long enough prompt")}})
-	got := ""
-	for stream.Next() {
-		if len(stream.Current().Choices) > 0 {
-			got += stream.Current().Choices[0].Delta.Content
-		}
+	for name, cut := range map[string]func(*vllmfixture.Fixture){
+		"no [DONE]":   func(f *vllmfixture.Fixture) { f.BreakStreamAfter = 1 },
+		"error chunk": func(f *vllmfixture.Fixture) { f.ErrorChunkAfter = 1 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, envOpts{})
+			cut(e.fixture)
+			c := e.openai(e.keyA)
+			stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+				Model: fixtureModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a long enough prompt")}})
+			got := ""
+			for stream.Next() {
+				if len(stream.Current().Choices) > 0 {
+					got += stream.Current().Choices[0].Delta.Content
+				}
+			}
+			require.Error(t, stream.Err(), "the client sees the failure, not a hang or a silent truncation")
+			require.Equal(t, "echo", got)
+			var status string
+			require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT status FROM interactions`).Scan(&status))
+			require.Equal(t, "upstream_error", status)
+		})
 	}
-	require.Error(t, stream.Err(), "the client sees the failure, not a hang or a silent truncation")
-	require.Equal(t, "echo", got)
-	var status string
-	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT status FROM interactions`).Scan(&status))
-	require.Equal(t, "upstream_error", status)
 }
 
 func TestClientGoneMidStreamIsCapturedAsCancelled(t *testing.T) {

@@ -33,6 +33,10 @@ type Fixture struct {
 	// BreakStreamAfter > 0 cuts streams after that many chunks without
 	// [DONE], as a crashed upstream would.
 	BreakStreamAfter int
+	// ErrorChunkAfter > 0 ends streams after that many chunks with an
+	// error chunk and [DONE], as vLLM does when generation fails once the
+	// stream has started (create_streaming_error_response).
+	ErrorChunkAfter int
 
 	Requests atomic.Int64
 	mu       sync.Mutex
@@ -322,6 +326,15 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	for c := 0; c < chunks; c++ {
 		if f.BreakStreamAfter > 0 && c >= f.BreakStreamAfter {
 			return // no [DONE]: a broken upstream
+		}
+		if f.ErrorChunkAfter > 0 && c >= f.ErrorChunkAfter {
+			send(map[string]any{"error": map[string]any{"object": "error", "message": "fixture: generation failed",
+				"type": "InternalServerError", "param": nil, "code": 500}})
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			if fl != nil {
+				fl.Flush()
+			}
+			return
 		}
 		time.Sleep(step)
 		lo, hi := c*per, min((c+1)*per, len(ids))

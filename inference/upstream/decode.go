@@ -68,6 +68,8 @@ func (d *fastDecoder) response(w *wireResponse) error {
 				return err
 			}
 			return d.optStr(&w.Model)
+		case "error":
+			return errUnusual // rare: encoding/json decodes it
 		case "choices":
 			if err := d.once(&seen, 2); err != nil {
 				return err

@@ -189,6 +189,9 @@ type wireChoice struct {
 }
 
 type wireResponse struct {
+	// Error is set on a chunk that reports a failure after the stream
+	// started (vLLM sends it, then [DONE]).
+	Error          *wireError   `json:"error"`
 	Model          string       `json:"model"`
 	Choices        []wireChoice `json:"choices"`
 	PromptTokenIDs []int        `json:"prompt_token_ids"`
@@ -196,6 +199,11 @@ type wireResponse struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
+}
+
+type wireError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
 }
 
 // maxResponseBytes bounds a non-streaming answer; a longer one is cut
@@ -237,6 +245,9 @@ func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*infere
 		}
 		if err != nil {
 			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable response", Err: err}
+		}
+		if w.Error != nil {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream failed: " + w.Error.Message}
 		}
 		if len(w.Choices) == 0 {
 			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent no choices"}
@@ -388,6 +399,9 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 		var w wireResponse
 		if err := unmarshalWire(data, &w); err != nil {
 			return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable stream chunk", Err: err}
+		}
+		if w.Error != nil {
+			return resp, &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream failed: " + w.Error.Message}
 		}
 		if w.Model != "" {
 			resp.ModelVersion = b.version(w.Model)

@@ -134,3 +134,18 @@ func TestStreamBreakIsAnErrorAndEmitErrorStops(t *testing.T) {
 	_, err = b2.Stream(context.Background(), userReq("a longer prompt"), func(inference.Delta) error { return stop })
 	require.ErrorIs(t, err, stop)
 }
+
+// TestStreamErrorChunkIsAnError: vLLM reports a failure after the stream
+// started as an error chunk followed by [DONE]; that is an error, not a
+// complete answer.
+func TestStreamErrorChunkIsAnError(t *testing.T) {
+	b := newBackend(t, &vllmfixture.Fixture{ErrorChunkAfter: 1}, upstream.Config{})
+	var got int
+	resp, err := b.Stream(context.Background(), userReq("a longer prompt that takes a few chunks"), func(inference.Delta) error { got++; return nil })
+	var ie *inference.Error
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, http.StatusBadGateway, ie.Status)
+	require.Contains(t, ie.Message, "fixture: generation failed")
+	require.Positive(t, got, "the chunks before the error were emitted")
+	require.NotNil(t, resp, "what streamed before the error is kept for the capture")
+}
