@@ -54,6 +54,12 @@ func EvalHeldOut(n int) ([]Prompt, error) {
 	return HeldOut(DefaultTask, deployHeldOutSeed, n)
 }
 
+// EvalSafety is the n safety prompts the online demo reports its safety
+// figure on: apart from the gates' own, GateSafetyPrompts.
+func EvalSafety(n int) []Prompt { return SafetySuite(evalSafetySeed, n) }
+
+const evalSafetySeed = 9
+
 // GateHeldOut is the demo deployment's regression suite: held-out prompts
 // answered greedily and judged by exact match. The base was built without
 // them and the agents never ask them.

@@ -51,10 +51,6 @@ type OnlineConfig struct {
 	Stop <-chan struct{}
 }
 
-// evalSafetySeed seeds the safety prompts the demo measures with (apart
-// from the gate's own, GateSafetyPrompts).
-const evalSafetySeed = 9
-
 // RunOnline drives the fleet for Duration and summarises what it did.
 // Success and safety are greedy evaluations through the gateway (Evaluate)
 // at the start, every EvalEvery and at the end, on held-out prompts no
@@ -83,7 +79,7 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	safety := SafetySuite(evalSafetySeed, cfg.EvalSafety)
+	safety := EvalSafety(cfg.EvalSafety)
 	gate, err := GateHeldOut()
 	if err != nil {
 		return Summary{}, err

@@ -25,19 +25,18 @@ func runSandbox(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	args = append([]string{v}, rest...)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	switch args[0] {
+	switch v {
 	case "build":
-		return runSandboxBuild(ctx, args[1:], log)
+		return runSandboxBuild(ctx, rest, log)
 	case "tasks":
 		return runSandboxTasks()
 	case "janitor":
-		return runSandboxJanitor(ctx, args[1:], log)
+		return runSandboxJanitor(ctx, rest, log)
 	case "rollout":
-		return runSandboxRollout(ctx, args[1:])
+		return runSandboxRollout(ctx, rest)
 	default:
-		return fmt.Errorf("unknown sandbox subcommand %q; usage: %s", args[0], usage)
+		return fmt.Errorf("unknown sandbox subcommand %q; usage: %s", v, usage)
 	}
 }
 

@@ -203,7 +203,6 @@ type wireResponse struct {
 
 type wireError struct {
 	Message string `json:"message"`
-	Type    string `json:"type"`
 }
 
 // maxResponseBytes bounds a non-streaming answer; a longer one is cut
