@@ -31,6 +31,7 @@ func TestOpenAISDKNonStreamCapturesTokens(t *testing.T) {
 	require.Equal(t, "stop", resp.Choices[0].FinishReason)
 	require.Len(t, resp.Choices[0].Logprobs.Content, len("echo: hello"))
 	require.InDelta(t, -0.01, resp.Choices[0].Logprobs.Content[0].Logprob, 1e-6)
+	require.Equal(t, "e", resp.Choices[0].Logprobs.Content[0].Token, "logprob tokens are text, not token_id:N")
 
 	row := e.captured(resp.ID)
 	require.Equal(t, "ok", row.Status)
@@ -43,6 +44,7 @@ func TestOpenAISDKNonStreamCapturesTokens(t *testing.T) {
 	require.NotEmpty(t, row.PromptIDs, "vLLM's prompt_token_ids are stored")
 	last := e.fixture.LastRequest()
 	require.Equal(t, true, last["return_token_ids"], "the upstream is asked for token ids")
+	require.NotContains(t, last, "return_tokens_as_token_ids", "which would turn its logprob tokens into token_id:N")
 	require.Equal(t, true, last["logprobs"], "logprobs are always requested for capture")
 }
 

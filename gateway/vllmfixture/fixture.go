@@ -37,6 +37,9 @@ type Fixture struct {
 	// error chunk and [DONE], as vLLM does when generation fails once the
 	// stream has started (create_streaming_error_response).
 	ErrorChunkAfter int
+	// OldTokenIDs ignores return_token_ids, as vLLM did before it had
+	// that parameter; return_tokens_as_token_ids still works.
+	OldTokenIDs bool
 
 	Requests atomic.Int64
 	mu       sync.Mutex
@@ -245,6 +248,9 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, st, map[string]any{"object": "error", "message": "injected failure", "code": st})
 		return
+	}
+	if f.OldTokenIDs {
+		req.ReturnTokenIDs = false
 	}
 	if len(req.Messages) == 0 {
 		writeJSON(w, 400, map[string]any{"object": "error", "message": "messages required", "code": 400})

@@ -1,7 +1,7 @@
 // Package upstream is the inference.Backend for an OpenAI-compatible
 // server (vLLM, SGLang, OpenAI). It asks for what capture needs (sampled
-// token ids and per-token logprobs, through vLLM's return_token_ids and
-// return_tokens_as_token_ids where the server supports them), bounds each
+// token ids and per-token logprobs, through vLLM's return_token_ids, or
+// return_tokens_as_token_ids on a server too old for it), bounds each
 // attempt with a timeout and retries 429 / 5xx / connection failures with
 // jittered exponential backoff, honouring Retry-After. It must not know
 // about the gateway's HTTP handlers or Postgres.
@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
@@ -50,6 +51,10 @@ type Config struct {
 // Backend talks to one upstream model.
 type Backend struct {
 	cfg Config
+	// idsInTokens is set once the server answered logprobs without
+	// token_ids (vLLM before return_token_ids): from then on the ids are
+	// asked for as "token_id:N" token strings, at the cost of the text.
+	idsInTokens atomic.Bool
 }
 
 // New checks cfg and returns the backend.
@@ -129,7 +134,10 @@ func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
 	}
 	if b.cfg.VLLM {
 		t := true
-		w.ReturnTokenID, w.TokensAsIDs = &t, &t
+		w.ReturnTokenID = &t
+		if b.idsInTokens.Load() {
+			w.TokensAsIDs = &t
+		}
 	}
 	for _, m := range req.Messages {
 		content := m.Content
@@ -257,8 +265,19 @@ func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*infere
 	if err != nil {
 		return nil, err
 	}
+	b.learnIDs(resp)
 	resp.Latency = time.Since(start)
 	return resp, nil
+}
+
+// learnIDs notes a server that answered logprobs but no token ids: it
+// does not know return_token_ids, so later requests ask for the ids in
+// the token strings instead. Asking for both always would cost every
+// modern server its token text (vLLM computes bytes from that string).
+func (b *Backend) learnIDs(resp *inference.Response) {
+	if b.cfg.VLLM && resp != nil && len(resp.Logprobs) > 0 && len(resp.CompletionTokenIDs) == 0 {
+		b.idsInTokens.Store(true)
+	}
 }
 
 func (b *Backend) assemble(w *wireResponse) *inference.Response {
@@ -364,6 +383,7 @@ func (b *Backend) Stream(ctx context.Context, req *inference.Request, emit func(
 		}
 		return resp, err
 	}
+	b.learnIDs(resp)
 	resp.Latency = time.Since(start)
 	return resp, nil
 }

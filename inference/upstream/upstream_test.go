@@ -149,3 +149,46 @@ func TestStreamErrorChunkIsAnError(t *testing.T) {
 	require.Positive(t, got, "the chunks before the error were emitted")
 	require.NotNil(t, resp, "what streamed before the error is kept for the capture")
 }
+
+// TestTokenIDsAskedTheWayTheServerUnderstands: a server that knows
+// return_token_ids is asked for nothing else, so its logprob tokens keep
+// their text; one that ignores it (vLLM before return_token_ids) is asked
+// for "token_id:N" strings from its next request on.
+func TestTokenIDsAskedTheWayTheServerUnderstands(t *testing.T) {
+	fx := &vllmfixture.Fixture{}
+	b := newBackend(t, fx, upstream.Config{})
+	resp, err := b.Complete(context.Background(), userReq("hi"))
+	require.NoError(t, err)
+	require.Equal(t, tokens("echo: hi"), resp.CompletionTokenIDs)
+	require.Equal(t, "e", resp.CompletionTokens[0], "the logprob token is text, not token_id:N")
+	last := fx.LastRequest()
+	require.Equal(t, true, last["return_token_ids"])
+	require.NotContains(t, last, "return_tokens_as_token_ids")
+
+	old := &vllmfixture.Fixture{OldTokenIDs: true}
+	ob := newBackend(t, old, upstream.Config{})
+	first, err := ob.Complete(context.Background(), userReq("hi"))
+	require.NoError(t, err)
+	require.Empty(t, first.CompletionTokenIDs, "the old server returned no ids")
+	require.Len(t, first.Logprobs, len("echo: hi"))
+	second, err := ob.Complete(context.Background(), userReq("hi"))
+	require.NoError(t, err)
+	require.Equal(t, true, old.LastRequest()["return_tokens_as_token_ids"], "the next request asks for ids in the tokens")
+	require.Equal(t, tokens("echo: hi"), second.CompletionTokenIDs)
+	var streamed []int
+	sresp, err := ob.Stream(context.Background(), userReq("hi"), func(d inference.Delta) error {
+		streamed = append(streamed, d.TokenIDs...)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, tokens("echo: hi"), sresp.CompletionTokenIDs)
+	require.Equal(t, sresp.CompletionTokenIDs, streamed)
+}
+
+func tokens(s string) []int {
+	out := make([]int, len(s))
+	for i := range len(s) {
+		out[i] = int(s[i])
+	}
+	return out
+}
