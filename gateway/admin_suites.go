@@ -3,7 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
-	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -20,13 +19,18 @@ type suiteRequest struct {
 	Prompts []store.SuiteItem `json:"prompts"`
 }
 
-// maxDeploymentName bounds a deployment name in the admin API.
-const maxDeploymentName = 200
+// deploymentParam is the {name} of an admin deployment path.
+func deploymentParam(c *gin.Context) (string, *apiError) {
+	name := c.Param("name")
+	if err := store.ValidDeploymentName(name); err != nil {
+		return "", errf(http.StatusBadRequest, "%v", err)
+	}
+	return name, nil
+}
 
 func adminSuiteParams(c *gin.Context, withSuite bool) (dep, suite string, err *apiError) {
-	dep = c.Param("name")
-	if dep == "" || len(dep) > maxDeploymentName || strings.ContainsAny(dep, "@ \t\r\n/") {
-		return "", "", errf(http.StatusBadRequest, "deployment name %q: want 1..%d characters, no '@', '/' or spaces", dep, maxDeploymentName)
+	if dep, err = deploymentParam(c); err != nil {
+		return "", "", err
 	}
 	if !withSuite {
 		return dep, "", nil

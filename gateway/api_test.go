@@ -292,9 +292,7 @@ func TestAdminKeysAndDefaultKeyRefusal(t *testing.T) {
 func TestToolSchemaOverrideApplied(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
-	require.NoError(t, err)
-	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES ($1, 'tool_schema', 3,
+	_, err := e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES ($1, 'tool_schema', 3,
 		'{"tenants":{"acme":{"search":{"description":"Search the web. Quote exact phrases."}}}}', 'serving')`, fixtureModel)
 	require.NoError(t, err)
 	body := chatBody("find it")
@@ -320,7 +318,7 @@ func TestToolSchemaOverrideApplied(t *testing.T) {
 func TestModelsCreatedIsTheDeploymentsOwn(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	_, err := e.pool.Exec(context.Background(), `INSERT INTO deployments (name, backend, created_at) VALUES ($1, 'upstream', $2)`, fixtureModel, at)
+	_, err := e.pool.Exec(context.Background(), `UPDATE deployments SET created_at = $2 WHERE name = $1`, fixtureModel, at)
 	require.NoError(t, err)
 	created := func() map[string]int64 {
 		st, out := e.doJSON("GET", "/v1/models", e.keyA, nil)

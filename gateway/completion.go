@@ -74,6 +74,9 @@ func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *infer
 	p := principalOf(c)
 	cl := &call{protocol: protocol, stream: stream, raw: raw, req: req, p: p, endUser: endUser, started: time.Now()}
 	cl.client = append([]inference.Message(nil), req.Messages...)
+	if err := p.mayUse(req.Model); err != nil {
+		return nil, err
+	}
 	if err := s.resolveSession(c, cl); err != nil {
 		return nil, err
 	}

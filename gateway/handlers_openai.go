@@ -171,10 +171,16 @@ func (s *Server) listModels(c *gin.Context) {
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
 	}
-	served := s.router.models(c.Request.Context())
-	data := make([]model, len(served))
-	for i, m := range served {
-		data[i] = model{ID: m.Name, Object: "model", Created: m.Created.Unix(), OwnedBy: "flywheel"}
+	// A client key sees the models it may use; the admin key sees all.
+	var p *principal
+	if v, ok := c.Get(ctxPrincipal); ok {
+		p = v.(*principal)
+	}
+	data := []model{}
+	for _, m := range s.router.models(c.Request.Context()) {
+		if p == nil || p.Allows(m.Name) {
+			data = append(data, model{ID: m.Name, Object: "model", Created: m.Created.Unix(), OwnedBy: "flywheel"})
+		}
 	}
 	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
 }

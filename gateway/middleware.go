@@ -82,12 +82,18 @@ func readBody(c *gin.Context) ([]byte, error) {
 	return b, nil
 }
 
-// principal is who is calling.
+// principal is who is calling: the key's owner and what it may do.
 type principal struct {
-	TenantID string
-	// SessionID is set for a per-session key.
-	SessionID string
-	keyHash   string
+	store.KeyOwner
+	keyHash string
+}
+
+// mayUse refuses a model the caller's key is not scoped to.
+func (p *principal) mayUse(model string) error {
+	if !p.Allows(model) {
+		return errf(http.StatusForbidden, "this API key may not use model %q", model)
+	}
+	return nil
 }
 
 func presentedKey(c *gin.Context) string {
@@ -133,7 +139,19 @@ func (k *keyCache) put(hash string, o store.KeyOwner, now time.Time) {
 	if len(k.m) > 100000 {
 		clear(k.m) // crude bound; keys are cheap to re-verify
 	}
-	k.m[hash] = keyEntry{owner: o, until: now.Add(k.ttl)}
+	until := now.Add(k.ttl)
+	if !o.ExpiresAt.IsZero() && o.ExpiresAt.Before(until) {
+		until = o.ExpiresAt // an expiring key is not served from the cache past its end
+	}
+	k.m[hash] = keyEntry{owner: o, until: until}
+}
+
+// forget drops every cached key, so a revocation or rotation made through
+// this process takes effect here at once (others see it within the ttl).
+func (k *keyCache) forget() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	clear(k.m)
 }
 
 // auth resolves the API key (tenant or per-session) into a principal.
@@ -150,7 +168,7 @@ func (s *Server) auth(c *gin.Context) {
 		var err error
 		owner, err = store.LookupKey(c.Request.Context(), s.deps.DB, key)
 		if errors.Is(err, store.ErrNotFound) {
-			abort(c, errf(http.StatusUnauthorized, "invalid API key"))
+			abort(c, errf(http.StatusUnauthorized, "invalid API key: unknown, revoked or expired"))
 			return
 		}
 		if err != nil {
@@ -159,7 +177,7 @@ func (s *Server) auth(c *gin.Context) {
 		}
 		s.keys.put(hash, owner, now)
 	}
-	p := &principal{TenantID: owner.TenantID, SessionID: owner.SessionID, keyHash: hash}
+	p := &principal{KeyOwner: owner, keyHash: hash}
 	c.Set(ctxPrincipal, p)
 	if !s.limiter.allow(hash, now) {
 		abort(c, &apiError{Status: http.StatusTooManyRequests, Message: "rate limit exceeded for this API key", RetryAfter: s.limiter.retryAfter()})

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -28,8 +27,8 @@ const (
 
 // Backend kinds in the deployments table.
 const (
-	BackendPolicy   = "policy"
-	BackendUpstream = "upstream"
+	BackendPolicy   = store.BackendPolicy
+	BackendUpstream = store.BackendUpstream
 )
 
 // routeTTL is how stale the routing rows (serving version, canary share,
@@ -98,6 +97,8 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 // router maps a model name to a backend and version.
 type router struct {
 	static map[string]inference.Backend
+	// upstreams are the configured upstream models' deployments rows.
+	upstreams map[string]store.UpstreamConfig
 	// started is when the static routes were built: their models' created
 	// time in /v1/models.
 	started time.Time
@@ -114,21 +115,11 @@ type router struct {
 	dynamic    map[string]inference.Backend // upstream backends built from deployments rows, by config
 }
 
-// deploymentConfig is the deployments.config JSON of an upstream row.
-type deploymentConfig struct {
-	BaseURL   string   `json:"base_url"`
-	Model     string   `json:"model"`
-	APIKeyEnv string   `json:"api_key_env"`
-	Fallbacks []string `json:"fallbacks"`
-	VLLM      *bool    `json:"vllm"`
-	Timeout   string   `json:"timeout"`
-	Retries   *int     `json:"retries"`
-}
-
 // newRouter builds the static routes: the in-process policy under its
 // model name, and the configured upstream models with their fallbacks.
 func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX, logger *slog.Logger) (*router, error) {
-	r := &router{static: map[string]inference.Backend{}, started: time.Now(), db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
+	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]store.UpstreamConfig{}, started: time.Now(),
+		db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
 	if policy != nil {
 		r.static[cfg.PolicyModel] = policy
 	}
@@ -144,6 +135,8 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 				return nil, err
 			}
 			r.static[name] = b
+			vllm := cfg.UpstreamVLLM
+			r.upstreams[name] = store.UpstreamConfig{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, VLLM: &vllm}
 		}
 		for _, fb := range cfg.UpstreamFallbacks {
 			model, alts, _ := strings.Cut(fb, "=")
@@ -163,6 +156,47 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 		}
 	}
 	return r, nil
+}
+
+// register records the configured upstream models as deployments (rows
+// that exist stay as they are). Without a row a model would be served
+// with no artefacts, canary or gates.
+func (r *router) register(ctx context.Context) error {
+	if r.db == nil {
+		return nil
+	}
+	names := make([]string, 0, len(r.upstreams))
+	for name := range r.upstreams {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		uc := r.upstreams[name]
+		if fb := r.fallbacks(name); len(fb) > 0 {
+			uc.Fallbacks = fb
+		}
+		if _, err := store.RegisterUpstream(ctx, r.db, name, uc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fallbacks are the configured fallback models of name, by their upstream
+// names.
+func (r *router) fallbacks(name string) []string {
+	for _, fb := range r.cfg.UpstreamFallbacks {
+		model, alts, _ := strings.Cut(fb, "=")
+		if model != name {
+			continue
+		}
+		var out []string
+		for _, a := range strings.Split(alts, "|") {
+			out = append(out, r.upstreams[a].Model)
+		}
+		return out
+	}
+	return nil
 }
 
 // load returns the routing rows. The first call reads them; later calls
@@ -265,9 +299,9 @@ func (r *router) dynamicBackend(route *store.Route) (inference.Backend, error) {
 	if b, ok := r.dynamic[key]; ok {
 		return b, nil
 	}
-	var dc deploymentConfig
-	if err := json.Unmarshal(route.Config, &dc); err != nil || dc.BaseURL == "" {
-		return nil, errf(http.StatusServiceUnavailable, "model %q has no usable upstream config", route.Deployment)
+	dc, err := store.ParseUpstreamConfig(route.Config)
+	if err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "model %q has no usable upstream config: %v", route.Deployment, err)
 	}
 	mk := func(model string) (inference.Backend, error) {
 		c := upstream.Config{BaseURL: dc.BaseURL, Model: model, APIKey: os.Getenv(dc.APIKeyEnv), Timeout: r.cfg.UpstreamTimeout,

@@ -87,6 +87,14 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if deps.DB != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := rt.register(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("gateway: register the configured upstream models: %w", err)
+		}
+	}
 	m := newMetrics(deps.Registry)
 	s := &Server{
 		cfg: cfg, deps: deps, router: rt, metrics: m, rules: rules,
@@ -153,7 +161,14 @@ func (s *Server) routes() {
 
 	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
 	adm.POST("/keys", s.adminCreateKey)
+	adm.GET("/keys", s.adminListKeys)
+	adm.POST("/keys/:id/revoke", s.adminRevokeKey)
+	adm.POST("/keys/:id/rotate", s.adminRotateKey)
 	adm.GET("/models", s.listModels)
+	adm.POST("/deployments", s.adminCreateDeployment)
+	adm.GET("/deployments", s.adminListDeployments)
+	adm.GET("/deployments/:name", s.adminGetDeployment)
+	adm.PUT("/deployments/:name", s.adminUpdateDeployment)
 	adm.GET("/deployments/:name/suites", s.adminListSuites)
 	adm.GET("/deployments/:name/suites/:suite", s.adminGetSuite)
 	adm.PUT("/deployments/:name/suites/:suite", s.adminPutSuite)

@@ -79,6 +79,10 @@ func (s *Server) createSession(c *gin.Context) {
 			return
 		}
 	}
+	if err := p.mayUse(r.Model); err != nil {
+		abort(c, err)
+		return
+	}
 	if r.GroupSize > 1 && r.GroupID == "" {
 		r.GroupID = newID("grp_")
 	}
@@ -91,7 +95,10 @@ func (s *Server) createSession(c *gin.Context) {
 				IdentityMode: modeKey, OptOut: r.OptOut, Metadata: r.Metadata}); err != nil {
 				return err
 			}
-			key, err := store.CreateKey(c.Request.Context(), tx, p.TenantID, id, "session "+id)
+			// The session key can do no more than the key that made it,
+			// and is revoked with it.
+			key, _, err := store.IssueKey(c.Request.Context(), tx, store.KeySpec{TenantID: p.TenantID, SessionID: id,
+				Name: "session " + id, Models: p.Models, ExpiresAt: p.ExpiresAt, ParentID: p.KeyID})
 			if err != nil {
 				return err
 			}
@@ -333,35 +340,6 @@ func (s *Server) endUserConsent(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"end_user": user, "opt_out": *r.OptOut})
-}
-
-type adminKeyRequest struct {
-	Tenant string `json:"tenant"`
-	Name   string `json:"name"`
-}
-
-// adminCreateKey is POST /admin/v1/keys {tenant}: the tenant is created if
-// new; the key is shown once and stored hashed.
-func (s *Server) adminCreateKey(c *gin.Context) {
-	var r adminKeyRequest
-	if err := bindJSON(c, &r); err != nil {
-		abort(c, err)
-		return
-	}
-	if err := store.ValidTenantName(r.Tenant); err != nil {
-		abort(c, errf(422, "%v", err))
-		return
-	}
-	if err := store.EnsureTenant(c.Request.Context(), s.deps.DB, r.Tenant); err != nil {
-		abort(c, err)
-		return
-	}
-	key, err := store.CreateKey(c.Request.Context(), s.deps.DB, r.Tenant, "", r.Name)
-	if err != nil {
-		abort(c, err)
-		return
-	}
-	c.JSON(http.StatusCreated, gin.H{"tenant": r.Tenant, "api_key": key})
 }
 
 // validReward checks a reward value against the configured range.

@@ -96,7 +96,7 @@ func (s *Server) loadStatus(c *gin.Context) (*store.Status, error) {
 // cannot).
 func (s *Server) statusAuth(c *gin.Context) {
 	if presentedKey(c) == "" && s.cfg.StatusDevTenant != "" && s.devRequest(c.Request) {
-		c.Set(ctxPrincipal, &principal{TenantID: s.cfg.StatusDevTenant})
+		c.Set(ctxPrincipal, &principal{KeyOwner: store.KeyOwner{TenantID: s.cfg.StatusDevTenant}})
 		c.Next()
 		return
 	}

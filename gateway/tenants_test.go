@@ -99,9 +99,7 @@ func TestForgetCleansArtefacts(t *testing.T) {
 		st, _ := e.doJSON("POST", "/v1/chat/completions", e.keyA, chatBody("hi"), "X-Session-Id", sid)
 		require.Equal(t, 200, st)
 	}
-	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
-	require.NoError(t, err)
-	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+	_, err := e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
 		($1, 'playbook', 1, '{"items":[{"id":"p1","content":"forgotten lesson","tenant":"acme","sessions":["taught-1"]}]}', 'superseded'),
 		($1, 'playbook', 2, '{"items":[{"id":"p1","content":"forgotten lesson","tenant":"acme","sessions":["taught-1","x"]},
 			{"id":"p2","content":"kept lesson","tenant":"acme","sessions":["taught-2"]},
@@ -142,9 +140,7 @@ func TestForgetCleansArtefacts(t *testing.T) {
 func TestArtefactCanaryRouting(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `INSERT INTO deployments (name, backend) VALUES ($1, 'upstream')`, fixtureModel)
-	require.NoError(t, err)
-	_, err = e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+	_, err := e.pool.Exec(ctx, `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
 		($1, 'harness', 1, '{"system_prompt":"serving harness"}', 'serving'), ($1, 'harness', 2, '{"system_prompt":"candidate harness"}', 'candidate')`, fixtureModel)
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, canary_share) VALUES ($1, 'harness', '2', 0.5)`, fixtureModel)

@@ -1,11 +1,217 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
+
+// Backend kinds of a deployment.
+const (
+	// BackendPolicy is the in-process policy of `flywheel up`.
+	BackendPolicy = "policy"
+	// BackendUpstream is an OpenAI-compatible server (vLLM, SGLang, …).
+	BackendUpstream = "upstream"
+)
+
+// MaxDeploymentName bounds a deployment name.
+const MaxDeploymentName = 200
+
+// ValidDeploymentName checks a name clients can ask for as a model: 1 to
+// 200 characters, none of them '@' (it separates a version), '/' (it
+// would not fit in an admin path), whitespace or control characters.
+func ValidDeploymentName(name string) error {
+	if name == "" || len(name) > MaxDeploymentName || strings.ContainsAny(name, "@/") ||
+		strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return fmt.Errorf("deployment name %q: want 1..%d characters, no '@', '/', spaces or control characters", name, MaxDeploymentName)
+	}
+	return nil
+}
+
+// UpstreamConfig is the config of an upstream deployment: where its
+// OpenAI-compatible server is and how to call it.
+type UpstreamConfig struct {
+	// BaseURL ends in /v1, e.g. http://vllm:8000/v1.
+	BaseURL string `json:"base_url"`
+	// Model is the server's name for the model (default: the deployment's).
+	Model string `json:"model,omitempty"`
+	// APIKeyEnv names the environment variable holding the server's key.
+	APIKeyEnv string `json:"api_key_env,omitempty"`
+	// Fallbacks are other model names on the same server, tried in order
+	// when the model fails with 429, 5xx or a timeout.
+	Fallbacks []string `json:"fallbacks,omitempty"`
+	// VLLM asks for token ids with vLLM's extensions (default true).
+	VLLM *bool `json:"vllm,omitempty"`
+	// Timeout bounds one attempt, as a Go duration (default: the gateway's).
+	Timeout string `json:"timeout,omitempty"`
+	// Retries after the first attempt (default: the gateway's).
+	Retries *int `json:"retries,omitempty"`
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate checks the config the way the gateway will use it.
+func (c UpstreamConfig) Validate() error {
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("base_url %q: want an http(s) URL such as http://vllm:8000/v1", c.BaseURL)
+	}
+	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
+		return fmt.Errorf("api_key_env %q: want an environment variable name", c.APIKeyEnv)
+	}
+	for _, m := range append([]string{c.Model}, c.Fallbacks...) {
+		if len(m) > MaxDeploymentName || strings.ContainsFunc(m, func(r rune) bool { return r < ' ' }) {
+			return fmt.Errorf("model name %q: want at most %d printable characters", m, MaxDeploymentName)
+		}
+	}
+	for _, m := range c.Fallbacks {
+		if m == "" {
+			return errors.New("fallbacks: a fallback names a model")
+		}
+	}
+	if c.Timeout != "" {
+		if d, err := time.ParseDuration(c.Timeout); err != nil || d <= 0 {
+			return fmt.Errorf("timeout %q: want a positive duration such as 30s", c.Timeout)
+		}
+	}
+	if c.Retries != nil && (*c.Retries < 0 || *c.Retries > 10) {
+		return fmt.Errorf("retries %d: want 0..10", *c.Retries)
+	}
+	return nil
+}
+
+// ParseUpstreamConfig decodes and validates a deployments.config of an
+// upstream deployment; unknown fields are an error, so a typo does not
+// pass silently.
+func ParseUpstreamConfig(raw json.RawMessage) (UpstreamConfig, error) {
+	var c UpstreamConfig
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return UpstreamConfig{}, fmt.Errorf("upstream config: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return UpstreamConfig{}, fmt.Errorf("upstream config: %w", err)
+	}
+	return c, nil
+}
+
+// Deployment is a deployments row.
+type Deployment struct {
+	Name           string          `json:"name"`
+	Backend        string          `json:"backend"`
+	Config         json.RawMessage `json:"config"`
+	ServingVersion string          `json:"serving_version,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+}
+
+// ErrExists is returned when creating something that already exists.
+var ErrExists = errors.New("already exists")
+
+// ErrNotUpstream is returned when changing the upstream config of a
+// deployment that another backend serves.
+var ErrNotUpstream = errors.New("the deployment is not served by an upstream")
+
+const deploymentColumns = `name, backend, config, coalesce(serving_version, ''), created_at, updated_at`
+
+func scanDeployment(row pgx.Row) (Deployment, error) {
+	var d Deployment
+	err := row.Scan(&d.Name, &d.Backend, &d.Config, &d.ServingVersion, &d.CreatedAt, &d.UpdatedAt)
+	return d, err
+}
+
+// CreateUpstreamDeployment registers an upstream deployment; a name that
+// exists is ErrExists.
+func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (Deployment, error) {
+	if err := ValidDeploymentName(name); err != nil {
+		return Deployment{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Deployment{}, err
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return Deployment{}, err
+	}
+	d, err := scanDeployment(db.QueryRow(ctx, `INSERT INTO deployments (name, backend, config) VALUES ($1, $2, $3)
+		ON CONFLICT (name) DO NOTHING RETURNING `+deploymentColumns, name, BackendUpstream, raw))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrExists)
+	}
+	if err != nil {
+		return Deployment{}, fmt.Errorf("create deployment %s: %w", name, err)
+	}
+	return d, nil
+}
+
+// UpdateUpstreamDeployment replaces an upstream deployment's config; its
+// versions, releases and artefacts stay.
+func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (Deployment, error) {
+	if err := cfg.Validate(); err != nil {
+		return Deployment{}, err
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return Deployment{}, err
+	}
+	d, err := scanDeployment(db.QueryRow(ctx, `UPDATE deployments SET config = $3, updated_at = now()
+		WHERE name = $1 AND backend = $2 RETURNING `+deploymentColumns, name, BackendUpstream, raw))
+	if errors.Is(err, pgx.ErrNoRows) {
+		if _, gerr := GetDeployment(ctx, db, name); gerr == nil {
+			return Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrNotUpstream)
+		}
+		return Deployment{}, ErrNotFound
+	}
+	if err != nil {
+		return Deployment{}, fmt.Errorf("update deployment %s: %w", name, err)
+	}
+	return d, nil
+}
+
+// RegisterUpstream records a gateway's configured upstream model as a
+// deployment, so it gets the artefacts, canary, gates and status every
+// deployment has; a row that exists (registered before, or through the
+// admin API) is left as it is. It reports whether the row is new.
+func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (bool, error) {
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return false, err
+	}
+	tag, err := db.Exec(ctx, `INSERT INTO deployments (name, backend, config) VALUES ($1, $2, $3)
+		ON CONFLICT (name) DO NOTHING`, name, BackendUpstream, raw)
+	if err != nil {
+		return false, fmt.Errorf("register deployment %s: %w", name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// GetDeployment reads one deployment, or ErrNotFound.
+func GetDeployment(ctx context.Context, db DBTX, name string) (Deployment, error) {
+	d, err := scanDeployment(db.QueryRow(ctx, `SELECT `+deploymentColumns+` FROM deployments WHERE name = $1`, name))
+	return d, notFound(err)
+}
+
+// ListDeployments lists every deployment by name.
+func ListDeployments(ctx context.Context, db DBTX) ([]Deployment, error) {
+	rows, err := db.Query(ctx, `SELECT `+deploymentColumns+` FROM deployments ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	ds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Deployment, error) { return scanDeployment(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	return ds, nil
+}
 
 // Route is how the gateway serves one deployment right now: its backend,
 // the serving weights version, the running weights canary (if any) and the

@@ -4,9 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math/big"
 	"regexp"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // KeyPrefix starts every API key Flywheel issues.
@@ -54,44 +59,210 @@ func NewKey() (string, error) {
 	return KeyPrefix + string(b), nil
 }
 
-// CreateKey issues a tenant API key and stores only its hash. sessionID is
-// empty for a tenant key; otherwise the key is bound to that session.
-func CreateKey(ctx context.Context, db DBTX, tenantID, sessionID, name string) (string, error) {
+// KeySpec is what an issued key may do.
+type KeySpec struct {
+	TenantID string
+	// SessionID binds the key to one session; empty for a tenant key.
+	SessionID string
+	Name      string
+	// Models limits the key to these model names; empty allows all.
+	Models []string
+	// ExpiresAt ends the key; zero never expires.
+	ExpiresAt time.Time
+	// ParentID is the key that issued this one (a session key's tenant
+	// key): revoking the parent revokes it too.
+	ParentID int64
+	// RotatedFrom is the key this one replaces.
+	RotatedFrom int64
+}
+
+// Key is a stored key, without its secret.
+type Key struct {
+	ID          int64      `json:"id"`
+	TenantID    string     `json:"tenant"`
+	Kind        string     `json:"kind"`
+	SessionID   string     `json:"session_id,omitempty"`
+	Name        string     `json:"name"`
+	Prefix      string     `json:"prefix"`
+	Models      []string   `json:"models"`
+	CreatedAt   time.Time  `json:"created_at"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	RevokedAt   *time.Time `json:"revoked_at,omitempty"`
+	ParentID    int64      `json:"parent_id,omitempty"`
+	RotatedFrom int64      `json:"rotated_from,omitempty"`
+}
+
+// Live reports whether the key still authenticates at now.
+func (k Key) Live(now time.Time) bool {
+	return k.RevokedAt == nil && (k.ExpiresAt == nil || now.Before(*k.ExpiresAt))
+}
+
+// ErrKeyNotLive is returned for an operation that needs a live key.
+var ErrKeyNotLive = errors.New("the key is revoked or expired")
+
+const keyColumns = `id, tenant_id, kind, coalesce(session_id, ''), name, prefix, models, created_at,
+	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0)`
+
+func scanKey(row pgx.Row) (Key, error) {
+	var k Key
+	err := row.Scan(&k.ID, &k.TenantID, &k.Kind, &k.SessionID, &k.Name, &k.Prefix, &k.Models, &k.CreatedAt,
+		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom)
+	return k, err
+}
+
+// IssueKey stores a new key for spec and returns its plaintext, shown
+// once: only its hash is kept.
+func IssueKey(ctx context.Context, db DBTX, spec KeySpec) (string, Key, error) {
 	key, err := NewKey()
 	if err != nil {
-		return "", err
+		return "", Key{}, err
 	}
 	kind := "tenant"
 	var sid *string
-	if sessionID != "" {
-		kind, sid = "session", &sessionID
+	if spec.SessionID != "" {
+		kind, sid = "session", &spec.SessionID
 	}
-	_, err = db.Exec(ctx, `INSERT INTO api_keys (tenant_id, key_hash, prefix, kind, session_id, name)
-		VALUES ($1, $2, $3, $4, $5, $6)`, tenantID, HashKey(key), key[:len(KeyPrefix)+6], kind, sid, name)
+	var expires *time.Time
+	if !spec.ExpiresAt.IsZero() {
+		expires = &spec.ExpiresAt
+	}
+	models := spec.Models
+	if models == nil {
+		models = []string{}
+	}
+	k, err := scanKey(db.QueryRow(ctx, `INSERT INTO api_keys
+		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint))
+		RETURNING `+keyColumns, spec.TenantID, HashKey(key), key[:len(KeyPrefix)+6], kind, sid, spec.Name,
+		models, expires, spec.ParentID, spec.RotatedFrom))
 	if err != nil {
-		return "", fmt.Errorf("store api key: %w", err)
+		return "", Key{}, fmt.Errorf("store api key: %w", err)
 	}
-	return key, nil
+	return key, k, nil
 }
 
-// KeyOwner is who an API key belongs to.
+// CreateKey issues a tenant API key with no limits. sessionID is empty
+// for a tenant key; otherwise the key is bound to that session.
+func CreateKey(ctx context.Context, db DBTX, tenantID, sessionID, name string) (string, error) {
+	key, _, err := IssueKey(ctx, db, KeySpec{TenantID: tenantID, SessionID: sessionID, Name: name})
+	return key, err
+}
+
+// KeyFilter selects keys to list.
+type KeyFilter struct {
+	// TenantID limits the list to one tenant; empty lists all.
+	TenantID string
+	// All includes revoked and expired keys.
+	All bool
+	// Sessions includes per-session keys.
+	Sessions bool
+}
+
+// ListKeys lists keys, newest first.
+func ListKeys(ctx context.Context, db DBTX, f KeyFilter) ([]Key, error) {
+	rows, err := db.Query(ctx, `SELECT `+keyColumns+` FROM api_keys
+		WHERE ($1 = '' OR tenant_id = $1)
+		  AND ($2 OR (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())))
+		  AND ($3 OR kind = 'tenant')
+		ORDER BY id DESC`, f.TenantID, f.All, f.Sessions)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	return keys, nil
+}
+
+// GetKey reads one key, or ErrNotFound.
+func GetKey(ctx context.Context, db DBTX, id int64) (Key, error) {
+	k, err := scanKey(db.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = $1`, id))
+	return k, notFound(err)
+}
+
+// RevokeKey revokes the key and the session keys it issued, and returns
+// it; revoking a revoked key keeps its first revocation time.
+func RevokeKey(ctx context.Context, db DBTX, id int64) (Key, error) {
+	_, err := db.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+		WHERE id = $1 OR parent_id = $1`, id)
+	if err != nil {
+		return Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return GetKey(ctx, db, id)
+}
+
+// RotateKey issues a key that replaces id, with the same tenant, name,
+// models and expiry, and lets id live for grace more (zero revokes it
+// now). Session keys the old key issued keep working: they end with
+// their session. A revoked or expired key cannot rotate (ErrKeyNotLive).
+func RotateKey(ctx context.Context, db Beginner, id int64, grace time.Duration) (string, Key, error) {
+	var plain string
+	var fresh Key
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		old, err := scanKey(tx.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = $1 FOR UPDATE`, id))
+		if err != nil {
+			return notFound(err)
+		}
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return err
+		}
+		if !old.Live(now) {
+			return ErrKeyNotLive
+		}
+		spec := KeySpec{TenantID: old.TenantID, SessionID: old.SessionID, Name: old.Name, Models: old.Models,
+			ParentID: old.ParentID, RotatedFrom: old.ID}
+		if old.ExpiresAt != nil {
+			spec.ExpiresAt = *old.ExpiresAt
+		}
+		if plain, fresh, err = IssueKey(ctx, tx, spec); err != nil {
+			return err
+		}
+		if grace <= 0 {
+			_, err = tx.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id)
+		} else {
+			_, err = tx.Exec(ctx, `UPDATE api_keys SET expires_at = least(coalesce(expires_at, 'infinity'), now() + $2 * interval '1 microsecond')
+				WHERE id = $1`, id, grace.Microseconds())
+		}
+		return err
+	})
+	if err != nil {
+		return "", Key{}, err
+	}
+	return plain, fresh, nil
+}
+
+// KeyOwner is who an API key belongs to and what it may do.
 type KeyOwner struct {
 	TenantID string
 	// SessionID is set for a per-session key.
 	SessionID string
+	KeyID     int64
+	// Models the key may use; empty allows every model.
+	Models []string
+	// ExpiresAt is zero for a key that does not expire.
+	ExpiresAt time.Time
 }
 
-// LookupKey finds the live key's owner, or ErrNotFound.
+// Allows reports whether the key may use model.
+func (o KeyOwner) Allows(model string) bool {
+	return len(o.Models) == 0 || slices.Contains(o.Models, model)
+}
+
+// LookupKey finds the live key's owner, or ErrNotFound for an unknown,
+// revoked or expired key.
 func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
 	var o KeyOwner
-	var sid *string
-	err := db.QueryRow(ctx, `SELECT tenant_id, session_id FROM api_keys
-		WHERE key_hash = $1 AND revoked_at IS NULL`, HashKey(key)).Scan(&o.TenantID, &sid)
+	var expires *time.Time
+	err := db.QueryRow(ctx, `SELECT tenant_id, coalesce(session_id, ''), id, models, expires_at FROM api_keys
+		WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())`,
+		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.Models, &expires)
 	if err != nil {
 		return KeyOwner{}, notFound(err)
 	}
-	if sid != nil {
-		o.SessionID = *sid
+	if expires != nil {
+		o.ExpiresAt = *expires
 	}
 	return o, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -25,7 +26,12 @@ func TestKeysAreStoredHashedAndResolveToTheirTenant(t *testing.T) {
 
 	owner, err := store.LookupKey(ctx, pool, key)
 	require.NoError(t, err)
-	require.Equal(t, store.KeyOwner{TenantID: "acme"}, owner)
+	require.Equal(t, "acme", owner.TenantID)
+	require.Empty(t, owner.SessionID)
+	require.Positive(t, owner.KeyID)
+	require.Empty(t, owner.Models, "a key with no models may use every model")
+	require.True(t, owner.ExpiresAt.IsZero())
+	require.True(t, owner.Allows("any-model"))
 
 	_, err = store.LookupKey(ctx, pool, key+"x")
 	require.ErrorIs(t, err, store.ErrNotFound)
@@ -60,4 +66,87 @@ func TestNewKeysDiffer(t *testing.T) {
 		require.False(t, seen[k])
 		seen[k] = true
 	}
+}
+
+func TestKeysExpireRevokeWithTheirSessionKeysAndRotate(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
+
+	// Model scopes and expiry.
+	scoped, sk, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", Name: "scoped", Models: []string{"m1"},
+		ExpiresAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	owner, err := store.LookupKey(ctx, pool, scoped)
+	require.NoError(t, err)
+	require.Equal(t, sk.ID, owner.KeyID)
+	require.True(t, owner.Allows("m1"))
+	require.False(t, owner.Allows("m2"))
+	require.WithinDuration(t, time.Now().Add(time.Hour), owner.ExpiresAt, time.Minute)
+	expired, ek, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", ExpiresAt: time.Now().Add(-time.Second)})
+	require.NoError(t, err)
+	_, err = store.LookupKey(ctx, pool, expired)
+	require.ErrorIs(t, err, store.ErrNotFound, "an expired key no longer resolves")
+
+	// Listing: live tenant keys by default, everything with All.
+	tenantKey, tk, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", Name: "ci"})
+	require.NoError(t, err)
+	session, _, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", SessionID: "s1", ParentID: tk.ID})
+	require.NoError(t, err)
+	live, err := store.ListKeys(ctx, pool, store.KeyFilter{TenantID: "acme"})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []int64{sk.ID, tk.ID}, keyIDs(live))
+	all, err := store.ListKeys(ctx, pool, store.KeyFilter{TenantID: "acme", All: true, Sessions: true})
+	require.NoError(t, err)
+	require.Len(t, all, 4)
+	require.Contains(t, keyIDs(all), ek.ID)
+	other, err := store.ListKeys(ctx, pool, store.KeyFilter{TenantID: "other"})
+	require.NoError(t, err)
+	require.Empty(t, other)
+
+	// Rotation with grace: both work until the grace ends; the new key
+	// keeps the old one's scope and names it.
+	fresh, fk, err := store.RotateKey(ctx, pool, sk.ID, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, sk.ID, fk.RotatedFrom)
+	require.Equal(t, []string{"m1"}, fk.Models)
+	require.Equal(t, sk.ExpiresAt.Unix(), fk.ExpiresAt.Unix())
+	_, err = store.LookupKey(ctx, pool, scoped)
+	require.NoError(t, err, "the old key works during the grace")
+	_, err = store.LookupKey(ctx, pool, fresh)
+	require.NoError(t, err)
+	// Rotation without grace revokes the old key at once.
+	fresh2, _, err := store.RotateKey(ctx, pool, fk.ID, 0)
+	require.NoError(t, err)
+	_, err = store.LookupKey(ctx, pool, fresh)
+	require.ErrorIs(t, err, store.ErrNotFound)
+	_, err = store.LookupKey(ctx, pool, fresh2)
+	require.NoError(t, err)
+	_, _, err = store.RotateKey(ctx, pool, fk.ID, time.Hour)
+	require.ErrorIs(t, err, store.ErrKeyNotLive, "a revoked key cannot rotate")
+	_, _, err = store.RotateKey(ctx, pool, 1<<40, time.Hour)
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	// Revoking a tenant key revokes the session keys it issued.
+	rk, err := store.RevokeKey(ctx, pool, tk.ID)
+	require.NoError(t, err)
+	require.NotNil(t, rk.RevokedAt)
+	require.False(t, rk.Live(time.Now()))
+	for _, k := range []string{tenantKey, session} {
+		_, err = store.LookupKey(ctx, pool, k)
+		require.ErrorIs(t, err, store.ErrNotFound)
+	}
+	again, err := store.RevokeKey(ctx, pool, tk.ID)
+	require.NoError(t, err)
+	require.Equal(t, rk.RevokedAt.UnixMicro(), again.RevokedAt.UnixMicro(), "revoking twice keeps the first time")
+	_, err = store.RevokeKey(ctx, pool, 1<<40)
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func keyIDs(keys []store.Key) []int64 {
+	out := make([]int64, len(keys))
+	for i, k := range keys {
+		out[i] = k.ID
+	}
+	return out
 }

@@ -25,23 +25,24 @@ type command struct {
 
 // commands is the top-level command table.
 var commands = map[string]command{
-	"up":       {"run gateway + worker on the local services, printing URLs and a ready API key", runUp},
-	"gateway":  {"run the HTTP gateway", runGateway},
-	"worker":   {"run a Temporal worker", runWorker},
-	"migrate":  {"apply (up), roll back (down --to N) or show (status) the schema", runMigrate},
-	"keys":     {"manage API keys: keys create --tenant NAME", runKeys},
-	"temporal": {"temporal setup: register the namespace and search attributes", runTemporal},
-	"bench":    {"whole-system benchmarks: bench NAME", runBench},
-	"export":   {"export a tenant's trajectories as ATDP JSONL: export --tenant NAME [--out FILE]", runExport},
-	"sandbox":  {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
-	"demo":     {"demo agents on the built-in task (--offline: in process)", runDemo},
-	"version":  {"print the version", runVersion},
-	"session":  {"session show ID | list: a SessionWorkflow's state", runSessionCmd},
-	"release":  {"release start|show|list|approve|abort: gated releases", runReleaseCmd},
-	"train":    {"train now|show --deployment D: the TrainingWorkflow", runTrainCmd},
-	"evolve":   {"evolve now|schedule|list --deployment D: evolution decisions", runEvolveCmd},
-	"forget":   {"forget retire REQUEST_ID: retire versions trained on forgotten data", runForgetCmd},
-	"suite":    {"suite set|show|list|delete --deployment D: the held-out and safety suites the gates and the watchdog answer", runSuite},
+	"up":          {"run gateway + worker on the local services, printing URLs and a ready API key", runUp},
+	"gateway":     {"run the HTTP gateway", runGateway},
+	"worker":      {"run a Temporal worker", runWorker},
+	"migrate":     {"apply (up), roll back (down --to N) or show (status) the schema", runMigrate},
+	"keys":        {"API keys: keys create|list|revoke|rotate", runKeys},
+	"deployments": {"deployments create|update|list|show: the models the gateway serves", runDeployments},
+	"temporal":    {"temporal setup: register the namespace and search attributes", runTemporal},
+	"bench":       {"whole-system benchmarks: bench NAME", runBench},
+	"export":      {"export a tenant's trajectories as ATDP JSONL: export --tenant NAME [--out FILE]", runExport},
+	"sandbox":     {"sandbox images and maintenance: sandbox build, sandbox janitor", runSandbox},
+	"demo":        {"demo agents on the built-in task (--offline: in process)", runDemo},
+	"version":     {"print the version", runVersion},
+	"session":     {"session show ID | list: a SessionWorkflow's state", runSessionCmd},
+	"release":     {"release start|show|list|approve|abort: gated releases", runReleaseCmd},
+	"train":       {"train now|show --deployment D: the TrainingWorkflow", runTrainCmd},
+	"evolve":      {"evolve now|schedule|list --deployment D: evolution decisions", runEvolveCmd},
+	"forget":      {"forget retire REQUEST_ID: retire versions trained on forgotten data", runForgetCmd},
+	"suite":       {"suite set|show|list|delete --deployment D: the held-out and safety suites the gates and the watchdog answer", runSuite},
 }
 
 func main() {
@@ -94,13 +95,36 @@ func loadConfig(name string, args []string, own func(fs *flag.FlagSet)) (config.
 	if own != nil {
 		own(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterleaved(fs, args); err != nil {
 		return cfg, fs, err
 	}
 	if err := config.Load(fs, &cfg, *path); err != nil {
 		return cfg, fs, fmt.Errorf("configuration: %w", err)
 	}
 	return cfg, fs, nil
+}
+
+// parseInterleaved parses flags that may follow positional arguments
+// (`keys revoke 12 --grace 1h`), which the flag package alone stops at;
+// after "--" everything is positional. fs.Args() is the positionals.
+func parseInterleaved(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, pos...))
 }
 
 func newLogger(c config.LogConfig) *slog.Logger {

@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -79,6 +80,17 @@ func verb(args []string, usage string) (string, []string, error) {
 		return "", nil, fmt.Errorf("usage: %s", usage)
 	}
 	return args[0], args[1:], nil
+}
+
+// subcommand parses the arguments of subcommand v of cmd with the flags
+// own[v] registers (nil: only the configuration flags); a subcommand own
+// does not name is an error that says the usage.
+func subcommand(cmd, v string, args []string, usage string, own map[string]func(fs *flag.FlagSet)) (config.Config, *flag.FlagSet, error) {
+	f, ok := own[v]
+	if !ok {
+		return config.Config{}, nil, fmt.Errorf("unknown %s subcommand %q; usage: %s", cmd, v, usage)
+	}
+	return loadConfig(cmd+" "+v, args, f)
 }
 
 func one(pos []string, what string) (string, error) {

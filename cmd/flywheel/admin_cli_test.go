@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// stdout runs f and returns what it printed to os.Stdout.
+func stdout(t *testing.T, f func() error) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	saved := os.Stdout
+	os.Stdout = w
+	done := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- string(b)
+	}()
+	ferr := f()
+	os.Stdout = saved
+	require.NoError(t, w.Close())
+	return <-done, ferr
+}
+
+// cliDatabase is a fresh migrated database and the flag that names it.
+func cliDatabase(t *testing.T) (*pgxpool.Pool, []string) {
+	t.Helper()
+	url := testenv.DatabaseURL(t, true)
+	pool, err := store.Open(context.Background(), url, 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, []string{"--database-url", url}
+}
+
+// TestKeysCLI: create a scoped, expiring key, list it, rotate it with a
+// grace, revoke it; every step is what the store then says.
+func TestKeysCLI(t *testing.T) {
+	ctx := context.Background()
+	pool, db := cliDatabase(t)
+
+	out, err := stdout(t, func() error {
+		return run(ctx, append([]string{"keys", "create", "--tenant", "acme", "--name", "ci", "--models", "m1, m2", "--expires", "720h"}, db...))
+	})
+	require.NoError(t, err)
+	key := strings.TrimSpace(out)
+	owner, err := store.LookupKey(ctx, pool, key)
+	require.NoError(t, err)
+	require.Equal(t, []string{"m1", "m2"}, owner.Models)
+	require.False(t, owner.ExpiresAt.IsZero())
+	id := strconv.FormatInt(owner.KeyID, 10)
+
+	out, err = stdout(t, func() error { return run(ctx, append([]string{"keys", "list", "--tenant", "acme"}, db...)) })
+	require.NoError(t, err)
+	require.Contains(t, out, "m1,m2")
+	require.Contains(t, out, key[:len(store.KeyPrefix)+6])
+
+	// The flag after the id is parsed.
+	out, err = stdout(t, func() error { return run(ctx, append([]string{"keys", "rotate", id, "--grace", "1h"}, db...)) })
+	require.NoError(t, err)
+	fresh := strings.TrimSpace(out)
+	_, err = store.LookupKey(ctx, pool, key)
+	require.NoError(t, err, "the old key lives through the grace")
+	fo, err := store.LookupKey(ctx, pool, fresh)
+	require.NoError(t, err)
+	require.Equal(t, owner.Models, fo.Models)
+
+	_, err = stdout(t, func() error {
+		return run(ctx, append([]string{"keys", "revoke", strconv.FormatInt(fo.KeyID, 10)}, db...))
+	})
+	require.NoError(t, err)
+	_, err = store.LookupKey(ctx, pool, fresh)
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	for _, bad := range [][]string{
+		{"keys", "create"},
+		{"keys", "revoke"},
+		{"keys", "revoke", "x"},
+		{"keys", "revoke", "999999999"},
+		{"keys", "rotate", strconv.FormatInt(fo.KeyID, 10)},
+	} {
+		_, err := stdout(t, func() error { return run(ctx, append(bad, db...)) })
+		require.Error(t, err, bad)
+	}
+}
+
+// TestDeploymentsCLI: create, show, list and update an upstream
+// deployment; bad input is refused before anything is stored.
+func TestDeploymentsCLI(t *testing.T) {
+	ctx := context.Background()
+	pool, db := cliDatabase(t)
+
+	_, err := stdout(t, func() error {
+		return run(ctx, append([]string{"deployments", "create", "qwen", "--base-url", "http://vllm:8000/v1", "--model", "Qwen/Qwen3-8B",
+			"--timeout", "30s", "--retries", "2", "--fallbacks", "Qwen/Qwen3-4B"}, db...))
+	})
+	require.NoError(t, err)
+	d, err := store.GetDeployment(ctx, pool, "qwen")
+	require.NoError(t, err)
+	require.Equal(t, store.BackendUpstream, d.Backend)
+	c, err := store.ParseUpstreamConfig(d.Config)
+	require.NoError(t, err)
+	require.Equal(t, "Qwen/Qwen3-8B", c.Model)
+	require.Equal(t, "30s", c.Timeout)
+	require.Equal(t, 2, *c.Retries)
+	require.Equal(t, []string{"Qwen/Qwen3-4B"}, c.Fallbacks)
+	require.Nil(t, c.VLLM, "vLLM's extensions are the default")
+
+	out, err := stdout(t, func() error { return run(ctx, append([]string{"deployments", "list"}, db...)) })
+	require.NoError(t, err)
+	require.Contains(t, out, "http://vllm:8000/v1 (Qwen/Qwen3-8B)")
+	out, err = stdout(t, func() error { return run(ctx, append([]string{"deployments", "show", "qwen"}, db...)) })
+	require.NoError(t, err)
+	require.Contains(t, out, `"backend": "upstream"`)
+
+	_, err = stdout(t, func() error {
+		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "http://sglang:30000/v1", "--vllm=false"}, db...))
+	})
+	require.NoError(t, err)
+	d, err = store.GetDeployment(ctx, pool, "qwen")
+	require.NoError(t, err)
+	c, err = store.ParseUpstreamConfig(d.Config)
+	require.NoError(t, err)
+	require.Equal(t, "http://sglang:30000/v1", c.BaseURL)
+	require.False(t, *c.VLLM)
+	require.Empty(t, c.Model, "update replaces the whole config")
+
+	for _, bad := range [][]string{
+		{"deployments", "create", "qwen", "--base-url", "http://x/v1"},
+		{"deployments", "create", "other"},
+		{"deployments", "create", "other", "--base-url", "nowhere"},
+		{"deployments", "create", "a@b", "--base-url", "http://x/v1"},
+		{"deployments", "update", "missing", "--base-url", "http://x/v1"},
+		{"deployments", "show", "missing"},
+		{"deployments", "show"},
+	} {
+		_, err := stdout(t, func() error { return run(ctx, append(bad, db...)) })
+		require.Error(t, err, bad)
+	}
+	ds, err := store.ListDeployments(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, ds, 1, "nothing else was stored")
+}

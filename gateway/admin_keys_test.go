@@ -1,0 +1,148 @@
+package gateway_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/config"
+)
+
+// TestKeyLifecycle: keys are limited to models, listed, rotated with a
+// grace, revoked with the session keys they issued, and expire; the
+// gateway's key cache does not outlive any of that.
+func TestKeyLifecycle(t *testing.T) {
+	e := newEnv(t, envOpts{cfg: func(c *config.GatewayConfig) {
+		c.UpstreamModels = []string{fixtureModel, "other-model"}
+		c.KeyCacheTTL = time.Minute // long: revocation must not wait for it
+	}})
+	admin := e.cfg.AdminKey
+	chat := func(key, model string) int {
+		st, _, _ := e.do("POST", "/v1/chat/completions", key, map[string]any{"model": model,
+			"messages": []any{map[string]any{"role": "user", "content": "hi"}}})
+		return st
+	}
+
+	// A key limited to one model.
+	st, out := e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme", "name": "scoped",
+		"models": []string{fixtureModel}, "expires_in": "1h"})
+	require.Equal(t, 201, st, out)
+	scoped := out["api_key"].(string)
+	meta := out["key"].(map[string]any)
+	scopedID := int64(meta["id"].(float64))
+	require.Equal(t, []any{fixtureModel}, meta["models"])
+	require.NotEmpty(t, meta["expires_at"])
+	require.Equal(t, 200, chat(scoped, fixtureModel))
+	st, _, body := e.do("POST", "/v1/chat/completions", scoped, map[string]any{"model": "other-model",
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}})
+	require.Equal(t, 403, st)
+	require.Contains(t, string(body), `may not use model \"other-model\"`)
+	require.Equal(t, 200, chat(e.keyA, "other-model"), "an unscoped key uses every model")
+	_, models := e.doJSON("GET", "/v1/models", scoped, nil)
+	require.Equal(t, []string{fixtureModel}, modelIDs(models), "/v1/models lists what the key may use")
+	_, models = e.doJSON("GET", "/v1/models", e.keyA, nil)
+	require.ElementsMatch(t, []string{fixtureModel, "other-model"}, modelIDs(models))
+	st, _ = e.doJSON("POST", "/v1/sessions", scoped, map[string]any{"model": "other-model"})
+	require.Equal(t, 403, st, "nor may it open a session on another model")
+
+	// Session keys inherit the scope and die with their parent.
+	st, out = e.doJSON("POST", "/v1/sessions", scoped, map[string]any{"model": fixtureModel})
+	require.Equal(t, 201, st, out)
+	sessionKey := out["api_key"].(string)
+	require.Equal(t, 200, chat(sessionKey, fixtureModel))
+	require.Equal(t, 403, chat(sessionKey, "other-model"))
+
+	// Bad requests.
+	for _, bad := range []map[string]any{
+		{"tenant": "acme", "expires_in": "soon"},
+		{"tenant": "acme", "expires_in": "-1h"},
+		{"tenant": "acme", "expires_at": "2001-01-01T00:00:00Z"},
+		{"tenant": "acme", "expires_at": "2101-01-01T00:00:00Z", "expires_in": "1h"},
+		{"tenant": "acme", "models": []string{""}},
+		{"tenant": "Not A Tenant"},
+	} {
+		st, out := e.doJSON("POST", "/admin/v1/keys", admin, bad)
+		require.Equal(t, 422, st, "%v: %v", bad, out)
+	}
+
+	// Listing.
+	st, out = e.doJSON("GET", "/admin/v1/keys?tenant=acme", admin, nil)
+	require.Equal(t, 200, st)
+	ids := listedIDs(out)
+	require.Contains(t, ids, scopedID)
+	st, out = e.doJSON("GET", "/admin/v1/keys?tenant=acme&sessions=true", admin, nil)
+	require.Equal(t, 200, st)
+	require.Greater(t, len(listedIDs(out)), len(ids), "sessions=true adds the session keys")
+	st, _ = e.doJSON("GET", "/admin/v1/keys?all=maybe", admin, nil)
+	require.Equal(t, 400, st)
+	st, _ = e.doJSON("GET", "/admin/v1/keys", e.keyA, nil)
+	require.Equal(t, 401, st, "listing keys needs the admin key")
+
+	// Rotation with a grace: both keys work, the new one keeps the scope.
+	st, out = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/rotate", scopedID), admin, map[string]any{"grace": "1h"})
+	require.Equal(t, 201, st, out)
+	rotated := out["api_key"].(string)
+	rotatedID := int64(out["key"].(map[string]any)["id"].(float64))
+	require.Equal(t, float64(scopedID), out["key"].(map[string]any)["rotated_from"])
+	require.Equal(t, 200, chat(scoped, fixtureModel), "the old key works during the grace")
+	require.Equal(t, 200, chat(rotated, fixtureModel))
+	require.Equal(t, 403, chat(rotated, "other-model"))
+	st, _ = e.doJSON("POST", "/admin/v1/keys/bogus/rotate", admin, nil)
+	require.Equal(t, 400, st)
+	st, _ = e.doJSON("POST", "/admin/v1/keys/999999999/rotate", admin, nil)
+	require.Equal(t, 404, st)
+	st, _ = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/rotate", scopedID), admin, map[string]any{"grace": "a while"})
+	require.Equal(t, 422, st)
+
+	// Revocation takes effect at once, despite the minute-long key cache,
+	// and reaches the session keys the key issued.
+	st, out = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/revoke", scopedID), admin, nil)
+	require.Equal(t, 200, st, out)
+	require.NotEmpty(t, out["key"].(map[string]any)["revoked_at"])
+	st, _, body = e.do("POST", "/v1/chat/completions", scoped, map[string]any{"model": fixtureModel,
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}})
+	require.Equal(t, 401, st)
+	require.Contains(t, string(body), "revoked or expired")
+	require.Equal(t, 401, chat(sessionKey, fixtureModel), "the session key went with its parent")
+	require.Equal(t, 200, chat(rotated, fixtureModel), "the rotated key is a key of its own")
+	st, _ = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/rotate", scopedID), admin, nil)
+	require.Equal(t, 409, st, "a revoked key cannot rotate")
+	st, _ = e.doJSON("POST", "/admin/v1/keys/999999999/revoke", admin, nil)
+	require.Equal(t, 404, st)
+	st, out = e.doJSON("GET", "/admin/v1/keys?tenant=acme", admin, nil)
+	require.Equal(t, 200, st)
+	require.NotContains(t, listedIDs(out), scopedID, "revoked keys are listed only with all=true")
+	require.Contains(t, listedIDs(out), rotatedID)
+
+	// Rotation without grace ends the old key at once.
+	st, out = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/rotate", rotatedID), admin, nil)
+	require.Equal(t, 201, st, out)
+	require.Equal(t, 401, chat(rotated, fixtureModel))
+	require.Equal(t, 200, chat(out["api_key"].(string), fixtureModel))
+
+	// Expiry: a key ends at its time even when it sits in the cache.
+	st, out = e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme",
+		"expires_at": time.Now().Add(1500 * time.Millisecond).Format(time.RFC3339Nano)})
+	require.Equal(t, 201, st, out)
+	short := out["api_key"].(string)
+	require.Equal(t, 200, chat(short, fixtureModel))
+	require.Eventually(t, func() bool { return chat(short, fixtureModel) == 401 }, 10*time.Second, 100*time.Millisecond)
+}
+
+func modelIDs(list map[string]any) []string {
+	var out []string
+	for _, m := range list["data"].([]any) {
+		out = append(out, m.(map[string]any)["id"].(string))
+	}
+	return out
+}
+
+func listedIDs(list map[string]any) []int64 {
+	var out []int64
+	for _, k := range list["data"].([]any) {
+		out = append(out, int64(k.(map[string]any)["id"].(float64)))
+	}
+	return out
+}
