@@ -211,6 +211,18 @@ func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs
 	})
 }
 
+// answers reports whether the backend answers for deployment: any
+// Completer does, DeploymentEngines only for the deployments it serves.
+func (r *Release) answers(ctx context.Context, deployment string) (bool, error) {
+	if r.Backend == nil {
+		return false, nil
+	}
+	if e, ok := r.Backend.(DeploymentEngines); ok {
+		return e.Serves(ctx, deployment)
+	}
+	return true, nil
+}
+
 // rejected reports whether the backend refused the request itself (a 4xx
 // other than 429): the side that got it cannot answer that prompt, which
 // is a verdict on that side, not a fault to retry.
@@ -241,8 +253,8 @@ func notEvaluated(in workflows.GateInput, why string) workflows.GateResult {
 // shadow lets the candidate answer the live prompts of the shadow window
 // (users were served by the baseline) and compares error rates.
 func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if r.Backend == nil {
-		return notEvaluated(in, "no backend on this worker to mirror traffic to"), nil
+	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
+		return notEvaluated(in, "no engine on this worker serves this deployment to mirror traffic to"), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, in.Since, r.maxPrompts(), false)
 	if err != nil {
@@ -292,8 +304,8 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 // replay re-scores recorded, rewarded prompts: each side's answer is
 // compared with the recorded answer weighted by its reward.
 func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if r.Backend == nil {
-		return notEvaluated(in, "no backend on this worker to replay prompts on"), nil
+	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
+		return notEvaluated(in, "no engine on this worker serves this deployment to replay prompts on"), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, time.Time{}, r.maxPrompts(), true)
 	if err != nil {

@@ -53,11 +53,13 @@ func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving
 		res.Verdict, res.Reason = workflows.WatchNotEvaluated, why
 		return res, nil
 	}
-	switch {
-	case serving == "":
+	if serving == "" {
 		return notEvaluated("the deployment has no serving version")
-	case r.Backend == nil:
-		return notEvaluated("no backend on this worker to answer the suites with")
+	}
+	if ok, err := r.answers(ctx, in.Deployment); err != nil {
+		return res, err
+	} else if !ok {
+		return notEvaluated("no engine on this worker serves this deployment to answer the suites with")
 	}
 	cur, err := r.weightsVariant(ctx, in.Deployment, serving)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -17,8 +18,8 @@ import (
 // from the command line.
 
 type deploymentRequest struct {
-	Name     string                `json:"name"`
-	Upstream *store.UpstreamConfig `json:"upstream"`
+	Name     string             `json:"name"`
+	Upstream *upstream.Settings `json:"upstream"`
 }
 
 // adminCreateDeployment is POST /admin/v1/deployments {name, upstream}.

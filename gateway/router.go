@@ -98,7 +98,7 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 type router struct {
 	static map[string]inference.Backend
 	// upstreams are the configured upstream models' deployments rows.
-	upstreams map[string]store.UpstreamConfig
+	upstreams map[string]upstream.Settings
 	// started is when the static routes were built: their models' created
 	// time in /v1/models.
 	started time.Time
@@ -118,7 +118,7 @@ type router struct {
 // newRouter builds the static routes: the in-process policy under its
 // model name, and the configured upstream models with their fallbacks.
 func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX, logger *slog.Logger) (*router, error) {
-	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]store.UpstreamConfig{}, started: time.Now(),
+	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]upstream.Settings{}, started: time.Now(),
 		db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
 	if policy != nil {
 		r.static[cfg.PolicyModel] = policy
@@ -136,7 +136,7 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 			}
 			r.static[name] = b
 			vllm := cfg.UpstreamVLLM
-			r.upstreams[name] = store.UpstreamConfig{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, VLLM: &vllm}
+			r.upstreams[name] = upstream.Settings{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, VLLM: &vllm}
 		}
 		for _, fb := range cfg.UpstreamFallbacks {
 			model, alts, _ := strings.Cut(fb, "=")
@@ -299,40 +299,13 @@ func (r *router) dynamicBackend(route *store.Route) (inference.Backend, error) {
 	if b, ok := r.dynamic[key]; ok {
 		return b, nil
 	}
-	dc, err := store.ParseUpstreamConfig(route.Config)
+	dc, err := upstream.ParseSettings(route.Config)
 	if err != nil {
 		return nil, errf(http.StatusServiceUnavailable, "model %q has no usable upstream config: %v", route.Deployment, err)
 	}
-	mk := func(model string) (inference.Backend, error) {
-		c := upstream.Config{BaseURL: dc.BaseURL, Model: model, APIKey: os.Getenv(dc.APIKeyEnv), Timeout: r.cfg.UpstreamTimeout,
-			Retries: r.cfg.UpstreamRetries, VLLM: dc.VLLM == nil || *dc.VLLM}
-		if d, err := time.ParseDuration(dc.Timeout); err == nil && d > 0 {
-			c.Timeout = d
-		}
-		if dc.Retries != nil {
-			c.Retries = *dc.Retries
-		}
-		return upstream.New(c)
-	}
-	model := dc.Model
-	if model == "" {
-		model = route.Deployment
-	}
-	primary, err := mk(model)
+	b, err := dc.Backend(route.Deployment, r.cfg.UpstreamTimeout, r.cfg.UpstreamRetries)
 	if err != nil {
 		return nil, err
-	}
-	var b inference.Backend = primary
-	if len(dc.Fallbacks) > 0 {
-		chain := upstream.Fallback{primary}
-		for _, fb := range dc.Fallbacks {
-			alt, err := mk(fb)
-			if err != nil {
-				return nil, err
-			}
-			chain = append(chain, alt)
-		}
-		b = chain
 	}
 	r.dynamic[key] = b
 	return b, nil

@@ -1,17 +1,16 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 )
 
 // Backend kinds of a deployment.
@@ -34,74 +33,6 @@ func ValidDeploymentName(name string) error {
 		return fmt.Errorf("deployment name %q: want 1..%d characters, no '@', '/', spaces or control characters", name, MaxDeploymentName)
 	}
 	return nil
-}
-
-// UpstreamConfig is the config of an upstream deployment: where its
-// OpenAI-compatible server is and how to call it.
-type UpstreamConfig struct {
-	// BaseURL ends in /v1, e.g. http://vllm:8000/v1.
-	BaseURL string `json:"base_url"`
-	// Model is the server's name for the model (default: the deployment's).
-	Model string `json:"model,omitempty"`
-	// APIKeyEnv names the environment variable holding the server's key.
-	APIKeyEnv string `json:"api_key_env,omitempty"`
-	// Fallbacks are other model names on the same server, tried in order
-	// when the model fails with 429, 5xx or a timeout.
-	Fallbacks []string `json:"fallbacks,omitempty"`
-	// VLLM asks for token ids with vLLM's extensions (default true).
-	VLLM *bool `json:"vllm,omitempty"`
-	// Timeout bounds one attempt, as a Go duration (default: the gateway's).
-	Timeout string `json:"timeout,omitempty"`
-	// Retries after the first attempt (default: the gateway's).
-	Retries *int `json:"retries,omitempty"`
-}
-
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// Validate checks the config the way the gateway will use it.
-func (c UpstreamConfig) Validate() error {
-	u, err := url.Parse(c.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("base_url %q: want an http(s) URL such as http://vllm:8000/v1", c.BaseURL)
-	}
-	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
-		return fmt.Errorf("api_key_env %q: want an environment variable name", c.APIKeyEnv)
-	}
-	for _, m := range append([]string{c.Model}, c.Fallbacks...) {
-		if len(m) > MaxDeploymentName || strings.ContainsFunc(m, func(r rune) bool { return r < ' ' }) {
-			return fmt.Errorf("model name %q: want at most %d printable characters", m, MaxDeploymentName)
-		}
-	}
-	for _, m := range c.Fallbacks {
-		if m == "" {
-			return errors.New("fallbacks: a fallback names a model")
-		}
-	}
-	if c.Timeout != "" {
-		if d, err := time.ParseDuration(c.Timeout); err != nil || d <= 0 {
-			return fmt.Errorf("timeout %q: want a positive duration such as 30s", c.Timeout)
-		}
-	}
-	if c.Retries != nil && (*c.Retries < 0 || *c.Retries > 10) {
-		return fmt.Errorf("retries %d: want 0..10", *c.Retries)
-	}
-	return nil
-}
-
-// ParseUpstreamConfig decodes and validates a deployments.config of an
-// upstream deployment; unknown fields are an error, so a typo does not
-// pass silently.
-func ParseUpstreamConfig(raw json.RawMessage) (UpstreamConfig, error) {
-	var c UpstreamConfig
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return UpstreamConfig{}, fmt.Errorf("upstream config: %w", err)
-	}
-	if err := c.Validate(); err != nil {
-		return UpstreamConfig{}, fmt.Errorf("upstream config: %w", err)
-	}
-	return c, nil
 }
 
 // Deployment is a deployments row.
@@ -131,7 +62,7 @@ func scanDeployment(row pgx.Row) (Deployment, error) {
 
 // CreateUpstreamDeployment registers an upstream deployment; a name that
 // exists is ErrExists.
-func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (Deployment, error) {
+func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (Deployment, error) {
 	if err := ValidDeploymentName(name); err != nil {
 		return Deployment{}, err
 	}
@@ -155,7 +86,7 @@ func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg Ups
 
 // UpdateUpstreamDeployment replaces an upstream deployment's config; its
 // versions, releases and artefacts stay.
-func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (Deployment, error) {
+func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (Deployment, error) {
 	if err := cfg.Validate(); err != nil {
 		return Deployment{}, err
 	}
@@ -181,7 +112,7 @@ func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg Ups
 // deployment, so it gets the artefacts, canary, gates and status every
 // deployment has; a row that exists (registered before, or through the
 // admin API) is left as it is. It reports whether the row is new.
-func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg UpstreamConfig) (bool, error) {
+func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (bool, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return false, err

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -108,7 +109,7 @@ func TestDeploymentsCLI(t *testing.T) {
 	d, err := store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
 	require.Equal(t, store.BackendUpstream, d.Backend)
-	c, err := store.ParseUpstreamConfig(d.Config)
+	c, err := upstream.ParseSettings(d.Config)
 	require.NoError(t, err)
 	require.Equal(t, "Qwen/Qwen3-8B", c.Model)
 	require.Equal(t, "30s", c.Timeout)
@@ -129,7 +130,7 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.NoError(t, err)
 	d, err = store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
-	c, err = store.ParseUpstreamConfig(d.Config)
+	c, err = upstream.ParseSettings(d.Config)
 	require.NoError(t, err)
 	require.Equal(t, "http://sglang:30000/v1", c.BaseURL)
 	require.False(t, *c.VLLM)

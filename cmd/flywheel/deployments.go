@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -24,7 +25,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var up store.UpstreamConfig
+	var up upstream.Settings
 	var fallbacks string
 	vllm := true
 	retries := -1
@@ -112,7 +113,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	for _, d := range ds {
 		target := "-"
 		if d.Backend == store.BackendUpstream {
-			if c, err := store.ParseUpstreamConfig(d.Config); err == nil {
+			if c, err := upstream.ParseSettings(d.Config); err == nil {
 				target = c.BaseURL
 				if c.Model != "" {
 					target += " (" + c.Model + ")"

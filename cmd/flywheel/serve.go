@@ -207,8 +207,10 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	engines := &activities.Engines{DB: pool, PolicyModel: cfg.Gateway.PolicyModel, Timeout: cfg.Gateway.UpstreamTimeout,
+		Retries: cfg.Gateway.UpstreamRetries}
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
-		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax}
+		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax, backend: engines}
 	if pol != nil {
 		tc, t := pol.train, cfg.Trainer
 		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
@@ -219,7 +221,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
 		local.ReserveIDs(pol.newest)
-		d.backend, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
+		engines.Policy, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
 		d.trainerDeployment, d.advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
 	}
 	if swe != nil {
@@ -253,8 +255,9 @@ type deps struct {
 	host, compute string
 	logger        *slog.Logger
 	rules         trajectory.Rules
-	// backend lets release gates run candidate and baseline side by side
-	// (nil: offline gates record that nothing was evaluated).
+	// backend lets release gates run candidate and baseline side by side,
+	// each deployment on its own engine (a deployment no engine here
+	// serves: its offline gates record that nothing was evaluated).
 	backend activities.Completer
 	// trainer and checkpointDir serve train steps (nil: none here).
 	trainer       activities.TrainStepper

@@ -1,0 +1,108 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// DeploymentEngines is a Completer that serves several deployments, each
+// on its own engine (Request.Model names the deployment). The gates and
+// the watchdog of a deployment it does not serve record that nothing was
+// evaluated, rather than answering with another model.
+type DeploymentEngines interface {
+	Completer
+	Serves(ctx context.Context, deployment string) (bool, error)
+}
+
+// Engines answers each gate and watchdog request on the serving engine of
+// its deployment: the in-process policy for its model, an upstream
+// deployment's own server (its deployments row) otherwise. A candidate
+// is never judged on another model.
+type Engines struct {
+	DB store.DBTX
+	// Policy serves PolicyModel (nil: no in-process policy here).
+	Policy      Completer
+	PolicyModel string
+	// Timeout and Retries apply to upstream calls whose deployment does
+	// not set its own (the gateway's upstream_timeout and retries).
+	Timeout time.Duration
+	Retries int
+
+	mu sync.Mutex
+	// upstreams are the backends built from deployments rows, by name and
+	// config, so a changed config builds a new one.
+	upstreams map[string]inference.Backend
+}
+
+// Serves reports whether an engine here answers for deployment.
+func (e *Engines) Serves(ctx context.Context, deployment string) (bool, error) {
+	c, err := e.engine(ctx, deployment)
+	return c != nil, err
+}
+
+// Complete implements Completer on the engine of req.Model.
+func (e *Engines) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	c, err := e.engine(ctx, req.Model)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, &inference.Error{Status: http.StatusNotFound, Message: fmt.Sprintf("no engine on this worker serves deployment %q", req.Model)}
+	}
+	if _, ok := c.(upstreamEngine); ok && req.Version != "" {
+		// Its server serves one set of weights; answering a candidate's
+		// prompts with them would pass a candidate nobody evaluated.
+		return nil, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
+			"deployment %q is served by an upstream, which cannot answer as weights version %q", req.Model, req.Version)}
+	}
+	return c.Complete(ctx, req)
+}
+
+// upstreamEngine marks an upstream deployment's backend.
+type upstreamEngine struct{ inference.Backend }
+
+func (e *Engines) engine(ctx context.Context, deployment string) (Completer, error) {
+	if e.Policy != nil && deployment == e.PolicyModel {
+		return e.Policy, nil
+	}
+	if e.DB == nil {
+		return nil, nil
+	}
+	d, err := store.GetDeployment(ctx, e.DB, deployment)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("engine of %s: %w", deployment, err)
+	}
+	if d.Backend != store.BackendUpstream {
+		return nil, nil // another worker's in-process policy
+	}
+	key := d.Name + "\x00" + string(d.Config)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if b, ok := e.upstreams[key]; ok {
+		return upstreamEngine{b}, nil
+	}
+	s, err := upstream.ParseSettings(d.Config)
+	if err != nil {
+		return nil, nil // the gateway cannot serve it either; nothing to evaluate
+	}
+	b, err := s.Backend(d.Name, e.Timeout, e.Retries)
+	if err != nil {
+		return nil, nil
+	}
+	if e.upstreams == nil {
+		e.upstreams = map[string]inference.Backend{}
+	}
+	e.upstreams[key] = b
+	return upstreamEngine{b}, nil
+}

@@ -1,0 +1,124 @@
+package upstream
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// maxModelName bounds a model name in Settings.
+const maxModelName = 200
+
+// Settings are an upstream deployment's stored config (its
+// deployments.config JSON): where its OpenAI-compatible server is and how
+// to call it.
+type Settings struct {
+	// BaseURL ends in /v1, e.g. http://vllm:8000/v1.
+	BaseURL string `json:"base_url"`
+	// Model is the server's name for the model (default: the deployment's).
+	Model string `json:"model,omitempty"`
+	// APIKeyEnv names the environment variable holding the server's key.
+	APIKeyEnv string `json:"api_key_env,omitempty"`
+	// Fallbacks are other model names on the same server, tried in order
+	// when the model fails with 429, 5xx or a timeout.
+	Fallbacks []string `json:"fallbacks,omitempty"`
+	// VLLM asks for token ids with vLLM's extensions (default true).
+	VLLM *bool `json:"vllm,omitempty"`
+	// Timeout bounds one attempt, as a Go duration (default: the gateway's).
+	Timeout string `json:"timeout,omitempty"`
+	// Retries after the first attempt (default: the gateway's).
+	Retries *int `json:"retries,omitempty"`
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate checks the config the way the gateway will use it.
+func (c Settings) Validate() error {
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("base_url %q: want an http(s) URL such as http://vllm:8000/v1", c.BaseURL)
+	}
+	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
+		return fmt.Errorf("api_key_env %q: want an environment variable name", c.APIKeyEnv)
+	}
+	for _, m := range append([]string{c.Model}, c.Fallbacks...) {
+		if len(m) > maxModelName || strings.ContainsFunc(m, func(r rune) bool { return r < ' ' }) {
+			return fmt.Errorf("model name %q: want at most %d printable characters", m, maxModelName)
+		}
+	}
+	for _, m := range c.Fallbacks {
+		if m == "" {
+			return errors.New("fallbacks: a fallback names a model")
+		}
+	}
+	if c.Timeout != "" {
+		if d, err := time.ParseDuration(c.Timeout); err != nil || d <= 0 {
+			return fmt.Errorf("timeout %q: want a positive duration such as 30s", c.Timeout)
+		}
+	}
+	if c.Retries != nil && (*c.Retries < 0 || *c.Retries > 10) {
+		return fmt.Errorf("retries %d: want 0..10", *c.Retries)
+	}
+	return nil
+}
+
+// ParseSettings decodes and validates the deployments.config of an
+// upstream deployment; unknown fields are an error, so a typo does not
+// pass silently.
+func ParseSettings(raw json.RawMessage) (Settings, error) {
+	var c Settings
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Settings{}, fmt.Errorf("upstream settings: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return Settings{}, fmt.Errorf("upstream settings: %w", err)
+	}
+	return c, nil
+}
+
+// Backend builds the backend the settings describe for deployment name:
+// its model (default: name), then its fallbacks in order. timeout and
+// retries apply where the settings do not say.
+func (c Settings) Backend(name string, timeout time.Duration, retries int) (inference.Backend, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	mk := func(model string) (*Backend, error) {
+		cfg := Config{BaseURL: c.BaseURL, Model: model, APIKey: os.Getenv(c.APIKeyEnv), Timeout: timeout,
+			Retries: retries, VLLM: c.VLLM == nil || *c.VLLM}
+		if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
+			cfg.Timeout = d
+		}
+		if c.Retries != nil {
+			cfg.Retries = *c.Retries
+		}
+		return New(cfg)
+	}
+	model := c.Model
+	if model == "" {
+		model = name
+	}
+	primary, err := mk(model)
+	if err != nil || len(c.Fallbacks) == 0 {
+		return primary, err
+	}
+	chain := Fallback{primary}
+	for _, fb := range c.Fallbacks {
+		alt, err := mk(fb)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, alt)
+	}
+	return chain, nil
+}
