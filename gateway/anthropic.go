@@ -60,6 +60,11 @@ type anToolChoice struct {
 // decodeAnthropic parses and validates a Messages body into the neutral
 // request. The system prompt becomes the first message.
 func decodeAnthropic(body []byte) (*anRequest, *inference.Request, error) {
+	return decodeAnthropicBody(body, true)
+}
+
+// decodeAnthropicBody is decodeAnthropic; count_tokens has no max_tokens.
+func decodeAnthropicBody(body []byte, generate bool) (*anRequest, *inference.Request, error) {
 	var r anRequest
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, nil, errf(400, "invalid JSON body: %v", err)
@@ -67,10 +72,12 @@ func decodeAnthropic(body []byte) (*anRequest, *inference.Request, error) {
 	if r.Model == "" {
 		return nil, nil, errf(400, "model: Field required")
 	}
-	if r.MaxTokens == nil {
+	if generate && r.MaxTokens == nil {
 		return nil, nil, errf(400, "max_tokens: Field required")
 	}
-	if *r.MaxTokens < 1 {
+	if r.MaxTokens == nil {
+		r.MaxTokens = new(int)
+	} else if *r.MaxTokens < 1 {
 		return nil, nil, errf(400, "max_tokens: must be at least 1")
 	}
 	if len(r.Messages) == 0 {

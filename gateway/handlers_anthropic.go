@@ -5,12 +5,71 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 )
+
+// anthropicVersion checks the anthropic-version header, which Anthropic's
+// API requires of every request, and echoes it.
+func anthropicVersion(c *gin.Context) error {
+	v := c.GetHeader("anthropic-version")
+	if v == "" {
+		return errf(http.StatusBadRequest, "anthropic-version: header is required")
+	}
+	c.Header("anthropic-version", v)
+	return nil
+}
+
+// countTokens is POST /v1/messages/count_tokens (Anthropic): the prompt's
+// tokens as the model would see them, the deployment's serving harness and
+// the tenant's playbook lessons included, counted by the backend's own
+// tokenizer. Nothing is generated or captured.
+func (s *Server) countTokens(c *gin.Context) {
+	body, err := readBody(c)
+	if err == nil {
+		err = anthropicVersion(c)
+	}
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	_, req, err := decodeAnthropicBody(body, false)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	p := principalOf(c)
+	if err := p.mayUse(req.Model); err != nil {
+		abort(c, err)
+		return
+	}
+	t, err := s.router.resolve(c.Request.Context(), req.Model, p.TenantID, p.SessionID)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	counter, ok := t.backend.(inference.Counter)
+	if !ok {
+		abort(c, errf(http.StatusNotImplemented, "model %q cannot count tokens: its backend has no tokenizer the gateway can reach", req.Model))
+		return
+	}
+	req.Version = t.version
+	req.Messages = evolution.InjectSystem(req.Messages, t.system)
+	req.Tools, _ = t.artefacts.Tools(p.TenantID, req.Tools)
+	n, err := counter.CountTokens(c.Request.Context(), req)
+	if err != nil {
+		abort(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"input_tokens": n})
+}
 
 // messages is POST /v1/messages (Anthropic).
 func (s *Server) messages(c *gin.Context) {
 	body, err := readBody(c)
+	if err == nil {
+		err = anthropicVersion(c)
+	}
 	if err != nil {
 		abort(c, err)
 		return

@@ -78,23 +78,35 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 	}
 	clientGone := false
 	var textCarry, reasonCarry utf8Carry
+	// calls are the tool calls streamed as they arrived, by the backend's
+	// index, in order; an id the backend did not send is made here, so
+	// the client has it from the call's first chunk.
+	var calls []streamedCall
 	emit := func(d inference.Delta) error {
 		if err := begin(); err != nil {
 			clientGone = true
 			return err
 		}
 		d.Text, d.Reasoning = textCarry.next(d.Text), reasonCarry.next(d.Reasoning)
-		if d.Text == "" && d.Reasoning == "" {
+		if d.Text == "" && d.Reasoning == "" && len(d.ToolCalls) == 0 {
 			return nil
 		}
-		text := d.Text
-		delta := &oaRespMsg{Content: &text, ReasoningContent: d.Reasoning}
+		delta := &oaRespMsg{ReasoningContent: d.Reasoning}
+		if d.Text != "" || d.Reasoning != "" {
+			text := d.Text
+			delta.Content = &text
+		}
+		for _, tc := range d.ToolCalls {
+			delta.ToolCalls = append(delta.ToolCalls, streamCall(&calls, tc))
+		}
 		var lp *oaLogprobs
-		if wire.Logprobs {
+		if wire.Logprobs && len(d.Logprobs) > 0 {
 			lp = &oaLogprobs{Content: make([]oaTokenLogprob, 0, len(d.Logprobs))}
 			for i, l := range d.Logprobs {
 				tok := ""
-				if i < len(d.TokenIDs) {
+				if i < len(d.Tokens) {
+					tok = d.Tokens[i]
+				} else if i < len(d.TokenIDs) {
 					tok = tokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
 				}
 				lp.Content = append(lp.Content, oaTokenLogprob{Token: tok, Logprob: float64(l), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}})
@@ -116,6 +128,11 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(genErr).Status)).Inc()
 	}
 	if genErr == nil {
+		for i, sc := range calls {
+			if i < len(resp.Message.ToolCalls) && resp.Message.ToolCalls[i].ID == "" {
+				resp.Message.ToolCalls[i].ID = sc.id // what the client was told
+			}
+		}
 		fillToolCallIDs(protoOpenAI, &resp.Message)
 	}
 	var captured *inference.Response
@@ -143,7 +160,9 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 			return
 		}
 	}
-	if len(resp.Message.ToolCalls) > 0 {
+	if len(resp.Message.ToolCalls) > 0 && len(calls) == 0 {
+		// A backend that does not stream its tool calls (the in-process
+		// policy holds them back) sends them whole at the end.
 		if err := w.event("", chunk(&oaRespMsg{ToolCalls: oaToolCalls(resp.Message.ToolCalls, true)}, nil, nil)); err != nil {
 			return
 		}
@@ -183,4 +202,35 @@ func (s *Server) listModels(c *gin.Context) {
 		}
 	}
 	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+}
+
+// streamedCall is a tool call whose chunks went to the client.
+type streamedCall struct {
+	index int // the backend's
+	id    string
+}
+
+// streamCall renders one tool-call increment as a Chat Completions delta:
+// the call's first chunk has its id, type and name, later ones only more
+// arguments; indexes are the calls' order of arrival.
+func streamCall(calls *[]streamedCall, d inference.ToolCallDelta) oaToolCall {
+	pos := -1
+	for i, c := range *calls {
+		if c.index == d.Index {
+			pos = i
+		}
+	}
+	var tc oaToolCall
+	if pos < 0 {
+		pos = len(*calls)
+		id := d.ID
+		if id == "" {
+			id = newID("call_")
+		}
+		*calls = append(*calls, streamedCall{index: d.Index, id: id})
+		tc.ID, tc.Type = id, "function"
+	}
+	tc.Index = &pos
+	tc.Function.Name, tc.Function.Arguments = d.Name, d.Arguments
+	return tc
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
@@ -28,9 +29,14 @@ type oaRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options,omitempty"`
-	Logprobs    bool   `json:"logprobs,omitempty"`
-	TopLogprobs *int   `json:"top_logprobs,omitempty"`
-	User        string `json:"user,omitempty"`
+	Logprobs          bool               `json:"logprobs,omitempty"`
+	TopLogprobs       *int               `json:"top_logprobs,omitempty"`
+	User              string             `json:"user,omitempty"`
+	ResponseFormat    json.RawMessage    `json:"response_format,omitempty"`
+	ParallelToolCalls *bool              `json:"parallel_tool_calls,omitempty"`
+	FrequencyPenalty  *float64           `json:"frequency_penalty,omitempty"`
+	PresencePenalty   *float64           `json:"presence_penalty,omitempty"`
+	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
 }
 
 type oaMessage struct {
@@ -146,7 +152,67 @@ func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
 	if choice != "" && choice != "none" && choice != "auto" && choice != "required" && !hasTool(req.Tools, choice) {
 		return nil, nil, errf(400, "tool_choice: no tool named %q", choice)
 	}
+	if err := r.decodeParams(req); err != nil {
+		return nil, nil, err
+	}
 	return &r, req, nil
+}
+
+// Limits of the forwarded sampling parameters.
+const (
+	maxLogitBias = 1024
+	maxPenalty   = 2.0
+)
+
+// decodeParams checks the parameters the gateway forwards to the backend
+// as they are (an upstream honours them; the in-process policy refuses
+// what it cannot).
+func (r *oaRequest) decodeParams(req *inference.Request) error {
+	if f := bytes.TrimSpace(r.ResponseFormat); len(f) > 0 && string(f) != "null" {
+		var rf struct {
+			Type       string          `json:"type"`
+			JSONSchema json.RawMessage `json:"json_schema"`
+		}
+		if err := json.Unmarshal(f, &rf); err != nil {
+			return errf(400, "response_format: want an object such as {\"type\": \"json_object\"}")
+		}
+		switch rf.Type {
+		case "text", "json_object":
+		case "json_schema":
+			var js struct {
+				Name   string          `json:"name"`
+				Schema json.RawMessage `json:"schema"`
+			}
+			if json.Unmarshal(rf.JSONSchema, &js) != nil || js.Name == "" {
+				return errf(400, "response_format.json_schema: want {\"name\": …, \"schema\": {…}}")
+			}
+		default:
+			return errf(400, "response_format.type: want text, json_object or json_schema, got %q", rf.Type)
+		}
+		req.ResponseFormat = f
+	}
+	for name, p := range map[string]*float64{"frequency_penalty": r.FrequencyPenalty, "presence_penalty": r.PresencePenalty} {
+		if p != nil && (*p < -maxPenalty || *p > maxPenalty || *p != *p) {
+			return errf(400, "%s: want -2..2", name)
+		}
+	}
+	req.FrequencyPenalty, req.PresencePenalty = r.FrequencyPenalty, r.PresencePenalty
+	if len(r.LogitBias) > maxLogitBias {
+		return errf(400, "logit_bias: at most %d tokens", maxLogitBias)
+	}
+	for tok, b := range r.LogitBias {
+		if id, err := strconv.Atoi(tok); err != nil || id < 0 {
+			return errf(400, "logit_bias: keys are token ids, got %q", tok)
+		}
+		if b < -100 || b > 100 || b != b {
+			return errf(400, "logit_bias[%s]: want -100..100", tok)
+		}
+	}
+	if len(r.LogitBias) > 0 {
+		req.LogitBias = r.LogitBias
+	}
+	req.ParallelToolCalls = r.ParallelToolCalls
+	return nil
 }
 
 func checkSampling(temp, topP *float64) error {

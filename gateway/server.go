@@ -144,6 +144,7 @@ func (s *Server) routes() {
 		oa.GET("/models", s.listModels)
 		an := e.Group(prefix, withProtocol(protoAnthropic), s.limitBody, s.auth)
 		an.POST("/messages", s.messages)
+		an.POST("/messages/count_tokens", s.countTokens)
 	}
 	api := e.Group("/v1", withProtocol(protoOpenAI), s.limitBody, s.auth)
 	api.POST("/sessions", s.createSession)

@@ -46,6 +46,14 @@ type ToolCall struct {
 	Arguments string `json:"arguments"`
 }
 
+// ToolCallDelta is an increment of the Index-th tool call of an answer.
+type ToolCallDelta struct {
+	Index     int    `json:"index"`
+	ID        string `json:"id,omitempty"`
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+}
+
 // Tool is a function offered to the model.
 type Tool struct {
 	Name        string          `json:"name"`
@@ -66,6 +74,18 @@ type Request struct {
 	TopP        *float64 `json:"top_p,omitempty"`
 	Stop        []string `json:"stop,omitempty"`
 	Seed        *int64   `json:"seed,omitempty"`
+	// ResponseFormat is OpenAI's response_format object as the client sent
+	// it ({"type": "text" | "json_object" | "json_schema", …}; nil: text).
+	ResponseFormat json.RawMessage `json:"response_format,omitempty"`
+	// ParallelToolCalls false asks for at most one tool call (nil: the
+	// backend's default, which allows several).
+	ParallelToolCalls *bool `json:"parallel_tool_calls,omitempty"`
+	// FrequencyPenalty and PresencePenalty are OpenAI's, in [-2, 2].
+	FrequencyPenalty *float64 `json:"frequency_penalty,omitempty"`
+	PresencePenalty  *float64 `json:"presence_penalty,omitempty"`
+	// LogitBias maps token ids (as decimal strings) to a bias in
+	// [-100, 100] added to their logits.
+	LogitBias map[string]float64 `json:"logit_bias,omitempty"`
 	// TopLogprobs asks for that many alternatives per token (0: none).
 	// Sampled-token logprobs are always requested: capture needs them.
 	TopLogprobs int `json:"top_logprobs,omitempty"`
@@ -113,6 +133,12 @@ type Delta struct {
 	Text     string    `json:"text,omitempty"`
 	TokenIDs []int     `json:"token_ids,omitempty"`
 	Logprobs []float32 `json:"logprobs,omitempty"`
+	// Tokens are the sampled tokens' text, aligned with Logprobs, where the
+	// backend knows it.
+	Tokens []string `json:"tokens,omitempty"`
+	// ToolCalls are increments of tool calls, as they arrive: the first
+	// increment of a call has its ID and Name, later ones more Arguments.
+	ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
 	// Reasoning is an increment of exposed thinking, if any.
 	Reasoning string `json:"reasoning,omitempty"`
 }
@@ -123,8 +149,16 @@ type Backend interface {
 	Complete(ctx context.Context, req *Request) (*Response, error)
 	// Stream runs one generation, calling emit for each increment in order,
 	// and returns the assembled response (tool calls are only in the final
-	// response). An error from emit aborts generation and is returned.
+	// response, though a backend may also stream their increments in
+	// Delta.ToolCalls). An error from emit aborts generation and is returned.
 	Stream(ctx context.Context, req *Request, emit func(Delta) error) (*Response, error)
+}
+
+// Counter is a Backend that can count a request's prompt tokens without
+// generating (Anthropic's count_tokens): the in-process policy through
+// its own tokenizer, a vLLM upstream through its /tokenize.
+type Counter interface {
+	CountTokens(ctx context.Context, req *Request) (int, error)
 }
 
 // Error is a backend failure with the HTTP status the gateway should answer.

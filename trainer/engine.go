@@ -1,7 +1,9 @@
 package trainer
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -188,6 +190,44 @@ func (e *Engine) Stream(ctx context.Context, req *inference.Request, emit func(i
 	return e.generate(ctx, req, emit)
 }
 
+// CountTokens implements inference.Counter: the length of the prompt as
+// the policy renders it, tools included.
+func (e *Engine) CountTokens(ctx context.Context, req *inference.Request) (int, error) {
+	prompt, err := RenderPrompt(req.Messages, req.Tools, req.ToolChoice, req.PromptTokenIDs)
+	if err != nil {
+		return 0, badRequest("%v", err)
+	}
+	return len(prompt), nil
+}
+
+// unsupported refuses what the policy's sampler cannot honour, rather
+// than answering as if it had: structured output, penalties, logit bias,
+// and at most one tool call (it may write several).
+func unsupported(req *inference.Request) error {
+	const why = "the in-process policy cannot honour %s; send it to an upstream deployment, or leave it out"
+	if f := bytes.TrimSpace(req.ResponseFormat); len(f) > 0 && string(f) != "null" {
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(f, &rf) != nil || rf.Type != "text" {
+			return badRequest(why, "response_format "+rf.Type)
+		}
+	}
+	if p := req.FrequencyPenalty; p != nil && *p != 0 {
+		return badRequest(why, "frequency_penalty")
+	}
+	if p := req.PresencePenalty; p != nil && *p != 0 {
+		return badRequest(why, "presence_penalty")
+	}
+	if len(req.LogitBias) > 0 {
+		return badRequest(why, "logit_bias")
+	}
+	if p := req.ParallelToolCalls; p != nil && !*p && len(req.Tools) > 0 {
+		return badRequest(why, "parallel_tool_calls: false")
+	}
+	return nil
+}
+
 func badRequest(format string, args ...any) error {
 	return &inference.Error{Status: 400, Message: fmt.Sprintf(format, args...)}
 }
@@ -199,6 +239,9 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 	}
 	if len(req.Messages) == 0 && len(req.PromptTokenIDs) == 0 {
 		return nil, badRequest("messages are empty")
+	}
+	if err := unsupported(req); err != nil {
+		return nil, err
 	}
 	s, err := e.pick(req.Version)
 	if err != nil {

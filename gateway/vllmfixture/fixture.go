@@ -189,16 +189,39 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// ServeHTTP routes /v1/chat/completions and /v1/models.
+// ServeHTTP routes /v1/chat/completions, /v1/models and /tokenize.
 func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		writeJSON(w, 200, map[string]any{"object": "list", "data": []any{map[string]any{"id": f.model(), "object": "model"}}})
 	case "/v1/chat/completions":
 		f.complete(w, r)
+	case "/tokenize":
+		f.tokenize(w, r)
 	default:
 		writeJSON(w, 404, map[string]any{"object": "error", "message": "not found", "code": 404})
 	}
+}
+
+// tokenize is vLLM's POST /tokenize for chat messages: {"count",
+// "max_model_len", "tokens"} of the prompt the fixture conditions on.
+func (f *Fixture) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req request
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || len(req.Messages) == 0 {
+		writeJSON(w, 400, map[string]any{"object": "error", "message": "messages required", "code": 400})
+		return
+	}
+	ids := tokens(renderPrompt(req.Messages))
+	writeJSON(w, 200, map[string]any{"count": len(ids), "max_model_len": 32768, "tokens": ids})
+}
+
+// renderPrompt is the fixture's chat template.
+func renderPrompt(msgs []message) string {
+	var prompt strings.Builder
+	for _, m := range msgs {
+		prompt.WriteString(m.Role + ":" + text(m.Content) + "\n")
+	}
+	return prompt.String()
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -256,11 +279,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 400, map[string]any{"object": "error", "message": "messages required", "code": 400})
 		return
 	}
-	var prompt strings.Builder
-	for _, m := range req.Messages {
-		prompt.WriteString(m.Role + ":" + text(m.Content) + "\n")
-	}
-	promptIDs := tokens(prompt.String())
+	promptIDs := tokens(renderPrompt(req.Messages))
 	content, tool, args := reply(&req)
 	out := content
 	if tool != "" {

@@ -105,21 +105,27 @@ type wireTool struct {
 }
 
 type wireRequest struct {
-	Model         string         `json:"model"`
-	Messages      []wireMessage  `json:"messages"`
-	Tools         []wireTool     `json:"tools,omitempty"`
-	ToolChoice    any            `json:"tool_choice,omitempty"`
-	MaxTokens     int            `json:"max_tokens,omitempty"`
-	Temperature   *float64       `json:"temperature,omitempty"`
-	TopP          *float64       `json:"top_p,omitempty"`
-	Stop          []string       `json:"stop,omitempty"`
-	Seed          *int64         `json:"seed,omitempty"`
-	Logprobs      bool           `json:"logprobs"`
-	TopLogprobs   int            `json:"top_logprobs,omitempty"`
-	Stream        bool           `json:"stream,omitempty"`
-	StreamOptions *streamOptions `json:"stream_options,omitempty"`
-	ReturnTokenID *bool          `json:"return_token_ids,omitempty"`
-	TokensAsIDs   *bool          `json:"return_tokens_as_token_ids,omitempty"`
+	Model       string        `json:"model"`
+	Messages    []wireMessage `json:"messages"`
+	Tools       []wireTool    `json:"tools,omitempty"`
+	ToolChoice  any           `json:"tool_choice,omitempty"`
+	MaxTokens   int           `json:"max_tokens,omitempty"`
+	Temperature *float64      `json:"temperature,omitempty"`
+	TopP        *float64      `json:"top_p,omitempty"`
+	Stop        []string      `json:"stop,omitempty"`
+	Seed        *int64        `json:"seed,omitempty"`
+	// The client's own parameters, forwarded as they came.
+	ResponseFormat    json.RawMessage    `json:"response_format,omitempty"`
+	ParallelToolCalls *bool              `json:"parallel_tool_calls,omitempty"`
+	FrequencyPenalty  *float64           `json:"frequency_penalty,omitempty"`
+	PresencePenalty   *float64           `json:"presence_penalty,omitempty"`
+	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
+	Logprobs          bool               `json:"logprobs"`
+	TopLogprobs       int                `json:"top_logprobs,omitempty"`
+	Stream            bool               `json:"stream,omitempty"`
+	StreamOptions     *streamOptions     `json:"stream_options,omitempty"`
+	ReturnTokenID     *bool              `json:"return_token_ids,omitempty"`
+	TokensAsIDs       *bool              `json:"return_tokens_as_token_ids,omitempty"`
 }
 
 type streamOptions struct {
@@ -128,7 +134,9 @@ type streamOptions struct {
 
 func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
 	w := wireRequest{Model: b.cfg.Model, MaxTokens: req.MaxTokens, Temperature: req.Temperature, TopP: req.TopP,
-		Stop: req.Stop, Seed: req.Seed, Logprobs: true, TopLogprobs: req.TopLogprobs, Stream: stream}
+		Stop: req.Stop, Seed: req.Seed, Logprobs: true, TopLogprobs: req.TopLogprobs, Stream: stream,
+		ResponseFormat: req.ResponseFormat, ParallelToolCalls: req.ParallelToolCalls, FrequencyPenalty: req.FrequencyPenalty,
+		PresencePenalty: req.PresencePenalty, LogitBias: req.LogitBias}
 	if stream {
 		w.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
@@ -445,6 +453,7 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 			addLogprobs(resp, ch.Logprobs.Content, len(ch.TokenIDs) == 0)
 			for _, lp := range ch.Logprobs.Content {
 				d.Logprobs = append(d.Logprobs, lp.Logprob)
+				d.Tokens = append(d.Tokens, lp.Token)
 			}
 			if len(ch.TokenIDs) == 0 {
 				d.TokenIDs = resp.CompletionTokenIDs[min(before, len(resp.CompletionTokenIDs)):]
@@ -468,13 +477,14 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 				c.Name = tc.Function.Name
 			}
 			c.Arguments += tc.Function.Arguments
+			d.ToolCalls = append(d.ToolCalls, inference.ToolCallDelta{Index: idx, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
 		}
 		if ch.FinishReason != nil {
 			resp.FinishReason = *ch.FinishReason
 		}
 		content.WriteString(d.Text)
 		reasoning.WriteString(d.Reasoning)
-		if d.Text != "" || d.Reasoning != "" || len(d.TokenIDs) > 0 {
+		if d.Text != "" || d.Reasoning != "" || len(d.TokenIDs) > 0 || len(d.ToolCalls) > 0 {
 			if err := emit(d); err != nil {
 				return resp, err
 			}
@@ -494,9 +504,55 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 	return resp, nil
 }
 
+// CountTokens implements inference.Counter through vLLM's /tokenize (at
+// the server's root, beside /v1), which applies the model's own chat
+// template; other servers have no such endpoint (501).
+func (b *Backend) CountTokens(ctx context.Context, req *inference.Request) (int, error) {
+	if !b.cfg.VLLM {
+		return 0, &inference.Error{Status: http.StatusNotImplemented, Message: "this upstream has no tokenizer endpoint (vLLM's /tokenize is off for it)"}
+	}
+	w := b.wire(req, false)
+	body, err := json.Marshal(struct {
+		Model               string        `json:"model"`
+		Messages            []wireMessage `json:"messages"`
+		Tools               []wireTool    `json:"tools,omitempty"`
+		AddGenerationPrompt bool          `json:"add_generation_prompt"`
+	}{w.Model, w.Messages, w.Tools, true})
+	if err != nil {
+		return 0, fmt.Errorf("upstream: encode request: %w", err)
+	}
+	var out struct {
+		Count *int `json:"count"`
+	}
+	err = b.retry(ctx, func(ctx context.Context) error {
+		resp, err := b.postTo(ctx, strings.TrimSuffix(b.cfg.BaseURL, "/v1")+"/tokenize", body)
+		if err != nil {
+			var ie *inference.Error
+			var st statusError
+			if errors.As(err, &ie) && errors.As(err, &st) && st == http.StatusNotFound {
+				ie.Status, ie.Message = http.StatusNotImplemented, "the upstream has no /tokenize endpoint"
+			}
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil || out.Count == nil {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable /tokenize answer", Err: err}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return *out.Count, nil
+}
+
 // post sends one attempt; a non-2xx status becomes an *inference.Error.
 func (b *Backend) post(ctx context.Context, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.cfg.BaseURL+"/chat/completions", bytes.NewReader(body))
+	return b.postTo(ctx, b.cfg.BaseURL+"/chat/completions", body)
+}
+
+func (b *Backend) postTo(ctx context.Context, url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("upstream: build request: %w", err)
 	}
@@ -513,7 +569,7 @@ func (b *Backend) post(ctx context.Context, body []byte) (*http.Response, error)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	e := &inference.Error{Status: resp.StatusCode, Message: upstreamMessage(msg, resp.StatusCode)}
+	e := &inference.Error{Status: resp.StatusCode, Message: upstreamMessage(msg, resp.StatusCode), Err: statusError(resp.StatusCode)}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		if secs, err := strconv.Atoi(s); err == nil {
 			e.RetryAfter = time.Duration(secs) * time.Second
@@ -533,6 +589,12 @@ func (b *Backend) post(ctx context.Context, body []byte) (*http.Response, error)
 	}
 	return nil, e
 }
+
+// statusError is the status the upstream answered, kept under the one
+// the gateway answers.
+type statusError int
+
+func (s statusError) Error() string { return fmt.Sprintf("upstream answered %d", int(s)) }
 
 func upstreamMessage(body []byte, status int) string {
 	var e struct {
@@ -606,6 +668,15 @@ func (f Fallback) Complete(ctx context.Context, req *inference.Request) (*infere
 		}
 	}
 	return nil, err
+}
+
+// CountTokens implements inference.Counter with the first backend, which
+// serves the model the fallbacks stand in for.
+func (f Fallback) CountTokens(ctx context.Context, req *inference.Request) (int, error) {
+	if c, ok := f[0].(inference.Counter); ok {
+		return c.CountTokens(ctx, req)
+	}
+	return 0, &inference.Error{Status: http.StatusNotImplemented, Message: "this model's backend cannot count tokens"}
 }
 
 // Stream implements inference.Backend; it falls back only while nothing
