@@ -221,7 +221,7 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,
 		CompletionID: cl.completionID, Protocol: cl.protocol, Stream: cl.stream, Deployment: cl.target.deployment,
 		Request: pgJSON(reqJSON), Status: status, LatencyMS: float64(time.Since(cl.started).Microseconds()) / 1000,
-		RequestID: c.GetString(ctxRequestID),
+		RequestID: c.GetString(ctxRequestID), KeyID: cl.p.AccountTo(),
 	}
 	if genErr != nil {
 		n.Error = asAPIError(genErr).Message

@@ -158,11 +158,13 @@ func (s *Server) routes() {
 	api.GET("/trajectories", s.exportTrajectories)
 	api.GET("/status", s.status)
 	api.GET("/backlog", s.backlog)
+	api.GET("/usage", s.usage)
 	e.GET("/status", withProtocol(protoOpenAI), s.statusAuth, s.statusPage)
 
 	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
 	adm.POST("/keys", s.adminCreateKey)
 	adm.GET("/keys", s.adminListKeys)
+	adm.GET("/usage", s.adminUsage)
 	adm.POST("/keys/:id/revoke", s.adminRevokeKey)
 	adm.POST("/keys/:id/rotate", s.adminRotateKey)
 	adm.GET("/models", s.listModels)

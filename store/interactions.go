@@ -40,6 +40,8 @@ type NewInteraction struct {
 	LatencyMS          float64
 	ContinuationHash   []byte
 	RequestID          string
+	// KeyID is the tenant key the call is accounted to (0: none).
+	KeyID int64
 }
 
 // Captured is where a committed interaction landed.
@@ -61,14 +63,25 @@ WITH s AS (
 		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
 	WHERE sessions.status = 'open'
 	RETURNING next_seq - 1 AS seq
-)
+), i AS (
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
 	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
-	continuation_hash, request_id)
-SELECT $2, $1, s.seq, $6, $7, $8, $3, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22
+	continuation_hash, request_id, key_id)
+SELECT $2, $1, s.seq, $6, $7, $8, $3, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, nullif($23, 0::bigint)
 FROM s
-RETURNING id, seq`
+RETURNING id, seq, tenant_id, key_id, deployment, status, prompt_tokens, completion_tokens
+)
+, u AS (
+	INSERT INTO usage_daily AS u (tenant_id, day, key_id, deployment, requests, errors, prompt_tokens, completion_tokens)
+	SELECT tenant_id, (now() AT TIME ZONE 'UTC')::date, coalesce(key_id, 0), deployment, count(*),
+		count(*) FILTER (WHERE status <> 'ok'), sum(prompt_tokens), sum(completion_tokens)
+	FROM i GROUP BY tenant_id, coalesce(key_id, 0), deployment
+	ON CONFLICT (tenant_id, day, key_id, deployment) DO UPDATE SET requests = u.requests + EXCLUDED.requests,
+		errors = u.errors + EXCLUDED.errors, prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+		completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens
+)
+SELECT id, seq FROM i`
 
 func (n *NewInteraction) args() []any {
 	var resp any
@@ -78,8 +91,12 @@ func (n *NewInteraction) args() []any {
 	return []any{n.SessionID, n.TenantID, n.Deployment, n.EndUser, n.IdentityMode,
 		n.CompletionID, n.Protocol, n.Stream, n.ModelVersion, n.Request, resp,
 		n.PromptTokenIDs, n.CompletionTokenIDs, n.Logprobs, n.PromptTokens, n.CompletionTokens,
-		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID}
+		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID, n.KeyID}
 }
+
+// Both insert statements also add the inserted rows to usage_daily (per
+// tenant, key, deployment and UTC day): what is acknowledged is counted in
+// the same commit, once; a refused row is neither stored nor counted.
 
 // insertBatchSQL inserts a whole batch in one statement: it upserts each
 // distinct (tenant, session) once ($1-$6), advancing its step counter by the number
@@ -106,25 +123,37 @@ WITH s AS (
 		deployment = CASE WHEN sessions.deployment = '' THEN EXCLUDED.deployment ELSE sessions.deployment END
 	WHERE sessions.status = 'open'
 	RETURNING id, tenant_id, next_seq
-)
+), i AS (
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
 	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
-	continuation_hash, request_id)
+	continuation_hash, request_id, key_id)
 SELECT s.tenant_id, s.id, s.next_seq - r.back, r.completion_id, r.protocol, r.stream, r.deployment, r.model_version,
 	r.request::jsonb, nullif(r.response, '')::jsonb,
 	CASE WHEN r.p_len >= 0 THEN ($27::int[])[r.p_off + 1 : r.p_off + r.p_len] END,
 	CASE WHEN r.c_len >= 0 THEN ($28::int[])[r.c_off + 1 : r.c_off + r.c_len] END,
 	CASE WHEN r.l_len >= 0 THEN ($29::real[])[r.l_off + 1 : r.l_off + r.l_len] END,
-	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id
+	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id,
+	nullif(r.key_id, 0)
 FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::text[], $13::text[], $14::text[],
 		$15::text[], $16::int[], $17::int[], $18::int[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[],
-		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[], $33::text[])
+		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[], $33::text[], $34::bigint[])
 	AS r(session_id, back, completion_id, protocol, stream, deployment, model_version, request, response,
 		p_off, p_len, c_off, c_len, l_off, l_len, prompt_tokens, completion_tokens, finish_reason, status, error,
-		latency_ms, continuation_hash, request_id, tenant_id)
+		latency_ms, continuation_hash, request_id, tenant_id, key_id)
 JOIN s ON s.tenant_id = r.tenant_id AND s.id = r.session_id
-RETURNING completion_id, id, seq`
+RETURNING completion_id, id, seq, tenant_id, key_id, deployment, status, prompt_tokens, completion_tokens
+)
+, u AS (
+	INSERT INTO usage_daily AS u (tenant_id, day, key_id, deployment, requests, errors, prompt_tokens, completion_tokens)
+	SELECT tenant_id, (now() AT TIME ZONE 'UTC')::date, coalesce(key_id, 0), deployment, count(*),
+		count(*) FILTER (WHERE status <> 'ok'), sum(prompt_tokens), sum(completion_tokens)
+	FROM i GROUP BY tenant_id, coalesce(key_id, 0), deployment
+	ON CONFLICT (tenant_id, day, key_id, deployment) DO UPDATE SET requests = u.requests + EXCLUDED.requests,
+		errors = u.errors + EXCLUDED.errors, prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+		completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens
+)
+SELECT completion_id, id, seq FROM i`
 
 // flatSlices concatenates parts into one array and records each part's
 // offset and length in it, -1 for a nil part (NULL).
@@ -197,6 +226,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		lps                                                                     flatSlices[float32]
 		lat                                                                     = make([]float64, 0, n)
 		hash                                                                    = make([][]byte, 0, n)
+		keyID                                                                   = make([]int64, 0, n)
 	)
 	index := make(map[string]int, n)
 	for i, r := range rows {
@@ -204,7 +234,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		finish, status, errText, reqID = append(finish, r.FinishReason), append(status, r.Status), append(errText, r.Error), append(reqID, r.RequestID)
 		back = append(back, int32(sessions[key{r.TenantID, r.SessionID}].count-place[i]))
 		ptok, ctok, stream, lat, hash = append(ptok, int32(r.PromptTokens)), append(ctok, int32(r.CompletionTokens)), append(stream, r.Stream), append(lat, r.LatencyMS), append(hash, r.ContinuationHash)
-		req, resp = append(req, string(r.Request)), append(resp, string(r.Response))
+		req, resp, keyID = append(req, string(r.Request)), append(resp, string(r.Response)), append(keyID, r.KeyID)
 		pids.add(r.PromptTokenIDs)
 		cids.add(r.CompletionTokenIDs)
 		lps.add(r.Logprobs)
@@ -212,7 +242,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 	}
 	res, err := db.Query(ctx, insertBatchSQL, sid, sTenant, sDep, sUser, sMode, sCount,
 		rSid, back, cid, proto, stream, dep, version, req, resp, pids.off, pids.len, cids.off, cids.len, lps.off, lps.len,
-		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID, rTenant)
+		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID, rTenant, keyID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}

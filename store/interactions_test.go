@@ -56,6 +56,9 @@ func TestInsertInteractionsBatch(t *testing.T) {
 
 	rows := []*store.NewInteraction{row("a", "new"), row("a", "old"), row("a", "ended"), row("a", "new"),
 		row("a", "theirs"), row("a", "old"), row("a", "new")}
+	for _, r := range rows {
+		r.KeyID = 7 // accounted apart from the single inserts (no key)
+	}
 	var got []store.Captured
 	var errs []error
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -86,6 +89,22 @@ func TestInsertInteractionsBatch(t *testing.T) {
 			require.Equal(t, rows[i].Logprobs, it.Logprobs, "row %d", i)
 		}
 	}
+	// Usage counts exactly the accepted rows, in the same statement.
+	var wantTokens int64
+	for i, r := range rows {
+		if errs[i] == nil {
+			wantTokens += int64(r.PromptTokens + r.CompletionTokens)
+		}
+	}
+	usage, err := store.Usage(ctx, pool, store.UsageFilter{TenantID: "a", KeyID: 7})
+	require.NoError(t, err)
+	require.Len(t, usage, 1)
+	require.EqualValues(t, 6, usage[0].Requests)
+	require.Equal(t, wantTokens, usage[0].PromptTokens+usage[0].CompletionTokens)
+	single, err := store.Usage(ctx, pool, store.UsageFilter{TenantID: "a"})
+	require.NoError(t, err)
+	require.Len(t, single, 2, "key 7 and no key")
+
 	// The counters moved by exactly the accepted rows: the next step of
 	// each session follows the batch's.
 	c, err := store.InsertInteraction(ctx, pool, row("a", "new"))

@@ -239,10 +239,21 @@ type KeyOwner struct {
 	// SessionID is set for a per-session key.
 	SessionID string
 	KeyID     int64
+	// ParentID is the tenant key that issued a session key (0: none).
+	ParentID int64
 	// Models the key may use; empty allows every model.
 	Models []string
 	// ExpiresAt is zero for a key that does not expire.
 	ExpiresAt time.Time
+}
+
+// AccountTo is the tenant key the owner's calls are accounted to: a
+// session key's parent, or the key itself.
+func (o KeyOwner) AccountTo() int64 {
+	if o.ParentID != 0 {
+		return o.ParentID
+	}
+	return o.KeyID
 }
 
 // Allows reports whether the key may use model.
@@ -255,9 +266,9 @@ func (o KeyOwner) Allows(model string) bool {
 func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
 	var o KeyOwner
 	var expires *time.Time
-	err := db.QueryRow(ctx, `SELECT tenant_id, coalesce(session_id, ''), id, models, expires_at FROM api_keys
+	err := db.QueryRow(ctx, `SELECT tenant_id, coalesce(session_id, ''), id, coalesce(parent_id, 0), models, expires_at FROM api_keys
 		WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())`,
-		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.Models, &expires)
+		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires)
 	if err != nil {
 		return KeyOwner{}, notFound(err)
 	}

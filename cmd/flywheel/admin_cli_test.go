@@ -61,6 +61,12 @@ func TestKeysCLI(t *testing.T) {
 	require.False(t, owner.ExpiresAt.IsZero())
 	id := strconv.FormatInt(owner.KeyID, 10)
 
+	out, err = stdout(t, func() error { return run(ctx, append([]string{"usage", "--tenant", "acme", "--by-day"}, db...)) })
+	require.NoError(t, err)
+	require.Contains(t, out, "PROMPT TOKENS", "no calls yet: the header only")
+	_, err = stdout(t, func() error { return run(ctx, append([]string{"usage", "--since", "yesterday"}, db...)) })
+	require.Error(t, err)
+
 	out, err = stdout(t, func() error { return run(ctx, append([]string{"keys", "list", "--tenant", "acme"}, db...)) })
 	require.NoError(t, err)
 	require.Contains(t, out, "m1,m2")

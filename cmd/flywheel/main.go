@@ -30,6 +30,7 @@ var commands = map[string]command{
 	"worker":      {"run a Temporal worker", runWorker},
 	"migrate":     {"apply (up), roll back (down --to N) or show (status) the schema", runMigrate},
 	"keys":        {"API keys: keys create|list|revoke|rotate", runKeys},
+	"usage":       {"calls and tokens per tenant, key and deployment: usage [--tenant T] [--key ID] [--since D] [--by-day]", runUsage},
 	"deployments": {"deployments create|update|list|show: the models the gateway serves", runDeployments},
 	"temporal":    {"temporal setup: register the namespace and search attributes", runTemporal},
 	"bench":       {"whole-system benchmarks: bench NAME", runBench},
