@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -67,6 +68,8 @@ type call struct {
 	reuseSystem string
 	// toolVersions names the tool-schema version applied to each tool.
 	toolVersions map[string]string
+	// span is the call's trace span, ended with its capture.
+	span trace.Span
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
@@ -102,6 +105,7 @@ func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *infer
 	} else {
 		cl.completionID = newID("chatcmpl-")
 	}
+	s.startSpan(c, cl)
 	return cl, nil
 }
 
@@ -259,7 +263,8 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 
 // commit captures the interaction and, once it is in Postgres, queues the
 // session notices. Its error is what the client must see instead of 2xx.
-func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) error {
+func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (err error) {
+	defer func() { endSpan(cl, row, err) }()
 	// A client that went away still gets its call recorded (as cancelled):
 	// the capture must not depend on the connection staying open.
 	captured, err := s.capture.Submit(context.WithoutCancel(c.Request.Context()), row)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
@@ -42,6 +43,7 @@ type envOpts struct {
 	policy   inference.Backend
 	notifier gateway.Notifier
 	forgets  gateway.ForgetStarter
+	tracer   trace.TracerProvider
 }
 
 func newEnv(t *testing.T, o envOpts) *env { return newEnvTB(t, o) }
@@ -62,7 +64,8 @@ func newEnvTB(t testing.TB, o envOpts) *env {
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
-	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier, Forgets: o.forgets})
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier, Forgets: o.forgets,
+		TracerProvider: o.tracer})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })

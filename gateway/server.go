@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -50,6 +51,9 @@ type Deps struct {
 	// Tokenizers are the tokenizers Flywheel holds, by deployment, so the
 	// ids of redacted steps can be rebuilt (trajectory.Rules).
 	Tokenizers map[string]trajectory.Tokenizer
+	// TracerProvider makes the model calls' spans; nil: OpenTelemetry's
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Server is the HTTP gateway.
@@ -133,7 +137,7 @@ func checkAdminKey(cfg config.GatewayConfig) error {
 func (s *Server) routes() {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
-	e.Use(gin.Recovery(), s.requestID, s.metrics.observe)
+	e.Use(gin.Recovery(), s.requestID, s.metrics.observe, traceContext)
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.deps.Registry, promhttp.HandlerOpts{})))

@@ -13,19 +13,33 @@ import (
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	temporalotel "go.temporal.io/sdk/contrib/opentelemetry"
+	"go.temporal.io/sdk/interceptor"
 	tlog "go.temporal.io/sdk/log"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/flywheel-ai/flywheel/internal/telemetry"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Dial connects to the Temporal frontend.
 func Dial(ctx context.Context, address, namespace string, logger *slog.Logger) (client.Client, error) {
-	c, err := client.DialContext(ctx, client.Options{
+	opts := client.Options{
 		HostPort:  address,
 		Namespace: namespace,
 		Logger:    tlog.NewStructuredLogger(logger.With("component", "temporal")),
-	})
+	}
+	if telemetry.Enabled() {
+		// Spans around workflow starts, signals, workflows and activities,
+		// with the trace carried in Temporal's headers, so a model call's
+		// trace continues into the session workflow it notifies.
+		ti, err := temporalotel.NewTracingInterceptor(temporalotel.TracerOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("temporal tracing: %w", err)
+		}
+		opts.Interceptors = []interceptor.ClientInterceptor{ti}
+	}
+	c, err := client.DialContext(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("connect to temporal at %s: %w", address, err)
 	}

@@ -14,8 +14,10 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/internal/telemetry"
 )
 
 type command struct {
@@ -49,7 +51,16 @@ var commands = map[string]command{
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	shutdown, err := telemetry.Setup(ctx, "flywheel", version())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flywheel:", err)
+		os.Exit(1)
+	}
+	err = run(ctx, os.Args[1:])
+	flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = shutdown(flush)
+	cancel()
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}

@@ -44,6 +44,14 @@ type Fixture struct {
 	Requests atomic.Int64
 	mu       sync.Mutex
 	last     []byte
+	lastHdr  http.Header
+}
+
+// LastHeader is a header of the last request received.
+func (f *Fixture) LastHeader(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastHdr.Get(name)
 }
 
 // LastRequest is the last request body received, decoded on demand so
@@ -259,7 +267,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.mu.Lock()
-	f.last = body
+	f.last, f.lastHdr = body, r.Header.Clone()
 	f.mu.Unlock()
 	if f.FailNext.Load() > 0 && f.FailNext.Add(-1) >= 0 {
 		st := f.FailStatus

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -557,6 +559,8 @@ func (b *Backend) postTo(ctx context.Context, url string, body []byte) (*http.Re
 		return nil, fmt.Errorf("upstream: build request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	// The caller's trace goes on to the engine (vLLM and SGLang read it).
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	if b.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+b.cfg.APIKey)
 	}
