@@ -71,6 +71,9 @@ type TrainingCarry struct {
 	Pending       string `json:",omitempty"`
 	PendingAhead  int    `json:",omitempty"`
 	PendingReason string `json:",omitempty"`
+	// Failed counts the steps in a row that failed, so the wait after the
+	// next failure keeps growing across runs.
+	Failed int `json:",omitempty"`
 }
 
 // TrainingPolicy says when a batch is ready and how it trains; zero fields
@@ -327,6 +330,9 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	// below the history limits either way.
 	const maxPollsPerRun = 500
 	polls, failed := 0, 0
+	if in.Carry != nil {
+		failed = in.Carry.Failed
+	}
 	for steps := 0; steps < p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
 		r.drain()
 		if err := r.servingChanged(ctx); err != nil {
@@ -383,7 +389,14 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 				// deployment, a bad batch) fails at once; claiming the
 				// next batch at once would spin. Wait, longer each time.
 				r.st.Phase = "waiting after a failed step"
-				r.wait(ctx, failedStepWait(p.PollInterval, failed))
+				if workflow.GetVersion(ctx, trainingChangeFailedWaitHolds, workflow.DefaultVersion, 1) >= 1 {
+					// Train-now (an evolution decision every few
+					// seconds) must not cut this wait short, or a
+					// deployment no worker can train spins on it.
+					r.waitOut(ctx, failedStepWait(p.PollInterval, failed))
+				} else {
+					r.wait(ctx, failedStepWait(p.PollInterval, failed))
+				}
 			}
 			continue
 		}
@@ -419,7 +432,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
 		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
-			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason},
+			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: failed},
 	})
 }
 
@@ -459,14 +472,26 @@ func (r *trainingRun) servingChanged(ctx workflow.Context) error {
 // wait blocks until a train-now signal, the end of the release in flight,
 // or d (0: no timer) — whichever comes first.
 func (r *trainingRun) wait(ctx workflow.Context, d time.Duration) {
+	r.waitFor(ctx, d, true)
+}
+
+// waitOut is wait that a train-now signal does not end (it is kept for
+// the next claim): the wait after a failed step.
+func (r *trainingRun) waitOut(ctx workflow.Context, d time.Duration) {
+	r.waitFor(ctx, d, false)
+}
+
+func (r *trainingRun) waitFor(ctx workflow.Context, d time.Duration, onNow bool) {
 	sel := workflow.NewSelector(ctx)
 	if d > 0 {
 		sel.AddFuture(workflow.NewTimer(ctx, d), func(workflow.Future) {})
 	}
-	sel.AddReceive(r.nowCh, func(c workflow.ReceiveChannel, _ bool) {
-		c.Receive(ctx, nil)
-		r.trainNow = true
-	})
+	if onNow {
+		sel.AddReceive(r.nowCh, func(c workflow.ReceiveChannel, _ bool) {
+			c.Receive(ctx, nil)
+			r.trainNow = true
+		})
+	}
 	sel.AddReceive(r.servingCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sc ServingChanged
 		c.Receive(ctx, &sc)
@@ -591,6 +616,10 @@ func failedStepWait(poll time.Duration, n int) time.Duration {
 // trainingChangeBackoff: a failed step is followed by a wait before the
 // next claim.
 const trainingChangeBackoff = "training-wait-after-failed-step"
+
+// trainingChangeFailedWaitHolds: train-now no longer ends the wait after a
+// failed step.
+const trainingChangeFailedWaitHolds = "training-failed-wait-ignores-train-now"
 
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.

@@ -120,13 +120,30 @@ func TestTrainingWaitsWhenNoWorkerCanTrain(t *testing.T) {
 	acts.queued = []CheckBatchOutput{{Queued: 5}}
 	acts.refuse = true
 	start := env.Now()
+	// An evolution decision asks for a step every few seconds; that must
+	// not end the wait.
+	for i := 1; i <= 100; i++ {
+		env.RegisterDelayedCallback(func() { env.SignalWorkflow(TrainNowSignal, nil) }, time.Duration(i)*3*time.Second)
+	}
 	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
 		BatchSize: 2, PollInterval: 10 * time.Second, StepsPerRun: 4, NoRelease: true}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	require.Zero(t, next.Carry.Steps)
 	require.Len(t, acts.claims, 4)
 	require.Equal(t, 4, acts.trains, "a refused step is not retried")
-	require.GreaterOrEqual(t, env.Now().Sub(start), (10+20+40+80)*time.Second, "each failure waits twice as long")
+	require.GreaterOrEqual(t, env.Now().Sub(start), (10+20+40+80)*time.Second, "each failure waits twice as long, train-now or not")
+	require.Equal(t, 4, next.Carry.Failed, "the next run goes on waiting longer")
+
+	// The next run starts where this one left off: its first failure
+	// waits 160 s, not 10.
+	env, acts = newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.refuse = true
+	start = env.Now()
+	env.ExecuteWorkflow(TrainingWorkflow, next)
+	next = continueAsNewTraining(t, env.GetWorkflowError())
+	require.GreaterOrEqual(t, env.Now().Sub(start), (160+300+300+300)*time.Second)
+	require.Equal(t, 8, next.Carry.Failed)
 }
 
 func TestFailedStepWait(t *testing.T) {
