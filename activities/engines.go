@@ -57,17 +57,23 @@ func (e *Engines) Complete(ctx context.Context, req *inference.Request) (*infere
 	if c == nil {
 		return nil, &inference.Error{Status: http.StatusNotFound, Message: fmt.Sprintf("no engine on this worker serves deployment %q", req.Model)}
 	}
-	if _, ok := c.(upstreamEngine); ok && req.Version != "" {
+	if u, ok := c.(upstreamEngine); ok && req.Version != "" && !u.byName {
 		// Its server serves one set of weights; answering a candidate's
-		// prompts with them would pass a candidate nobody evaluated.
+		// prompts with them would pass a candidate nobody evaluated. A
+		// server that holds each version as an adapter (vLLM's dynamic
+		// LoRA) answers as the version asked for, by its name.
 		return nil, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
 			"deployment %q is served by an upstream, which cannot answer as weights version %q", req.Model, req.Version)}
 	}
 	return c.Complete(ctx, req)
 }
 
-// upstreamEngine marks an upstream deployment's backend.
-type upstreamEngine struct{ inference.Backend }
+// upstreamEngine marks an upstream deployment's backend; byName: its
+// server answers each weights version under the version's name.
+type upstreamEngine struct {
+	inference.Backend
+	byName bool
+}
 
 func (e *Engines) engine(ctx context.Context, deployment string) (Completer, error) {
 	if e.Policy != nil && deployment == e.PolicyModel {
@@ -89,12 +95,12 @@ func (e *Engines) engine(ctx context.Context, deployment string) (Completer, err
 	key := d.Name + "\x00" + string(d.Config)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if b, ok := e.upstreams[key]; ok {
-		return upstreamEngine{b}, nil
-	}
 	s, err := upstream.ParseSettings(d.Config)
 	if err != nil {
 		return nil, nil // the gateway cannot serve it either; nothing to evaluate
+	}
+	if b, ok := e.upstreams[key]; ok {
+		return upstreamEngine{b, s.VersionsByName()}, nil
 	}
 	b, err := s.Backend(d.Name, e.Timeout, e.Retries)
 	if err != nil {
@@ -104,5 +110,5 @@ func (e *Engines) engine(ctx context.Context, deployment string) (Completer, err
 		e.upstreams = map[string]inference.Backend{}
 	}
 	e.upstreams[key] = b
-	return upstreamEngine{b}, nil
+	return upstreamEngine{b, s.VersionsByName()}, nil
 }

@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -25,7 +28,7 @@ import (
 func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
-	fx := &vllmfixture.Fixture{}
+	fx := &fakevllm.Fixture{}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
 	_, err := store.CreateUpstreamDeployment(ctx, db, "team", upstream.Settings{BaseURL: srv.URL + "/v1", Model: "served-name"})
@@ -74,4 +77,54 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 		Messages: []inference.Message{{Role: "user", Content: "x"}}})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v1", resp.ModelVersion, "the policy's model goes to the policy")
+}
+
+// TestWeightsCandidateAnswersAsItsAdapter: an upstream deployment whose
+// versions reach vLLM as LoRA adapters (weight_sync vllm_lora) has its
+// weights candidate judged on that adapter, by its name, beside the base
+// that serves; the answers are the adapter's own.
+func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	fx := &fakevllm.Fixture{RuntimeLoRA: true, Model: "Qwen/Qwen3-8B",
+		AdapterReply: func(adapter, last string) string { return "banana from " + adapter }}
+	srv := httptest.NewServer(fx)
+	t.Cleanup(srv.Close)
+	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(`{"r":8}`), 0o644))
+	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status, checkpoint_path) VALUES ('qwen@v1', 'qwen', 'candidate', $1)`, dir)
+	require.NoError(t, err)
+	for i := range 30 {
+		msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: fmt.Sprintf("name a fruit %d", i)}})
+		_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ('qwen', 'regression', $1, 'banana')`, msgs)
+		require.NoError(t, err)
+	}
+	r := &Release{DB: db, Backend: &Engines{DB: db}}
+	sync, err := r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "qwen", Candidate: "qwen@v1"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"qwen@v1"}, sync.Loaded, "the release loads its candidate first")
+	gp := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v1", Gate: workflows.GateRegression, Policy: gp}
+	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	res, err := r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.NotEvaluated, res.Reason)
+	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"], "the adapter answers banana")
+	require.Equal(t, 0.0, res.Metrics["baseline_pass_rate"], "the base echoes the prompt")
+
+	resp, err := r.Backend.Complete(ctx, &inference.Request{Model: "qwen", Version: "qwen@v1",
+		Messages: []inference.Message{{Role: "user", Content: "x"}}})
+	require.NoError(t, err)
+	require.Equal(t, "qwen@v1", fx.LastRequest()["model"], "asked for by the adapter's name")
+	require.Equal(t, "qwen@v1", resp.ModelVersion)
+	require.Equal(t, "banana from qwen@v1", resp.Message.Content)
+
+	// A version the engine does not hold is vLLM's 404: an error, never
+	// the base answering in its place.
+	_, err = r.Backend.Complete(ctx, &inference.Request{Model: "qwen", Version: "qwen@v9",
+		Messages: []inference.Message{{Role: "user", Content: "x"}}})
+	require.ErrorContains(t, err, "The model `qwen@v9` does not exist")
 }

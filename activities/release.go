@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +40,9 @@ type Release struct {
 	// fail, unless the release's policy allows unevaluated gates.
 	Backend Completer
 	Logger  *slog.Logger
+	// HTTPClient calls the serving engines' weight APIs (nil: a default
+	// client; each call has the weight sync's own timeout).
+	HTTPClient *http.Client
 	// RewardMin and RewardMax bound live rewards (the gateway's
 	// reward_min and reward_max); the live tests need the range. Default
 	// [-1, 1].

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestUpstreamDeploymentsThroughTheAdminAPI(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	admin := e.cfg.AdminKey
-	first, second := &vllmfixture.Fixture{Model: "served-a"}, &vllmfixture.Fixture{Model: "served-b"}
+	first, second := &fakevllm.Fixture{Model: "served-a"}, &fakevllm.Fixture{Model: "served-b"}
 	srvA, srvB := httptest.NewServer(first), httptest.NewServer(second)
 	t.Cleanup(srvA.Close)
 	t.Cleanup(srvB.Close)

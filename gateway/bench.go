@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/flywheel-ai/flywheel/config"
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -122,7 +122,7 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 
 // benchHTTP measures the baseline proxy and the gateway.
 func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
-	fx := &vllmfixture.Fixture{Latency: bc.UpstreamLatency}
+	fx := &fakevllm.Fixture{Latency: bc.UpstreamLatency}
 	upURL, stopUp, err := serveLocal("upstream", fx)
 	if err != nil {
 		return err

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -76,7 +76,7 @@ func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	key, err := store.CreateKey(context.Background(), pool, "acme", "", "kill test")
 	require.NoError(t, err)
 
-	fx := &vllmfixture.Fixture{Latency: 2 * time.Millisecond}
+	fx := &fakevllm.Fixture{Latency: 2 * time.Millisecond}
 	up := httptest.NewServer(fx)
 	t.Cleanup(up.Close)
 	addr := freeAddr(t)

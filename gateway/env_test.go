@@ -17,8 +17,8 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -30,7 +30,7 @@ const fixtureModel = "fixture-model"
 type env struct {
 	t       testing.TB
 	pool    *pgxpool.Pool
-	fixture *vllmfixture.Fixture
+	fixture *fakevllm.Fixture
 	srv     *gateway.Server
 	url     string
 	keyA    string
@@ -53,7 +53,7 @@ func newEnvB(b *testing.B) *env { return newEnvTB(b, envOpts{}) }
 func newEnvTB(t testing.TB, o envOpts) *env {
 	t.Helper()
 	pool := testenv.Pool(t)
-	fx := &vllmfixture.Fixture{}
+	fx := &fakevllm.Fixture{}
 	up := httptest.NewServer(fx)
 	t.Cleanup(up.Close)
 	cfg := config.Default().Gateway

@@ -10,7 +10,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 )
 
 func (e *env) openai(key string) openai.Client {
@@ -129,9 +129,9 @@ func TestOpenAISDKErrorsAreProtocolShaped(t *testing.T) {
 // without [DONE], or ended by vLLM's mid-stream error chunk, reaches the
 // client as an error event and is captured as an upstream error, not as ok.
 func TestOpenAIStreamUpstreamBreaksEndsWithErrorEvent(t *testing.T) {
-	for name, cut := range map[string]func(*vllmfixture.Fixture){
-		"no [DONE]":   func(f *vllmfixture.Fixture) { f.BreakStreamAfter = 1 },
-		"error chunk": func(f *vllmfixture.Fixture) { f.ErrorChunkAfter = 1 },
+	for name, cut := range map[string]func(*fakevllm.Fixture){
+		"no [DONE]":   func(f *fakevllm.Fixture) { f.BreakStreamAfter = 1 },
+		"error chunk": func(f *fakevllm.Fixture) { f.ErrorChunkAfter = 1 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, envOpts{})

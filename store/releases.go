@@ -341,3 +341,23 @@ LIMIT $3`, deployment, since, limit, rewardedOnly)
 		return p, err
 	})
 }
+
+// Checkpoints are the checkpoint paths of the named versions of a
+// deployment; a version with none (a base model) is left out.
+func Checkpoints(ctx context.Context, db DBTX, deployment string, versions []string) (map[string]string, error) {
+	rows, err := db.Query(ctx, `SELECT id, checkpoint_path FROM model_versions
+		WHERE deployment = $1 AND id = ANY($2) AND checkpoint_path <> ''`, deployment, versions)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var id, path string
+		if err := rows.Scan(&id, &path); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[id] = path
+	}
+	return out, rows.Err()
+}

@@ -123,6 +123,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(release.SetReleasePhase, workflows.SetPhaseActivity)
 	act(release.EvaluateGate, workflows.EvaluateGateActivity)
 	act(release.FinishRelease, workflows.FinishReleaseActivity)
+	act(release.SyncWeights, workflows.SyncWeightsActivity)
 	wf(workflows.WatchdogWorkflow, workflows.WatchdogWorkflowName)
 	act(release.WatchServing, workflows.WatchServingActivity)
 	wf(workflows.TrainingWorkflow, workflows.TrainingWorkflowName)

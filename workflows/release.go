@@ -47,6 +47,11 @@ const releaseChangeGatesV2 = "release-gates-v2"
 // offline gates alone.
 const releaseChangeArtefactCanary = "release-artefact-canary"
 
+// releaseChangeWeightSync: a weights release loads its candidate into the
+// deployment's serving engine before the gates, and unloads what no route
+// names once it ends.
+const releaseChangeWeightSync = "release-weight-sync"
+
 // Release outcomes (releases.status).
 const (
 	ReleasePromoted   = "promoted"
@@ -60,7 +65,26 @@ const (
 	SetPhaseActivity      = "SetReleasePhase"
 	EvaluateGateActivity  = "EvaluateGate"
 	FinishReleaseActivity = "FinishRelease"
+	SyncWeightsActivity   = "SyncWeights"
 )
+
+// SyncWeightsInput asks that a deployment's serving engine hold what its
+// routes name: the serving version, the anchor and, while its release
+// runs, Candidate. Unload releases the deployment's other versions there.
+type SyncWeightsInput struct {
+	Deployment string
+	Candidate  string `json:",omitempty"`
+	Unload     bool   `json:",omitempty"`
+}
+
+// SyncWeightsOutput is what the engine was asked to do; Synced is false
+// for a deployment with no weight sync (nothing was asked).
+type SyncWeightsOutput struct {
+	Synced   bool
+	Loaded   []string `json:",omitempty"`
+	Unloaded []string `json:",omitempty"`
+	Kept     []string `json:",omitempty"`
+}
 
 // ReleaseInput starts a gated release of one layer of a deployment. The
 // workflow id should be "release-<deployment>-<candidate>".
@@ -125,6 +149,11 @@ type ReleasePolicy struct {
 	RequireApproval bool
 	// ApprovalTimeout rolls back when no approval came. Default 24h.
 	ApprovalTimeout time.Duration
+	// WeightDrain is how long a weights release waits, once its routes
+	// changed, before it unloads the versions no route names: a request
+	// routed to one just before may still run there. Default 2m5s, the
+	// gateway's default upstream timeout plus its route refresh.
+	WeightDrain time.Duration `json:",omitempty"`
 }
 
 // WithDefaults fills the zero fields with the defaults, as the release
@@ -164,6 +193,9 @@ func (p ReleasePolicy) withDefaults() ReleasePolicy {
 	}
 	if p.ApprovalTimeout <= 0 {
 		p.ApprovalTimeout = 24 * time.Hour
+	}
+	if p.WeightDrain <= 0 {
+		p.WeightDrain = 2*time.Minute + 5*time.Second
 	}
 	return p
 }
@@ -318,20 +350,71 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 		base = begin.Baseline
 	}
 
+	synced := false
+	if r.in.Layer == LayerWeights && workflow.GetVersion(ctx, releaseChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
+		// The candidate must be in the engine before a gate or the canary
+		// asks for it by name.
+		r.state.Phase = "loading weights"
+		var out SyncWeightsOutput
+		err := workflow.ExecuteActivity(r.syncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Candidate: r.in.Candidate}).Get(ctx, &out)
+		synced = out.Synced
+		if err != nil {
+			return r.finish(ctx, actx, begin.ReleaseID, base, ReleaseRolledBack, "weight sync: the serving engine did not load the candidate: "+err.Error(), false)
+		}
+	}
 	status, reason, err := r.gates(ctx, actx, base)
 	if err != nil {
 		return ReleaseResult{State: r.state}, err
 	}
+	return r.finish(ctx, actx, begin.ReleaseID, base, status, reason, synced)
+}
+
+// syncCtx runs a weight load, which may take minutes and is refused for
+// good (WeightSync) when the engine says no.
+func (r *releaseRun) syncCtx(actx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+		StartToCloseTimeout: 15 * time.Minute,
+		HeartbeatTimeout:    time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: time.Minute, MaximumAttempts: 5,
+			NonRetryableErrorTypes: []string{"BadInput", "WeightSync"},
+		},
+	})
+}
+
+// finish records how the release ended and, for a deployment whose
+// engine was synced, unloads the versions no route names any more once
+// the requests routed to them have drained.
+func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, status, reason string, synced bool) (ReleaseResult, error) {
 	r.state.Phase = "finishing"
 	// Finishing must happen even if the workflow was cancelled: a release
 	// left half-open would keep routing canary traffic.
 	fctx, _ := workflow.NewDisconnectedContext(actx)
-	err = workflow.ExecuteActivity(fctx, FinishReleaseActivity, FinishReleaseInput{
-		ReleaseID: begin.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
+	err := workflow.ExecuteActivity(fctx, FinishReleaseActivity, FinishReleaseInput{
+		ReleaseID: releaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
 		Candidate: r.in.Candidate, Baseline: base, Status: status, Reason: reason,
 	}).Get(fctx, nil)
 	if err != nil {
 		return ReleaseResult{State: r.state}, fmt.Errorf("finish release: %w", err)
+	}
+	if synced {
+		// An engine that holds one set of weights takes the promoted
+		// version now. Then, once a request routed to a version no route
+		// names any more has had its time to finish, that version goes.
+		r.state.Phase = "syncing weights"
+		for _, unload := range []bool{false, true} {
+			if unload {
+				if err := workflow.Sleep(fctx, r.policy.WeightDrain); err != nil {
+					return ReleaseResult{State: r.state}, err
+				}
+			}
+			var out SyncWeightsOutput
+			if err := workflow.ExecuteActivity(r.syncCtx(fctx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Unload: unload}).Get(fctx, &out); err != nil {
+				// The release stands as recorded; the next release or
+				// the watchdog syncs the engine again.
+				workflow.GetLogger(ctx).Warn("weight sync after release failed", "deployment", r.in.Deployment, "unload", unload, "error", err)
+			}
+		}
 	}
 	r.state.Phase, r.state.Status, r.state.Reason = "done", status, reason
 	_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(status))

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"go.temporal.io/sdk/temporal"
 	"testing"
 	"time"
 
@@ -22,6 +23,12 @@ type releaseActs struct {
 	finished []FinishReleaseInput
 	failOnce map[string]bool
 	at       map[string][]time.Time
+	// synced plays a deployment with weight sync; syncs are the calls,
+	// syncFail makes the first (the candidate's load) fail for good.
+	synced   bool
+	syncFail bool
+	syncs    []SyncWeightsInput
+	syncAt   []time.Time
 }
 
 func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseActs) {
@@ -65,6 +72,14 @@ func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseAc
 		a.finished = append(a.finished, in)
 		return nil
 	}, activity.RegisterOptions{Name: FinishReleaseActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in SyncWeightsInput) (SyncWeightsOutput, error) {
+		a.syncs = append(a.syncs, in)
+		a.syncAt = append(a.syncAt, env.Now())
+		if a.syncFail && len(a.syncs) == 1 {
+			return SyncWeightsOutput{Synced: true}, temporal.NewNonRetryableApplicationError("engine answered 404: adapter path has no adapter_config.json", "WeightSync", nil)
+		}
+		return SyncWeightsOutput{Synced: a.synced}, nil
+	}, activity.RegisterOptions{Name: SyncWeightsActivity})
 	return env, a
 }
 
@@ -227,4 +242,49 @@ func TestReleaseRejectsBadInput(t *testing.T) {
 	env, _ := newReleaseEnv(t)
 	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: "kernel", Candidate: "x"})
 	require.ErrorContains(t, env.GetWorkflowError(), "layer")
+}
+
+// TestWeightsReleaseSyncsTheEngine: a weights release loads its candidate
+// into the serving engine before any gate asks for it, and after it ends
+// it syncs again at once (an in-place engine takes the promoted weights)
+// and, after the drain, unloads what no route names.
+func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.synced = true
+	p := testPolicy
+	p.WeightDrain = 3 * time.Minute
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: p})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleasePromoted, res.State.Status)
+	require.Equal(t, []SyncWeightsInput{{Deployment: "dep", Candidate: "dep@v2"}, {Deployment: "dep"}, {Deployment: "dep", Unload: true}}, acts.syncs)
+	require.False(t, acts.syncAt[0].After(acts.at[GateShadow][0]), "the candidate is loaded before the first gate")
+	require.GreaterOrEqual(t, acts.syncAt[2].Sub(acts.syncAt[1]), 3*time.Minute, "unloads wait for the drain")
+
+	// A deployment without weight sync: one call that finds nothing to do.
+	env, acts = newReleaseEnv(t)
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	require.Equal(t, ReleasePromoted, releaseResult(t, env).State.Status)
+	require.Len(t, acts.syncs, 1)
+
+	// Artefacts have no weights to sync.
+	env, acts = newReleaseEnv(t)
+	acts.synced = true
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerHarness, Candidate: "3", Policy: testPolicy})
+	releaseResult(t, env)
+	require.Empty(t, acts.syncs)
+}
+
+// TestWeightsReleaseFailsClosedWhenTheEngineRefuses: a candidate the engine
+// will not load is never gated or routed; the release rolls back.
+func TestWeightsReleaseFailsClosedWhenTheEngineRefuses(t *testing.T) {
+	env, acts := newReleaseEnv(t)
+	acts.synced, acts.syncFail = true, true
+	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	res := releaseResult(t, env)
+	require.Equal(t, ReleaseRolledBack, res.State.Status)
+	require.Contains(t, res.State.Reason, "adapter_config.json")
+	require.Empty(t, acts.calls, "no gate ran")
+	require.Len(t, acts.finished, 1)
+	require.Equal(t, ReleaseRolledBack, acts.finished[0].Status)
+	require.Len(t, acts.syncs, 1, "nothing was loaded, so nothing to settle")
 }

@@ -131,7 +131,7 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Contains(t, out, `"backend": "upstream"`)
 
 	_, err = stdout(t, func() error {
-		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "http://sglang:30000/v1", "--vllm=false"}, db...))
+		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "http://sglang:30000/v1", "--vllm=false", "--weight-sync", "sglang_disk"}, db...))
 	})
 	require.NoError(t, err)
 	d, err = store.GetDeployment(ctx, pool, "qwen")
@@ -141,11 +141,14 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Equal(t, "http://sglang:30000/v1", c.BaseURL)
 	require.False(t, *c.VLLM)
 	require.Empty(t, c.Model, "update replaces the whole config")
+	require.Equal(t, "sglang_disk", c.WeightSync.Kind)
+	require.False(t, c.VersionsByName(), "full weights serve in place")
 
 	for _, bad := range [][]string{
 		{"deployments", "create", "qwen", "--base-url", "http://x/v1"},
 		{"deployments", "create", "other"},
 		{"deployments", "create", "other", "--base-url", "nowhere"},
+		{"deployments", "create", "other", "--base-url", "http://x/v1", "--weight-sync", "nccl"},
 		{"deployments", "create", "a@b", "--base-url", "http://x/v1"},
 		{"deployments", "update", "missing", "--base-url", "http://x/v1"},
 		{"deployments", "show", "missing"},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -30,6 +31,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	vllm := true
 	retries := -1
 	var timeout time.Duration
+	var sync weightsync.Settings
 	upstreamFlags := func(fs *flag.FlagSet) {
 		fs.StringVar(&up.BaseURL, "base-url", "", "the server's OpenAI-compatible base URL, ending in /v1; required")
 		fs.StringVar(&up.Model, "model", "", "the server's name for the model (default: NAME)")
@@ -38,6 +40,8 @@ func runDeployments(ctx context.Context, args []string) error {
 		fs.BoolVar(&vllm, "vllm", true, "ask for token ids with vLLM's extensions (turn off for servers that reject unknown parameters)")
 		fs.DurationVar(&timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
 		fs.IntVar(&retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
+		fs.StringVar(&sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
+		fs.StringVar(&sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
 	}
 	cfg, fs, err := subcommand("deployments", v, rest, deploymentsUsage, map[string]func(fs *flag.FlagSet){
 		"create": upstreamFlags, "update": upstreamFlags, "list": nil, "show": nil})
@@ -63,6 +67,9 @@ func runDeployments(ctx context.Context, args []string) error {
 		}
 		if retries >= 0 {
 			up.Retries = &retries
+		}
+		if sync.Kind != "" || sync.URL != "" {
+			up.WeightSync = &sync
 		}
 		if err := up.Validate(); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)

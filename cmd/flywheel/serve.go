@@ -305,6 +305,7 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))
 			r.RegisterActivityWithOptions(release.EvaluateGate, activityOpts(workflows.EvaluateGateActivity))
 			r.RegisterActivityWithOptions(release.FinishRelease, activityOpts(workflows.FinishReleaseActivity))
+			r.RegisterActivityWithOptions(release.SyncWeights, activityOpts(workflows.SyncWeightsActivity))
 			r.RegisterWorkflowWithOptions(workflows.WatchdogWorkflow, workflowOpts(workflows.WatchdogWorkflowName))
 			r.RegisterActivityWithOptions(release.WatchServing, activityOpts(workflows.WatchServingActivity))
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 )
 
 // vllmBody is a non-streaming answer the way vLLM writes it with
@@ -124,7 +124,7 @@ func TestDecodeWireFastPathTakesVLLMAnswers(t *testing.T) {
 // The fixture that tests and `flywheel bench gateway` run must take the
 // fast path too, or the benchmark measures the fallback.
 func TestDecodeWireFastPathTakesFixtureAnswers(t *testing.T) {
-	srv := httptest.NewServer(&vllmfixture.Fixture{})
+	srv := httptest.NewServer(&fakevllm.Fixture{})
 	defer srv.Close()
 	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", VLLM: true})
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
 )
 
 // maxModelName bounds a model name in Settings.
@@ -36,7 +37,16 @@ type Settings struct {
 	Timeout string `json:"timeout,omitempty"`
 	// Retries after the first attempt (default: the gateway's).
 	Retries *int `json:"retries,omitempty"`
+	// WeightSync is how trained versions reach the server (nil: they do
+	// not). With vllm_lora each version is an adapter named by its version
+	// id, and a request pinned to a version asks for that name.
+	WeightSync *weightsync.Settings `json:"weight_sync,omitempty"`
 }
+
+// VersionsByName reports whether the server answers each weights version
+// under its own model name (LoRA adapters), so a candidate can answer
+// beside the serving version.
+func (c Settings) VersionsByName() bool { return c.WeightSync != nil && c.WeightSync.ByName() }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
@@ -67,6 +77,9 @@ func (c Settings) Validate() error {
 	if c.Retries != nil && (*c.Retries < 0 || *c.Retries > 10) {
 		return fmt.Errorf("retries %d: want 0..10", *c.Retries)
 	}
+	if c.WeightSync != nil {
+		return c.WeightSync.Validate()
+	}
 	return nil
 }
 
@@ -86,6 +99,14 @@ func ParseSettings(raw json.RawMessage) (Settings, error) {
 	return c, nil
 }
 
+// primary is the server's name for deployment name's model.
+func (c Settings) primary(name string) string {
+	if c.Model == "" {
+		return name
+	}
+	return c.Model
+}
+
 // Backend builds the backend the settings describe for deployment name:
 // its model (default: name), then its fallbacks in order. timeout and
 // retries apply where the settings do not say.
@@ -95,7 +116,7 @@ func (c Settings) Backend(name string, timeout time.Duration, retries int) (infe
 	}
 	mk := func(model string) (*Backend, error) {
 		cfg := Config{BaseURL: c.BaseURL, Model: model, APIKey: os.Getenv(c.APIKeyEnv), Timeout: timeout,
-			Retries: retries, VLLM: c.VLLM == nil || *c.VLLM}
+			Retries: retries, VLLM: c.VLLM == nil || *c.VLLM, VersionsByName: c.VersionsByName() && model == c.primary(name)}
 		if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
 			cfg.Timeout = d
 		}
@@ -104,11 +125,7 @@ func (c Settings) Backend(name string, timeout time.Duration, retries int) (infe
 		}
 		return New(cfg)
 	}
-	model := c.Model
-	if model == "" {
-		model = name
-	}
-	primary, err := mk(model)
+	primary, err := mk(c.primary(name))
 	if err != nil || len(c.Fallbacks) == 0 {
 		return primary, err
 	}

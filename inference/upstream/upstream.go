@@ -47,7 +47,11 @@ type Config struct {
 	// Version stamps responses when the upstream does not say which
 	// weights served (default: the model name the upstream reports).
 	Version string
-	Client  *http.Client
+	// VersionsByName asks for a request's pinned version (Request.Version)
+	// as the model name: the server holds each version as an adapter
+	// under its version id (vLLM's dynamic LoRA).
+	VersionsByName bool
+	Client         *http.Client
 }
 
 // Backend talks to one upstream model.
@@ -139,6 +143,9 @@ func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
 		Stop: req.Stop, Seed: req.Seed, Logprobs: true, TopLogprobs: req.TopLogprobs, Stream: stream,
 		ResponseFormat: req.ResponseFormat, ParallelToolCalls: req.ParallelToolCalls, FrequencyPenalty: req.FrequencyPenalty,
 		PresencePenalty: req.PresencePenalty, LogitBias: req.LogitBias}
+	if b.cfg.VersionsByName && req.Version != "" {
+		w.Model = req.Version
+	}
 	if stream {
 		w.StreamOptions = &streamOptions{IncludeUsage: true}
 	}

@@ -10,12 +10,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/gateway/vllmfixture"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 )
 
-func newBackend(t *testing.T, fx *vllmfixture.Fixture, cfg upstream.Config) *upstream.Backend {
+func newBackend(t *testing.T, fx *fakevllm.Fixture, cfg upstream.Config) *upstream.Backend {
 	t.Helper()
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
@@ -33,7 +33,7 @@ func userReq(s string) *inference.Request {
 }
 
 func TestCompleteAndStreamAgree(t *testing.T) {
-	fx := &vllmfixture.Fixture{}
+	fx := &fakevllm.Fixture{}
 	b := newBackend(t, fx, upstream.Config{})
 	resp, err := b.Complete(context.Background(), userReq("hello"))
 	require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestTokenIDsFromTokenStringsWithoutReturnTokenIDs(t *testing.T) {
 }
 
 func TestRetriesWithBackoffOn503And429(t *testing.T) {
-	fx := &vllmfixture.Fixture{FailStatus: 503}
+	fx := &fakevllm.Fixture{FailStatus: 503}
 	fx.FailNext.Store(2)
 	b := newBackend(t, fx, upstream.Config{Retries: 2})
 	resp, err := b.Complete(context.Background(), userReq("x"))
@@ -85,7 +85,7 @@ func TestRetriesWithBackoffOn503And429(t *testing.T) {
 	require.Equal(t, "echo: x", resp.Message.Content)
 	require.EqualValues(t, 3, fx.Requests.Load())
 
-	fx2 := &vllmfixture.Fixture{FailStatus: 429, RetryAfter: 7}
+	fx2 := &fakevllm.Fixture{FailStatus: 429, RetryAfter: 7}
 	fx2.FailNext.Store(5)
 	b2 := newBackend(t, fx2, upstream.Config{Retries: 0})
 	_, err = b2.Complete(context.Background(), userReq("x"))
@@ -96,7 +96,7 @@ func TestRetriesWithBackoffOn503And429(t *testing.T) {
 }
 
 func TestBadRequestIsNotRetried(t *testing.T) {
-	fx := &vllmfixture.Fixture{FailStatus: 400}
+	fx := &fakevllm.Fixture{FailStatus: 400}
 	fx.FailNext.Store(5)
 	b := newBackend(t, fx, upstream.Config{Retries: 3})
 	_, err := b.Complete(context.Background(), userReq("x"))
@@ -107,7 +107,7 @@ func TestBadRequestIsNotRetried(t *testing.T) {
 }
 
 func TestTimeoutAndFallback(t *testing.T) {
-	slow := newBackend(t, &vllmfixture.Fixture{Latency: time.Second}, upstream.Config{Timeout: 50 * time.Millisecond})
+	slow := newBackend(t, &fakevllm.Fixture{Latency: time.Second}, upstream.Config{Timeout: 50 * time.Millisecond})
 	start := time.Now()
 	_, err := slow.Complete(context.Background(), userReq("x"))
 	var ie *inference.Error
@@ -115,7 +115,7 @@ func TestTimeoutAndFallback(t *testing.T) {
 	require.Equal(t, 502, ie.Status)
 	require.Less(t, time.Since(start), 900*time.Millisecond)
 
-	good := newBackend(t, &vllmfixture.Fixture{}, upstream.Config{})
+	good := newBackend(t, &fakevllm.Fixture{}, upstream.Config{})
 	resp, err := upstream.Fallback{slow, good}.Complete(context.Background(), userReq("y"))
 	require.NoError(t, err)
 	require.Equal(t, "echo: y", resp.Message.Content)
@@ -125,12 +125,12 @@ func TestTimeoutAndFallback(t *testing.T) {
 }
 
 func TestStreamBreakIsAnErrorAndEmitErrorStops(t *testing.T) {
-	b := newBackend(t, &vllmfixture.Fixture{BreakStreamAfter: 1}, upstream.Config{Retries: 3})
+	b := newBackend(t, &fakevllm.Fixture{BreakStreamAfter: 1}, upstream.Config{Retries: 3})
 	_, err := b.Stream(context.Background(), userReq("a longer prompt"), func(inference.Delta) error { return nil })
 	require.Error(t, err)
 
 	stop := errors.New("client went away")
-	b2 := newBackend(t, &vllmfixture.Fixture{}, upstream.Config{})
+	b2 := newBackend(t, &fakevllm.Fixture{}, upstream.Config{})
 	_, err = b2.Stream(context.Background(), userReq("a longer prompt"), func(inference.Delta) error { return stop })
 	require.ErrorIs(t, err, stop)
 }
@@ -139,7 +139,7 @@ func TestStreamBreakIsAnErrorAndEmitErrorStops(t *testing.T) {
 // started as an error chunk followed by [DONE]; that is an error, not a
 // complete answer.
 func TestStreamErrorChunkIsAnError(t *testing.T) {
-	b := newBackend(t, &vllmfixture.Fixture{ErrorChunkAfter: 1}, upstream.Config{})
+	b := newBackend(t, &fakevllm.Fixture{ErrorChunkAfter: 1}, upstream.Config{})
 	var got int
 	resp, err := b.Stream(context.Background(), userReq("a longer prompt that takes a few chunks"), func(inference.Delta) error { got++; return nil })
 	var ie *inference.Error
@@ -155,7 +155,7 @@ func TestStreamErrorChunkIsAnError(t *testing.T) {
 // their text; one that ignores it (vLLM before return_token_ids) is asked
 // for "token_id:N" strings from its next request on.
 func TestTokenIDsAskedTheWayTheServerUnderstands(t *testing.T) {
-	fx := &vllmfixture.Fixture{}
+	fx := &fakevllm.Fixture{}
 	b := newBackend(t, fx, upstream.Config{})
 	resp, err := b.Complete(context.Background(), userReq("hi"))
 	require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestTokenIDsAskedTheWayTheServerUnderstands(t *testing.T) {
 	require.Equal(t, true, last["return_token_ids"])
 	require.NotContains(t, last, "return_tokens_as_token_ids")
 
-	old := &vllmfixture.Fixture{OldTokenIDs: true}
+	old := &fakevllm.Fixture{OldTokenIDs: true}
 	ob := newBackend(t, old, upstream.Config{})
 	first, err := ob.Complete(context.Background(), userReq("hi"))
 	require.NoError(t, err)

@@ -1,10 +1,10 @@
-// Package vllmfixture is a TEST FIXTURE, not a model server: a local HTTP
+// Package fakevllm is a TEST FIXTURE, not a model server: a local HTTP
 // server that speaks the OpenAI Chat Completions protocol the way vLLM
 // does (return_token_ids, return_tokens_as_token_ids, logprobs, SSE with
 // usage), with a deterministic byte-level "model", a configurable fixed
 // latency and injectable failures. Tests and `flywheel bench gateway` use
 // it where a real vLLM would need a GPU and weights.
-package vllmfixture
+package fakevllm
 
 import (
 	"encoding/json"
@@ -40,11 +40,28 @@ type Fixture struct {
 	// OldTokenIDs ignores return_token_ids, as vLLM did before it had
 	// that parameter; return_tokens_as_token_ids still works.
 	OldTokenIDs bool
+	// RuntimeLoRA serves vLLM's dynamic LoRA endpoints, as vLLM does with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (without it they are 404):
+	// POST /v1/load_lora_adapter {"lora_name","lora_path"} and
+	// /v1/unload_lora_adapter {"lora_name"}. A chat request must then name
+	// the base model or a loaded adapter, or it gets vLLM's 404.
+	RuntimeLoRA bool
+	// AdapterReply, when set, is how a loaded adapter answers (given its
+	// name and the last user message) in place of the base's echo.
+	AdapterReply func(adapter, last string) string
+	// LoRALatency is added to each adapter load, as reading weights takes.
+	LoRALatency time.Duration
+	// FailLoRA, when > 0, fails that many load / unload calls with 500.
+	FailLoRA atomic.Int64
 
 	Requests atomic.Int64
 	mu       sync.Mutex
 	last     []byte
 	lastHdr  http.Header
+	// adapters are the loaded LoRA adapters: name → path.
+	adapters map[string]string
+	// adapterCalls are the load / unload bodies received, in order.
+	adapterCalls []AdapterCall
 }
 
 // LastHeader is a header of the last request received.
@@ -197,17 +214,25 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// ServeHTTP routes /v1/chat/completions, /v1/models and /tokenize.
+// ServeHTTP routes /v1/chat/completions, /v1/models, /tokenize and, with
+// RuntimeLoRA, the LoRA load and unload endpoints.
 func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
-		writeJSON(w, 200, map[string]any{"object": "list", "data": []any{map[string]any{"id": f.model(), "object": "model"}}})
+		f.models(w)
 	case "/v1/chat/completions":
 		f.complete(w, r)
 	case "/tokenize":
 		f.tokenize(w, r)
+	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+		if f.RuntimeLoRA && r.Method == http.MethodPost {
+			f.lora(w, r)
+			return
+		}
+		fallthrough
 	default:
-		writeJSON(w, 404, map[string]any{"object": "error", "message": "not found", "code": 404})
+		// FastAPI's answer to a route it does not have.
+		writeJSON(w, 404, map[string]any{"detail": "Not Found"})
 	}
 }
 
@@ -268,7 +293,18 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.last, f.lastHdr = body, r.Header.Clone()
+	_, isAdapter := f.adapters[req.Model]
 	f.mu.Unlock()
+	served := f.model()
+	if f.RuntimeLoRA {
+		if !isAdapter && req.Model != served {
+			writeJSON(w, 404, vllmError(fmt.Sprintf("The model `%s` does not exist.", req.Model), "NotFoundError", 404))
+			return
+		}
+		if isAdapter {
+			served = req.Model // vLLM names the adapter that answered
+		}
+	}
 	if f.FailNext.Load() > 0 && f.FailNext.Add(-1) >= 0 {
 		st := f.FailStatus
 		if st == 0 {
@@ -289,6 +325,9 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	promptIDs := tokens(renderPrompt(req.Messages))
 	content, tool, args := reply(&req)
+	if isAdapter && f.AdapterReply != nil && tool == "" {
+		content = f.AdapterReply(req.Model, text(req.Messages[len(req.Messages)-1].Content))
+	}
 	out := content
 	if tool != "" {
 		out = args
@@ -324,7 +363,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		if req.Logprobs {
 			choice.Logprobs = &wireLogprobs{Content: appendLogprobs(nil, ids, tokText, lp)}
 		}
-		resp := wireCompletion{ID: id, Object: "chat.completion", Created: time.Now().Unix(), Model: f.model(),
+		resp := wireCompletion{ID: id, Object: "chat.completion", Created: time.Now().Unix(), Model: served,
 			Choices: []wireChoice{choice}, Usage: usage}
 		if req.ReturnTokenIDs {
 			resp.Choices[0].TokenIDs = appendInts(nil, ids)
@@ -350,7 +389,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		step = f.Latency / time.Duration(chunks+1)
 	}
 	time.Sleep(step)
-	first := map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(),
+	first := map[string]any{"id": id, "object": "chat.completion.chunk", "model": served,
 		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}}}}
 	if req.ReturnTokenIDs {
 		first["prompt_token_ids"] = promptIDs
@@ -393,11 +432,11 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 			}
 			ch["logprobs"] = map[string]any{"content": lps}
 		}
-		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(), "choices": []any{ch}})
+		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served, "choices": []any{ch}})
 	}
-	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(),
+	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served,
 		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}}})
-	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": f.model(), "choices": []any{}, "usage": usage})
+	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served, "choices": []any{}, "usage": usage})
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	if fl != nil {
 		fl.Flush()

@@ -1,0 +1,77 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/workflows"
+)
+
+// SyncWeights makes a deployment's serving engine hold the versions its
+// routes name (the serving version, the anchor a watchdog may roll back
+// to, and the candidate under release), through the engine's own weight
+// API (inference/weightsync). A deployment without weight sync is left
+// alone and says so (Synced false). An engine's refusal is final
+// (WeightSync); no answer or a 5xx is retried.
+func (r *Release) SyncWeights(ctx context.Context, in workflows.SyncWeightsInput) (workflows.SyncWeightsOutput, error) {
+	d, err := store.GetDeployment(ctx, r.DB, in.Deployment)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && d.Backend != store.BackendUpstream) {
+		return workflows.SyncWeightsOutput{}, nil
+	}
+	if err != nil {
+		return workflows.SyncWeightsOutput{}, err
+	}
+	s, err := upstream.ParseSettings(d.Config)
+	if err != nil {
+		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("deployment %s: %v", d.Name, err), "BadInput", err)
+	}
+	if s.WeightSync == nil {
+		return workflows.SyncWeightsOutput{}, nil
+	}
+	engine, err := weightsync.New(*s.WeightSync, s.BaseURL, os.Getenv(s.APIKeyEnv), r.HTTPClient)
+	if err != nil {
+		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+	}
+	serving, err := store.ServingOf(ctx, r.DB, d.Name, workflows.LayerWeights)
+	if err != nil {
+		return workflows.SyncWeightsOutput{}, err
+	}
+	names := []string{serving, in.Candidate}
+	if a, err := store.AnchorOf(ctx, r.DB, d.Name); err != nil {
+		return workflows.SyncWeightsOutput{}, err
+	} else if a != nil {
+		names = append(names, a.Version)
+	}
+	// A release in flight keeps its candidate (another release's sync
+	// must not unload it).
+	if rel, err := store.RunningRelease(ctx, r.DB, d.Name, workflows.LayerWeights); err == nil {
+		names = append(names, rel.Candidate)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return workflows.SyncWeightsOutput{}, err
+	}
+	want, err := store.Checkpoints(ctx, r.DB, d.Name, names)
+	if err != nil {
+		return workflows.SyncWeightsOutput{}, err
+	}
+	if in.Candidate != "" && want[in.Candidate] == "" && engine.ByName() {
+		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("candidate %s has no checkpoint to load", in.Candidate), "WeightSync", nil)
+	}
+	rep, err := weightsync.Sync(ctx, engine, d.Name+"@", want, serving, in.Unload)
+	out := workflows.SyncWeightsOutput{Synced: true, Loaded: rep.Loaded, Unloaded: rep.Unloaded, Kept: rep.Kept}
+	if err != nil {
+		if weightsync.Temporary(err) {
+			return out, err
+		}
+		return out, temporal.NewNonRetryableApplicationError(err.Error(), "WeightSync", err)
+	}
+	r.logger().Info("weights synced", "deployment", d.Name, "loaded", rep.Loaded, "unloaded", rep.Unloaded, "kept", rep.Kept)
+	return out, nil
+}
