@@ -39,7 +39,7 @@ type Engines struct {
 	mu sync.Mutex
 	// upstreams are the backends built from deployments rows, by name and
 	// config, so a changed config builds a new one.
-	upstreams map[string]inference.Backend
+	upstreams map[string]upstreamEngine
 }
 
 // Serves reports whether an engine here answers for deployment.
@@ -95,20 +95,21 @@ func (e *Engines) engine(ctx context.Context, deployment string) (Completer, err
 	key := d.Name + "\x00" + string(d.Config)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if u, ok := e.upstreams[key]; ok {
+		return u, nil
+	}
 	s, err := upstream.ParseSettings(d.Config)
 	if err != nil {
 		return nil, nil // the gateway cannot serve it either; nothing to evaluate
-	}
-	if b, ok := e.upstreams[key]; ok {
-		return upstreamEngine{b, s.VersionsByName()}, nil
 	}
 	b, err := s.Backend(d.Name, e.Timeout, e.Retries)
 	if err != nil {
 		return nil, nil
 	}
 	if e.upstreams == nil {
-		e.upstreams = map[string]inference.Backend{}
+		e.upstreams = map[string]upstreamEngine{}
 	}
-	e.upstreams[key] = b
-	return upstreamEngine{b, s.VersionsByName()}, nil
+	u := upstreamEngine{b, s.VersionsByName()}
+	e.upstreams[key] = u
+	return u, nil
 }

@@ -122,6 +122,8 @@ func RunBench(ctx context.Context, bc BenchConfig) (*BenchResult, error) {
 
 // benchHTTP measures the baseline proxy and the gateway.
 func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(string, ...any)) error {
+	// The upstream is the named fake of vLLM's HTTP dialect: a real vLLM
+	// needs a GPU and weights, which this machine has not.
 	fx := &fakevllm.Fixture{Latency: bc.UpstreamLatency}
 	upURL, stopUp, err := serveLocal("upstream", fx)
 	if err != nil {

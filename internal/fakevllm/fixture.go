@@ -1,5 +1,5 @@
-// Package fakevllm is a TEST FIXTURE, not a model server: a local HTTP
-// server that speaks the OpenAI Chat Completions protocol the way vLLM
+// Package fakevllm is a FAKE of a vLLM server, not a model server: a
+// local HTTP server that speaks the OpenAI Chat Completions protocol the way vLLM
 // does (return_token_ids, return_tokens_as_token_ids, logprobs, SSE with
 // usage), with a deterministic byte-level "model", a configurable fixed
 // latency and injectable failures. Tests and `flywheel bench gateway` use
