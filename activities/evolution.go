@@ -16,6 +16,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -281,6 +282,16 @@ func firstWords(s string, n int) string {
 func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTrainingInput) error {
 	if e.Temporal == nil {
 		return temporal.NewNonRetryableApplicationError("request training: no Temporal client on this worker", "BadInput", nil)
+	}
+	if in.Policy.TrainerQueue == "" {
+		// The deployment names the workers that train it.
+		if d, err := store.GetDeployment(ctx, e.DB, in.Deployment); err == nil && d.Backend == store.BackendUpstream {
+			if up, err := upstream.ParseSettings(d.Config); err == nil {
+				in.Policy.TrainerQueue = up.TrainerQueue
+			}
+		} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
 	}
 	_, err := e.Temporal.SignalWithStartWorkflow(ctx, workflows.TrainingWorkflowID(in.Deployment), workflows.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: workflows.TrainingWorkflowID(in.Deployment), TaskQueue: workflows.TaskQueue},

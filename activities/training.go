@@ -2,13 +2,18 @@ package activities
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +21,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -48,6 +54,9 @@ type Training struct {
 	Deployment string
 	// CheckpointDir receives <deployment>/vNNNNNNNNNNNN.safetensors.
 	CheckpointDir string
+	// BatchDir receives the trainer protocol's batch files,
+	// <deployment>/run-NNNNNNNNNNNN.parquet, until their step commits.
+	BatchDir string
 	// Advantage is how rewards become advantages: the trainer's own
 	// estimator (Dr. GRPO's r − mean for the demo) and the rate of the
 	// per-task running baseline of singleton samples. Default: the
@@ -84,34 +93,23 @@ func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput)
 	return workflows.ClaimBatchOutput{RunID: run.ID, Samples: len(run.SampleIDs), DroppedStale: run.Dropped, BaseVersion: run.BaseVersion}, nil
 }
 
-// TrainStep trains one claimed run, saves the checkpoint and records the
-// candidate version with its lineage. Re-running a committed run returns
-// its version without training again.
-func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (workflows.TrainStepOutput, error) {
-	if t.Trainer == nil {
-		return workflows.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
-	}
-	if t.Deployment != "" && in.Deployment != t.Deployment {
-		// Training another deployment's samples into these weights would
-		// also write its checkpoints under the wrong name. The run ends
-		// failed (its samples stay queued), so it does not stay claimed.
-		msg := fmt.Sprintf("train step: this worker trains %q, not %q", t.Deployment, in.Deployment)
-		if t.DB != nil {
-			if err := store.FailRun(ctx, t.DB, in.RunID, msg); err != nil {
-				return workflows.TrainStepOutput{}, err
-			}
-		}
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(msg, "WrongDeployment", nil)
-	}
+// PrepareBatch writes a claimed run as the Parquet batch of the trainer
+// protocol: its live samples with advantages from the configured
+// estimator and the stored per-task baselines. It reserves the run's
+// candidate version and names the base checkpoint and where the new one
+// goes. Preparing a run again writes the same batch for the same
+// candidate.
+func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchInput) (workflows.TrainBatchInput, error) {
 	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if errors.Is(err, store.ErrNotFound) {
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	if err != nil {
-		return workflows.TrainStepOutput{}, err
+		return workflows.TrainBatchInput{}, err
 	}
-	if run.Status == "trained" && run.VersionID != nil {
-		return workflows.TrainStepOutput{Version: *run.VersionID, Samples: len(samples)}, nil
+	if run.Deployment != in.Deployment {
+		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("prepare batch: run %d belongs to %q, not %q", run.ID, run.Deployment, in.Deployment), "BadInput", nil)
 	}
 	var live []store.RunSample
 	for _, s := range samples {
@@ -121,90 +119,312 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 	}
 	if len(live) == 0 {
 		_ = store.FailRun(ctx, t.DB, run.ID, "no queued samples left")
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: no queued samples left in the run", "BadData", nil)
+		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: no queued samples left in the run", "BadData", nil)
 	}
 	baselines, err := store.TaskBaselines(ctx, t.DB, in.Deployment)
 	if err != nil {
-		return workflows.TrainStepOutput{}, err
+		return workflows.TrainBatchInput{}, err
 	}
-	batch := &trainer.Batch{Objective: trainer.ObjectiveGRPO}
-	if m := in.Masks; m != nil {
+	rows := make([]parquetbatch.Row, len(live))
+	batch := make([]trainer.Sample, len(live))
+	tokens := 0
+	for i, s := range live {
+		rows[i] = rowOf(s)
+		batch[i] = sampleOf(rows[i])
+		batch[i].Advantage = nil // set next, by the estimator
+		tokens += len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
+	}
+	adv, err := formAdvantages(batch, t.Advantage, baselines)
+	if err != nil {
+		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
+		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: "+err.Error(), "BadData", err)
+	}
+	for i := range rows {
+		rows[i].Advantage = *batch[i].Advantage
+	}
+	prep, err := store.PrepareRun(ctx, t.DB, run.ID, store.PreparedRun{
+		Base: in.Base, Baselines: adv.Baselines, Observed: adv.Observed, Flat: sampleIDs(live, adv.Flat),
+		Samples: allIDs(live),
+		Stats: map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
+			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator},
+	})
+	if err != nil {
+		return workflows.TrainBatchInput{}, err
+	}
+	path := t.batchPath(in.Deployment, run.ID)
+	if err := parquetbatch.Write(path, map[string]string{
+		"flywheel.deployment": in.Deployment, "flywheel.run_id": strconv.FormatInt(run.ID, 10),
+		"flywheel.base": in.Base, "flywheel.candidate": prep.Candidate,
+	}, rows); err != nil {
+		return workflows.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
+	}
+	sum, err := fileSHA256(path)
+	if err != nil {
+		return workflows.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
+	}
+	base := workflows.CheckpointRef{Version: in.Base}
+	if in.Base != "" {
+		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{in.Base})
+		if err != nil {
+			return workflows.TrainBatchInput{}, err
+		}
+		if p := paths[in.Base]; p != "" {
+			base.URI, base.Format = fileURI(p), checkpointFormat(p)
+		}
+	}
+	algo := in.Algorithm
+	if algo.Objective == "" {
+		algo.Objective = trainer.ObjectiveGRPO
+	}
+	return workflows.TrainBatchInput{
+		Protocol: workflows.TrainerProtocol, Deployment: in.Deployment, RunID: run.ID,
+		Batch:  workflows.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows), Tokens: tokens, SHA256: sum},
+		Base:   base,
+		Output: workflows.OutputRef{Version: prep.Candidate, Dir: filepath.Join(t.CheckpointDir, in.Deployment)},
+		Algo:   algo,
+	}, nil
+}
+
+// TrainBatch is the Go trainer's side of the trainer protocol: it trains
+// the in-process policy on a batch file, from the base checkpoint, into
+// the output version's checkpoint. It reads nothing but the files its
+// input names. A retry after a checkpoint was written (the worker died
+// before answering) answers with that checkpoint instead of training the
+// same samples twice.
+func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput) (workflows.TrainBatchOutput, error) {
+	if t.Trainer == nil {
+		return workflows.TrainBatchOutput{}, errors.New("train batch: this worker has no trainer")
+	}
+	bad := func(format string, args ...any) error {
+		return temporal.NewNonRetryableApplicationError("train batch: "+fmt.Sprintf(format, args...), "BadInput", nil)
+	}
+	if in.Protocol != workflows.TrainerProtocol {
+		return workflows.TrainBatchOutput{}, bad("protocol %q, this trainer speaks %q", in.Protocol, workflows.TrainerProtocol)
+	}
+	if err := t.refuseOther("train batch", in.Deployment); err != nil {
+		return workflows.TrainBatchOutput{}, err
+	}
+	if in.Algo.ClipLow != 0 || in.Algo.ClipHigh != 0 || in.Algo.KLCoef != 0 {
+		return workflows.TrainBatchOutput{}, bad("the built-in trainer takes clip and KL from its configuration (trainer.*), not per step")
+	}
+	out, ok := store.VersionNumber(in.Output.Version)
+	if !ok || in.Output.Dir == "" {
+		return workflows.TrainBatchOutput{}, bad("output %q in %q is not a version and a directory", in.Output.Version, in.Output.Dir)
+	}
+	path := trainer.CheckpointDir{Dir: in.Output.Dir}.Path(out)
+	runID := strconv.FormatInt(in.RunID, 10)
+	if _, _, meta, err := trainer.LoadCheckpoint(path); err == nil && meta["training_run"] == runID {
+		loss, _ := strconv.ParseFloat(meta["loss"], 64)
+		samples, _ := strconv.Atoi(meta["samples"])
+		return workflows.TrainBatchOutput{Version: in.Output.Version, Loss: loss, Samples: samples, Resumed: true,
+			Checkpoint: workflows.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: workflows.CheckpointFlywheelPolicy}}, nil
+	}
+	if err := t.ensureBase(in.Base); err != nil {
+		return workflows.TrainBatchOutput{}, err
+	}
+	batchPath, err := localPath(in.Batch.URI)
+	if err != nil {
+		return workflows.TrainBatchOutput{}, bad("%v", err)
+	}
+	if sum, err := fileSHA256(batchPath); err != nil {
+		return workflows.TrainBatchOutput{}, bad("batch: %v", err)
+	} else if in.Batch.SHA256 != "" && sum != in.Batch.SHA256 {
+		return workflows.TrainBatchOutput{}, bad("batch %s has sha256 %s, not %s", batchPath, sum, in.Batch.SHA256)
+	}
+	_, rows, err := parquetbatch.Read(batchPath)
+	if err != nil {
+		return workflows.TrainBatchOutput{}, bad("%v", err)
+	}
+	batch := &trainer.Batch{Objective: in.Algo.Objective, Version: out}
+	if m := in.Algo.Masks; m != nil {
 		batch.Masks = &trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
 	}
-	for _, s := range live {
-		batch.Samples = append(batch.Samples, toTrainerSample(s))
+	for _, r := range rows {
+		batch.Samples = append(batch.Samples, sampleOf(r))
 	}
-	adv, err := formAdvantages(batch.Samples, t.Advantage, baselines)
-	if err != nil {
-		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: "+err.Error(), "BadData", err)
-	}
-
-	// An earlier attempt may have trained this run and saved its
-	// checkpoint but died before the commit: commit that step instead of
-	// training the same samples twice.
-	var res trainer.StepResult
-	resumed := false
-	if t.CheckpointDir != "" {
-		v := t.Trainer.Version()
-		if _, _, meta, err := trainer.LoadCheckpoint(t.checkpointPath(in.Deployment, v)); err == nil && meta["training_run"] == strconv.FormatInt(run.ID, 10) {
-			parent, _ := store.VersionNumber(meta["parent_version"])
-			res, resumed = trainer.StepResult{Version: v, Parent: parent, Samples: len(live)}, true
-		}
-	}
-	if !resumed {
-		stop := t.heartbeatWhile(ctx, in.RunID)
-		res, err = t.Trainer.TrainStep(ctx, batch)
-		stop()
-	}
+	stop := t.heartbeatWhile(ctx, in.RunID)
+	res, err := t.Trainer.TrainStep(ctx, batch)
+	stop()
 	if err != nil {
 		if ctx.Err() != nil {
-			return workflows.TrainStepOutput{}, ctx.Err()
+			return workflows.TrainBatchOutput{}, ctx.Err()
 		}
-		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
 		// The trainer rejects a batch for what it is (stale, malformed):
 		// retrying the same batch would fail the same way.
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError("train step: "+err.Error(), "BadData", err)
+		return workflows.TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("train batch: "+err.Error(), "BadData", err)
 	}
-	version := store.VersionID(in.Deployment, res.Version)
-	// The parent is the weights this step started from, which run ahead of
-	// serving (up to η): forget follows this line to every descendant.
-	parent := store.VersionID(in.Deployment, res.Parent)
-	path := ""
-	if t.CheckpointDir != "" {
-		path = t.checkpointPath(in.Deployment, res.Version)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return workflows.TrainStepOutput{}, fmt.Errorf("train step: checkpoint dir: %w", err)
+	if err := os.MkdirAll(in.Output.Dir, 0o755); err != nil {
+		return workflows.TrainBatchOutput{}, fmt.Errorf("train batch: checkpoint dir: %w", err)
+	}
+	if err := trainer.SaveCheckpoint(path, t.Trainer.Snapshot(), res.Version, map[string]string{
+		"deployment": in.Deployment, "training_run": runID, "parent_version": in.Base.Version,
+		"loss": strconv.FormatFloat(res.Loss, 'g', -1, 64), "samples": strconv.Itoa(res.Samples),
+	}); err != nil {
+		return workflows.TrainBatchOutput{}, fmt.Errorf("train batch: %w", err)
+	}
+	return workflows.TrainBatchOutput{
+		Version:    in.Output.Version,
+		Checkpoint: workflows.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: workflows.CheckpointFlywheelPolicy},
+		Loss:       res.Loss, Samples: res.Samples, DroppedStale: res.DroppedStale, TrainedTokens: res.TrainedTokens,
+		IcePopMasked: frac(res.IcePopMasked, res.TrainedTokens), KPopMasked: frac(res.KPopMasked, res.TrainedTokens),
+		Metrics: map[string]float64{"grad_norm": res.GradNorm, "mean_reward": res.MeanReward, "duration_ms": float64(res.Duration.Milliseconds())},
+	}, nil
+}
+
+// refuseOther refuses a step for a deployment other than the one whose
+// weights this worker holds: training its samples into these weights
+// would also write its checkpoints under the wrong name.
+func (t *Training) refuseOther(what, deployment string) error {
+	if t.Deployment == "" || deployment == t.Deployment {
+		return nil
+	}
+	return temporal.NewNonRetryableApplicationError(
+		fmt.Sprintf("%s: this worker trains %q, not %q", what, t.Deployment, deployment), "WrongDeployment", nil)
+}
+
+// ensureBase makes the trainer's weights the base's, loading its
+// checkpoint unless the trainer holds them already (its previous step).
+func (t *Training) ensureBase(base workflows.CheckpointRef) error {
+	if base.Version == "" {
+		return nil // the trainer's own base model
+	}
+	v, ok := store.VersionNumber(base.Version)
+	if !ok {
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("train batch: base %q is not a version", base.Version), "BadInput", nil)
+	}
+	if t.Trainer.Version() == v {
+		return nil
+	}
+	path, err := localPath(base.URI)
+	if err != nil {
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("train batch: base %s: %v", base.Version, err), "BadInput", nil)
+	}
+	m, _, _, err := trainer.LoadCheckpoint(path)
+	if err != nil {
+		return temporal.NewNonRetryableApplicationError("train batch: base: "+err.Error(), "BadInput", err)
+	}
+	if err := t.Trainer.Reset(m, v); err != nil {
+		return temporal.NewNonRetryableApplicationError("train batch: base: "+err.Error(), "BadInput", err)
+	}
+	t.logger().Info(msgTrainerReset, "version", base.Version)
+	return nil
+}
+
+// RegisterCheckpoint records a trained checkpoint as the run's candidate
+// version, with its lineage: the base it trained from and every sample in
+// its batch. A sample forgotten while the step trained fails the run
+// instead: those weights hold data that must not serve. Registering a run
+// again is a no-op.
+func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.RegisterCheckpointInput) (workflows.TrainStepOutput, error) {
+	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
+	if errors.Is(err, store.ErrNotFound) {
+		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+	}
+	if err != nil {
+		return workflows.TrainStepOutput{}, err
+	}
+	if run.Status == "trained" && run.VersionID != nil {
+		return workflows.TrainStepOutput{Version: *run.VersionID, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
+	}
+	fail := func(msg string) error {
+		_ = store.FailRun(ctx, t.DB, run.ID, msg)
+		return temporal.NewNonRetryableApplicationError("register checkpoint: "+msg, "BadData", nil)
+	}
+	p := run.Prepared
+	if p == nil {
+		return workflows.TrainStepOutput{}, fail("the run's batch was never prepared")
+	}
+	if in.Trained.Version != p.Candidate {
+		return workflows.TrainStepOutput{}, fail(fmt.Sprintf("the trainer answered version %q; the run's candidate is %q", in.Trained.Version, p.Candidate))
+	}
+	byID := make(map[int64]store.RunSample, len(samples))
+	for _, s := range samples {
+		byID[s.ID] = s
+	}
+	trained := make([]store.RunSample, 0, len(p.Samples))
+	for _, id := range p.Samples {
+		s, ok := byID[id]
+		if !ok || s.Status == "retired" {
+			return workflows.TrainStepOutput{}, fail(fmt.Sprintf("sample %d was forgotten while it trained", id))
 		}
-		if _, statErr := os.Stat(path); statErr != nil {
-			if err := trainer.SaveCheckpoint(path, t.Trainer.Snapshot(), res.Version, map[string]string{
-				"deployment": in.Deployment, "training_run": strconv.FormatInt(run.ID, 10), "parent_version": parent,
-			}); err != nil {
-				return workflows.TrainStepOutput{}, fmt.Errorf("train step: %w", err)
-			}
-		}
+		trained = append(trained, s)
+	}
+	checkpoint, err := localPath(in.Trained.Checkpoint.URI)
+	if err != nil {
+		return workflows.TrainStepOutput{}, fail("checkpoint: " + err.Error())
 	}
 	metrics := map[string]any{
-		"loss": res.Loss, "grad_norm": res.GradNorm, "samples": res.Samples, "trainer_dropped_stale": res.DroppedStale,
-		"trained_tokens": res.TrainedTokens, "mean_reward": res.MeanReward, "groups": adv.Groups,
-		"baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
-		"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator,
-		"training_run": run.ID, "duration_ms": res.Duration.Milliseconds(),
-		"resumed": resumed, "parent_version": parent,
-		"icepop_masked": frac(res.IcePopMasked, res.TrainedTokens), "kpop_masked": frac(res.KPopMasked, res.TrainedTokens),
+		"loss": in.Trained.Loss, "samples": in.Trained.Samples, "trainer_dropped_stale": in.Trained.DroppedStale,
+		"trained_tokens": in.Trained.TrainedTokens, "training_run": run.ID, "resumed": in.Trained.Resumed,
+		"parent_version": p.Base, "checkpoint_format": in.Trained.Checkpoint.Format,
+		"icepop_masked": in.Trained.IcePopMasked, "kpop_masked": in.Trained.KPopMasked,
+	}
+	for k, v := range p.Stats {
+		metrics[k] = v
+	}
+	for k, v := range in.Trained.Metrics {
+		metrics[k] = v
 	}
 	err = store.CommitTrainedRun(ctx, t.DB, store.TrainedRun{
-		RunID: run.ID, Deployment: in.Deployment, Version: version, Parent: parent, Checkpoint: path,
-		Metrics: metrics, Samples: live, Baselines: adv.Baselines, BaselineObs: adv.Observed, Flat: sampleIDs(live, adv.Flat),
+		RunID: run.ID, Deployment: in.Deployment, Version: p.Candidate, Parent: p.Base, Checkpoint: checkpoint,
+		Metrics: metrics, Samples: trained, Baselines: p.Baselines, BaselineObs: p.Observed, Flat: p.Flat,
 	})
 	if err != nil {
 		return workflows.TrainStepOutput{}, err
 	}
-	t.logger().Info(msgStepTrained, "deployment", in.Deployment, "run_id", run.ID, "version", version, "loss", res.Loss,
-		"samples", res.Samples, "baseline_samples", adv.BaselineSamples)
-	return workflows.TrainStepOutput{Version: version, Loss: res.Loss, Samples: res.Samples, Groups: adv.Groups,
-		Baseline: adv.BaselineSamples, Stale: res.DroppedStale,
-		IcePopMasked: frac(res.IcePopMasked, res.TrainedTokens), KPopMasked: frac(res.KPopMasked, res.TrainedTokens)}, nil
+	_ = os.Remove(t.batchPath(in.Deployment, run.ID)) // trained: the batch is in the lineage now
+	groups, _ := p.Stats["groups"].(float64)
+	baseline, _ := p.Stats["baseline_samples"].(float64)
+	t.logger().Info(msgStepTrained, "deployment", in.Deployment, "run_id", run.ID, "version", p.Candidate, "loss", in.Trained.Loss,
+		"samples", in.Trained.Samples, "baseline_samples", int(baseline))
+	return workflows.TrainStepOutput{Version: p.Candidate, Loss: in.Trained.Loss, Samples: in.Trained.Samples, Groups: int(groups),
+		Baseline: int(baseline), Stale: in.Trained.DroppedStale, IcePopMasked: in.Trained.IcePopMasked, KPopMasked: in.Trained.KPopMasked}, nil
+}
+
+// FailTrainingRun closes a run whose step failed; its samples stay queued.
+func (t *Training) FailTrainingRun(ctx context.Context, in workflows.FailTrainingRunInput) error {
+	return store.FailRun(ctx, t.DB, in.RunID, in.Reason)
+}
+
+// TrainStep is a whole step in one activity, which training workflows
+// started before the trainer protocol still schedule: the protocol's three
+// activities in turn, from the trainer's current weights.
+func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (workflows.TrainStepOutput, error) {
+	if t.Trainer == nil {
+		return workflows.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
+	}
+	if err := t.refuseOther("train step", in.Deployment); err != nil {
+		// The run ends failed (its samples stay queued), so it does not
+		// stay claimed.
+		if t.DB != nil {
+			if ferr := store.FailRun(ctx, t.DB, in.RunID, err.Error()); ferr != nil {
+				return workflows.TrainStepOutput{}, ferr
+			}
+		}
+		return workflows.TrainStepOutput{}, err
+	}
+	run, _, err := store.LoadRun(ctx, t.DB, in.RunID)
+	if err == nil && run.Status == "trained" && run.VersionID != nil {
+		return workflows.TrainStepOutput{Version: *run.VersionID}, nil
+	}
+	base := store.VersionID(in.Deployment, t.Trainer.Version())
+	if run.Prepared != nil {
+		base = run.Prepared.Base
+	}
+	tb, err := t.PrepareBatch(ctx, workflows.PrepareBatchInput{Deployment: in.Deployment, RunID: in.RunID, Base: base,
+		Algorithm: workflows.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, Masks: in.Masks}})
+	if err != nil {
+		return workflows.TrainStepOutput{}, err
+	}
+	out, err := t.TrainBatch(ctx, tb)
+	if err != nil {
+		var appErr *temporal.ApplicationError
+		if errors.As(err, &appErr) && appErr.NonRetryable() {
+			_ = store.FailRun(ctx, t.DB, in.RunID, err.Error())
+		}
+		return workflows.TrainStepOutput{}, err
+	}
+	return t.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: in.Deployment, RunID: in.RunID, Base: tb.Base.Version, Trained: out})
 }
 
 // sampleIDs are the ids of samples[idx...].
@@ -212,6 +432,15 @@ func sampleIDs(samples []store.RunSample, idx []int) []int64 {
 	out := make([]int64, len(idx))
 	for i, j := range idx {
 		out[i] = samples[j].ID
+	}
+	return out
+}
+
+// allIDs are the ids of samples.
+func allIDs(samples []store.RunSample) []int64 {
+	out := make([]int64, len(samples))
+	for i, s := range samples {
+		out[i] = s.ID
 	}
 	return out
 }
@@ -289,29 +518,98 @@ func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
 	return func() { close(done) }
 }
 
-// toTrainerSample lays out prompt then completion; only the completion
-// trains, at its behaviour log-probs and version.
-func toTrainerSample(s store.RunSample) trainer.Sample {
-	n := len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
-	out := trainer.Sample{GroupID: s.GroupKey(), TaskID: s.TaskID, Reward: s.Reward,
-		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
+// rowOf is a claimed sample as a batch row: every completion token trains,
+// at its behaviour log-prob and version.
+func rowOf(s store.RunSample) parquetbatch.Row {
 	v, _ := store.VersionNumber(s.BehaviourVersion)
-	for _, id := range s.PromptTokenIDs {
+	n := len(s.CompletionTokenIDs)
+	r := parquetbatch.Row{SampleID: s.ID, TenantID: s.TenantID, SessionID: s.SessionID, TaskID: s.TaskID, GroupID: s.GroupKey(),
+		PromptIDs: s.PromptTokenIDs, CompletionIDs: s.CompletionTokenIDs, Reward: s.Reward,
+		LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
+	for i := range n {
+		r.LossMask[i], r.Versions[i] = 1, v
+		if i < len(s.Logprobs) {
+			r.Logprobs[i] = s.Logprobs[i]
+		}
+	}
+	if r.PromptIDs == nil {
+		r.PromptIDs = []int32{}
+	}
+	if r.CompletionIDs == nil {
+		r.CompletionIDs = []int32{}
+	}
+	return r
+}
+
+// sampleOf lays a batch row out for the trainer: prompt then completion,
+// the completion's tokens trained as the row's loss mask says.
+func sampleOf(r parquetbatch.Row) trainer.Sample {
+	n := len(r.PromptIDs) + len(r.CompletionIDs)
+	out := trainer.Sample{GroupID: r.GroupID, TaskID: r.TaskID, Reward: r.Reward,
+		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
+	a := r.Advantage // the control plane's estimator set it
+	out.Advantage = &a
+	for _, id := range r.PromptIDs {
 		out.TokenIDs = append(out.TokenIDs, int(id))
 	}
-	for i, id := range s.CompletionTokenIDs {
-		j := len(s.PromptTokenIDs) + i
+	for i, id := range r.CompletionIDs {
+		j := len(r.PromptIDs) + i
 		out.TokenIDs = append(out.TokenIDs, int(id))
 		if j == 0 {
 			continue // nothing predicts the first token
 		}
-		out.LossMask[j] = 1
-		if i < len(s.Logprobs) {
-			out.Logprobs[j] = s.Logprobs[i]
-		}
-		out.Versions[j] = v
+		out.LossMask[j], out.Logprobs[j], out.Versions[j] = r.LossMask[i], r.Logprobs[i], r.Versions[i]
 	}
 	return out
+}
+
+// batchPath is where a run's batch file goes.
+func (t *Training) batchPath(deployment string, runID int64) string {
+	return filepath.Join(t.BatchDir, deployment, fmt.Sprintf("run-%012d.parquet", runID))
+}
+
+// fileURI is the file:// URI of a local path.
+func fileURI(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return (&url.URL{Scheme: "file", Path: path}).String()
+}
+
+// localPath is the path of a file:// URI (or of a bare absolute path).
+func localPath(uri string) (string, error) {
+	if filepath.IsAbs(uri) {
+		return uri, nil
+	}
+	u, err := url.Parse(uri)
+	if err != nil || u.Scheme != "file" || u.Path == "" {
+		return "", fmt.Errorf("%q is not a file:// URI; this trainer reads shared files only", uri)
+	}
+	return u.Path, nil
+}
+
+// checkpointFormat names the format of a stored checkpoint path.
+func checkpointFormat(path string) string {
+	if strings.HasSuffix(path, ".safetensors") {
+		return workflows.CheckpointFlywheelPolicy
+	}
+	if _, err := os.Stat(filepath.Join(path, "adapter_config.json")); err == nil {
+		return workflows.CheckpointPEFTLoRA
+	}
+	return workflows.CheckpointSafetensors
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Advantages is how a batch's rewards became advantages.

@@ -15,6 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -310,7 +311,7 @@ func TestClaimKeepsTenantsGroupsApart(t *testing.T) {
 	require.NoError(t, err)
 	groups := map[string]bool{}
 	for _, s := range samples {
-		groups[toTrainerSample(s).GroupID] = true
+		groups[rowOf(s).GroupID] = true
 	}
 	require.Equal(t, map[string]bool{"acme/g": true, "globex/g": true}, groups, "the trainer normalises each tenant's group alone")
 }
@@ -349,4 +350,85 @@ func TestTrainStepMarksFlatGroups(t *testing.T) {
 	require.Equal(t, 2, flat)
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM atdp_steps WHERE ineligible_reason = 'filtered_group'`).Scan(&flat))
 	require.Equal(t, 2, flat, "the singleton is scored against its task's baseline: not flat")
+}
+
+// TestTrainerProtocolPreparesAndRegisters: PrepareBatch writes the run as
+// the protocol's Parquet batch with the estimator's advantages and
+// reserves a version no other run gets; RegisterCheckpoint records only
+// the reserved version, and not at all when a sample of the batch was
+// forgotten while it trained.
+func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", "dep@v1")
+	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 1)
+	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 0)
+	dir := t.TempDir()
+	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches"),
+		Advantage: trainer.AdvantageConfig{Estimator: trainer.AdvMean}}
+	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 2, MaxStaleness: 4})
+	require.NoError(t, err)
+	in := workflows.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
+		Algorithm: workflows.TrainAlgorithm{MaxStaleness: 4}}
+	tb, err := acts.PrepareBatch(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, workflows.TrainerProtocol, tb.Protocol)
+	require.Equal(t, "dep@v2", tb.Output.Version)
+	require.Equal(t, filepath.Join(dir, "ckpt", "dep"), tb.Output.Dir)
+	require.Equal(t, "grpo", tb.Algo.Objective)
+	require.Equal(t, workflows.CheckpointRef{Version: "dep@v1"}, tb.Base, "v1 has no stored checkpoint: the trainer's own base")
+	path, err := localPath(tb.Batch.URI)
+	require.NoError(t, err)
+	meta, rows, err := parquetbatch.Read(path)
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", meta["flywheel.candidate"])
+	require.Len(t, rows, 2)
+	require.Equal(t, 2, tb.Batch.Samples)
+	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
+	require.NoError(t, err)
+	for i, r := range rows {
+		require.Equal(t, samples[i].ID, r.SampleID)
+		require.Equal(t, samples[i].CompletionTokenIDs, r.CompletionIDs)
+		require.Equal(t, samples[i].Logprobs, r.Logprobs)
+		require.Equal(t, int64(1), r.Versions[0], "the behaviour version of every token")
+		require.Equal(t, samples[i].Reward, r.Reward)
+	}
+	again, err := acts.PrepareBatch(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", again.Output.Version, "a retried prepare keeps the run's version")
+
+	// Another run reserves the next number, though v2 is not committed.
+	claim2, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 2, MaxStaleness: 4})
+	require.NoError(t, err)
+	tb2, err := acts.PrepareBatch(ctx, workflows.PrepareBatchInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2"})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v3", tb2.Output.Version)
+
+	ckpt := "file://" + filepath.Join(tb.Output.Dir, "adapter")
+	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
+		Trained: workflows.TrainBatchOutput{Version: "dep@v9", Checkpoint: workflows.CheckpointRef{URI: ckpt}}})
+	require.ErrorContains(t, err, `the trainer answered version "dep@v9"; the run's candidate is "dep@v2"`)
+
+	// Run 2's batch loses a sample to a forget while it trains.
+	_, err = db.Exec(ctx, `DELETE FROM training_samples WHERE id = $1`, rowsOf(t, tb2)[0].SampleID)
+	require.NoError(t, err)
+	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2",
+		Trained: workflows.TrainBatchOutput{Version: "dep@v3", Checkpoint: workflows.CheckpointRef{URI: ckpt, Format: workflows.CheckpointPEFTLoRA}}})
+	require.ErrorContains(t, err, "was forgotten while it trained")
+	var versions int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE deployment = 'dep'`).Scan(&versions))
+	require.Equal(t, 1, versions, "neither step made a version")
+	var status string
+	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM training_runs WHERE id = $1`, claim2.RunID).Scan(&status))
+	require.Equal(t, "failed", status)
+}
+
+func rowsOf(t *testing.T, tb workflows.TrainBatchInput) []parquetbatch.Row {
+	t.Helper()
+	path, err := localPath(tb.Batch.URI)
+	require.NoError(t, err)
+	_, rows, err := parquetbatch.Read(path)
+	require.NoError(t, err)
+	return rows
 }

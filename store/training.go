@@ -108,6 +108,73 @@ type TrainingRun struct {
 	VersionID   *string
 	BaseVersion string
 	Dropped     int
+	// Prepared is set once its batch was written (PrepareRun).
+	Prepared *PreparedRun
+}
+
+// PreparedRun is what a run's batch was written with: the candidate
+// version reserved for it, the weights it trains on from, and the
+// advantages' by-products, which commit with its checkpoint.
+type PreparedRun struct {
+	Candidate string             `json:"candidate"`
+	Base      string             `json:"base"`
+	Baselines map[string]float64 `json:"baselines,omitempty"`
+	Observed  map[string]int     `json:"observed,omitempty"`
+	// Samples are the batch's samples, the version's lineage.
+	Samples []int64 `json:"samples"`
+	// Flat are the samples of groups with no learning signal.
+	Flat []int64 `json:"flat,omitempty"`
+	// Stats are the advantage figures, stored with the version.
+	Stats map[string]any `json:"stats,omitempty"`
+}
+
+// versionN is the number of a version id column or expression ("d@v7": 7).
+func versionN(expr string) string {
+	return `(substring(` + expr + ` from '@v([0-9]+)$'))::bigint`
+}
+
+// PrepareRun reserves the run's candidate version and stores p with it.
+// The candidate is the deployment's next number, above every stored
+// version and every candidate reserved before, so a failed or rolled-back
+// step's number is never reused. Preparing a run again keeps its
+// candidate.
+func PrepareRun(ctx context.Context, db Beginner, runID int64, p PreparedRun) (PreparedRun, error) {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var deployment string
+		var prev *string
+		err := tx.QueryRow(ctx, `SELECT deployment, stats->'prepared'->>'candidate' FROM training_runs WHERE id = $1 FOR UPDATE`, runID).
+			Scan(&deployment, &prev)
+		if err != nil {
+			return notFound(err)
+		}
+		if prev != nil && *prev != "" {
+			p.Candidate = *prev
+		} else {
+			// A deployment's training workflow is its one writer; the lock
+			// orders any other (a test, an operator's tool).
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('prepare-run/' || $1))`, deployment); err != nil {
+				return err
+			}
+			var n int64
+			err := tx.QueryRow(ctx, `SELECT coalesce(greatest(
+  (SELECT max(`+versionN("id")+`) FROM model_versions WHERE deployment = $1),
+  (SELECT max(`+versionN("stats->'prepared'->>'candidate'")+`) FROM training_runs WHERE deployment = $1)), 0) + 1`, deployment).Scan(&n)
+			if err != nil {
+				return err
+			}
+			p.Candidate = VersionID(deployment, n)
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE training_runs SET stats = stats || jsonb_build_object('prepared', $2::jsonb) WHERE id = $1`, runID, b)
+		return err
+	})
+	if err != nil {
+		return PreparedRun{}, fmt.Errorf("prepare run %d: %w", runID, err)
+	}
+	return p, nil
 }
 
 // ClaimBatch claims up to size queued samples of a deployment for one
@@ -209,10 +276,11 @@ func LoadRun(ctx context.Context, db DBTX, runID int64) (TrainingRun, []RunSampl
 		return run, nil, fmt.Errorf("load training run %d: %w", runID, notFound(err))
 	}
 	var s struct {
-		BaseVersion string `json:"base_version"`
+		BaseVersion string       `json:"base_version"`
+		Prepared    *PreparedRun `json:"prepared"`
 	}
 	_ = json.Unmarshal(stats, &s)
-	run.BaseVersion = s.BaseVersion
+	run.BaseVersion, run.Prepared = s.BaseVersion, s.Prepared
 	rows, err := db.Query(ctx, `
 SELECT ts.id, ts.tenant_id, st.session_id, ts.task_id, ts.group_id, ts.behaviour_version,
        ts.prompt_token_ids, ts.completion_token_ids, ts.logprobs, ts.reward, ts.status

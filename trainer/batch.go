@@ -52,6 +52,10 @@ type Batch struct {
 	// Masks, when set, replace the trainer's KPop / IcePop settings for
 	// this batch (a deployment's own training policy).
 	Masks *Masks `json:"masks,omitempty"`
+	// Version, when set, is the id the step's weights get (the control
+	// plane reserves it); 0: the next after every id this trainer has
+	// handed out.
+	Version int64 `json:"version,omitempty"`
 }
 
 // Masks are the token masks of the off-policy correction: IcePop drops

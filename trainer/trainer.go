@@ -215,6 +215,9 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if b.Version != 0 && (b.Version < 0 || b.Version == l.version) {
+		return res, fmt.Errorf("train step: version %d cannot be the new weights' id (training starts from %d)", b.Version, l.version)
+	}
 	sft := b.Objective == ObjectiveSFT
 	lossCfg := l.cfg.Loss
 	if b.Masks != nil {
@@ -295,10 +298,14 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	res.MeanKL = kl / float64(res.TrainedTokens)
 	res.MeanEntropy = entropy / float64(res.TrainedTokens)
 	res.GradNorm = gradNorm
-	l.lastID++
-	l.depth[l.lastID] = cur + 1
+	next := l.lastID + 1
+	if b.Version != 0 {
+		next = b.Version
+	}
+	l.lastID = max(l.lastID, next)
+	l.depth[next] = cur + 1
 	res.Parent = l.version
-	l.version = l.lastID
+	l.version = next
 	res.Version = l.version
 	if l.pub != nil {
 		if err := l.pub.Publish(l.model.Clone(), l.version); err != nil {

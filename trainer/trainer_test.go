@@ -92,11 +92,32 @@ func TestTrainStepRejectsBadBatches(t *testing.T) {
 		"mask value":   {mut(func(s *Sample) { s.LossMask[5] = 2 }), "0 or 1"},
 		"no trained":   {mut(func(s *Sample) { s.LossMask = make([]uint8, 8) }), "no token"},
 		"reward":       {mut(func(s *Sample) { s.Reward = math.Inf(1) }), "not finite"},
+		"base version": {&Batch{Version: -1, Samples: []Sample{validSample(8, 0)}}, "cannot be the new weights' id"},
 	} {
 		_, err := l.TrainStep(ctx, tc.b)
 		require.ErrorContains(t, err, tc.want, name)
 	}
 	require.Equal(t, int64(0), l.Version(), "a rejected batch must not create a version")
+}
+
+// TestTrainStepTakesTheReservedVersion: the control plane names the new
+// weights' id (the trainer protocol reserves it per run); without one the
+// trainer counts on from the highest id it handed out.
+func TestTrainStepTakesTheReservedVersion(t *testing.T) {
+	m, err := NewModel(ModelConfig{Context: 16, Layers: 1, Heads: 1, DModel: 8, FFN: 8}, 1)
+	require.NoError(t, err)
+	l, err := NewLocal(m, 3, Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	res, err := l.TrainStep(ctx, &Batch{Version: 9, Samples: []Sample{validSample(8, 3)}})
+	require.NoError(t, err)
+	require.Equal(t, int64(9), res.Version)
+	require.Equal(t, int64(3), res.Parent)
+	_, err = l.TrainStep(ctx, &Batch{Version: 9, Samples: []Sample{validSample(8, 9)}})
+	require.ErrorContains(t, err, "cannot be the new weights' id", "the weights it starts from")
+	res, err = l.TrainStep(ctx, &Batch{Samples: []Sample{validSample(8, 9)}})
+	require.NoError(t, err)
+	require.Equal(t, int64(10), res.Version)
 }
 
 func TestStalenessBound(t *testing.T) {

@@ -2,12 +2,11 @@ package workflows_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -48,6 +47,9 @@ type stack struct {
 	v1     *trainer.Model
 	url    string
 	key    string
+	// dir holds checkpoints and batch files, shared by the control plane
+	// and the trainer workers as a deployment's volume would be.
+	dir string
 }
 
 func newStack(t *testing.T) *stack {
@@ -81,9 +83,10 @@ func newStack(t *testing.T) *stack {
 
 	red, err := redact.New(redact.Options{})
 	require.NoError(t, err)
+	dir := t.TempDir()
 	for _, q := range []string{workflows.TaskQueue, workflows.SessionTaskQueue} {
 		w := tworker.New(tc, q, tworker.Options{})
-		register(w, pool, red, engine, tc)
+		register(w, pool, red, engine, tc, dir)
 		require.NoError(t, w.Start())
 		t.Cleanup(w.Stop)
 	}
@@ -99,11 +102,32 @@ func newStack(t *testing.T) *stack {
 	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
 	key, err := store.CreateKey(ctx, pool, "acme", "", "test")
 	require.NoError(t, err)
-	return &stack{t: t, pool: pool, tc: tc, engine: engine, v1: m, url: ts.URL, key: key}
+	return &stack{t: t, pool: pool, tc: tc, engine: engine, v1: m, url: ts.URL, key: key, dir: dir}
+}
+
+// trainerWorker is a trainer worker of the trainer protocol: it takes
+// TrainBatch from the trainer queue with tr's weights, reading and writing
+// only the stack's shared files. It has no database, like a GPU trainer
+// in another language.
+func (s *stack) trainerWorker(tr activities.TrainStepper, heartbeat time.Duration) tworker.Worker {
+	w := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
+	a := &activities.Training{Trainer: tr, HeartbeatEvery: heartbeat}
+	w.RegisterActivityWithOptions(a.TrainBatch, activity.RegisterOptions{Name: workflows.TrainBatchActivity})
+	return w
+}
+
+// l2 is the Euclidean distance between two weight vectors.
+func l2(a, b []float32) float64 {
+	var s float64
+	for i := range a {
+		d := float64(a[i] - b[i])
+		s += d * d
+	}
+	return math.Sqrt(s)
 }
 
 // register mirrors cmd/flywheel's registrations for the workflow queue.
-func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, tc client.Client) {
+func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, tc client.Client, dir string) {
 	wf := func(fn any, name string) { r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name}) }
 	act := func(fn any, name string) { r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name}) }
 	rules, err := trajectory.NewRules(config.Default().Gateway, map[string]trajectory.Tokenizer{policyName: trainer.Tokenizer{}})
@@ -113,7 +137,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	session := &activities.Session{DB: pool, Rules: rules}
 	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
 	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
-	training := &activities.Training{DB: pool}
+	training := &activities.Training{DB: pool, CheckpointDir: filepath.Join(dir, "checkpoints"), BatchDir: filepath.Join(dir, "batches")}
 	wf(workflows.SessionWorkflow, workflows.SessionWorkflowName)
 	act(session.AssembleTrajectory, workflows.AssembleTrajectoryActivity)
 	act(session.EnqueueSamples, workflows.EnqueueSamplesActivity)
@@ -129,6 +153,9 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	wf(workflows.TrainingWorkflow, workflows.TrainingWorkflowName)
 	act(training.CheckBatch, workflows.CheckBatchActivity)
 	act(training.ClaimBatch, workflows.ClaimBatchActivity)
+	act(training.PrepareBatch, workflows.PrepareBatchActivity)
+	act(training.RegisterCheckpoint, workflows.RegisterCheckpointActivity)
+	act(training.FailTrainingRun, workflows.FailTrainingRunActivity)
 	wf(workflows.EvolutionWorkflow, workflows.EvolutionWorkflowName)
 	act(evolve.ComputeEvidence, workflows.ComputeEvidenceActivity)
 	act(evolve.RecordDecision, workflows.RecordDecisionActivity)
@@ -143,25 +170,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 // chat sends one call of a one-call session and returns the HTTP status
 // and the completion id.
 func (s *stack) chat(session string, done bool, content string) (int, string) {
-	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, policyName, content)
-	req, err := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", strings.NewReader(body))
-	require.NoError(s.t, err)
-	req.Header.Set("Authorization", "Bearer "+s.key)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Session-Id", session)
-	if done {
-		req.Header.Set("X-Session-Done", "true")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	var out struct {
-		ID string `json:"id"`
-	}
-	_ = json.NewDecoder(resp.Body).Decode(&out)
-	return resp.StatusCode, out.ID
+	return s.chatModel(policyName, session, done, content)
 }
 
 func (s *stack) reward(session string, value float64) int {
@@ -379,9 +388,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	ctx := context.Background()
 	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
 	require.NoError(t, err)
-	tw := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
-	training := &activities.Training{DB: s.pool, Trainer: local, CheckpointDir: t.TempDir(), HeartbeatEvery: 200 * time.Millisecond}
-	tw.RegisterActivityWithOptions(training.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
+	tw := s.trainerWorker(local, 200*time.Millisecond)
 	require.NoError(t, tw.Start())
 	t.Cleanup(tw.Stop)
 
@@ -402,7 +409,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	}, 2*time.Minute, 500*time.Millisecond, "the candidate goes through a release")
 	require.Equal(t, workflows.ReleaseRolledBack, rel.State.Status, rel.State.Reason)
 	require.NoError(t, s.tc.TerminateWorkflow(ctx, id, "", "test done"))
-	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "training_history.json"))
+	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "training_protocol_history.json"))
 
 	var lineage, used int
 	var parent, status string
@@ -425,15 +432,16 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, policyName), 0o755))
-	require.NoError(t, trainer.SaveCheckpoint(trainer.CheckpointDir{Dir: filepath.Join(dir, policyName)}.Path(1), s.v1, 1, nil))
+	// v1's checkpoint is stored, as the policy's base is, so that the
+	// trainer can go back to it.
+	ckpt := trainer.CheckpointDir{Dir: filepath.Join(s.dir, "checkpoints", policyName)}
+	path, err := ckpt.Save(s.v1, 1, nil)
+	require.NoError(t, err)
+	_, err = s.pool.Exec(ctx, `UPDATE model_versions SET checkpoint_path = $1 WHERE id = $2`, path, store.VersionID(policyName, 1))
+	require.NoError(t, err)
 	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
 	require.NoError(t, err)
-	tw := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
-	training := &activities.Training{DB: s.pool, Trainer: local, CheckpointDir: dir, HeartbeatEvery: 200 * time.Millisecond}
-	tw.RegisterActivityWithOptions(training.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
-	tw.RegisterActivityWithOptions(training.ResetTrainer, activity.RegisterOptions{Name: workflows.ResetTrainerActivity})
+	tw := s.trainerWorker(local, 200*time.Millisecond)
 	require.NoError(t, tw.Start())
 	t.Cleanup(tw.Stop)
 
@@ -466,6 +474,7 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	trained(v3)
 	parent, _ := versionRow(v3)
 	require.Equal(t, v2, parent, "v3 was trained from v2's weights, not from the serving v1")
+	v3w := local.Snapshot() // forget deletes v3's checkpoint
 
 	res, err := store.Forget(ctx, s.pool, "acme", "session", "early-0")
 	require.NoError(t, err)
@@ -482,12 +491,15 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving, "the newest clean version serves")
-	require.Eventually(t, func() bool { return local.Version() == 1 }, time.Minute, 100*time.Millisecond, "the trainer goes back to v1")
 
 	s.queueSessions("after", 2)
 	trained(v4)
 	parent, _ = versionRow(v4)
 	require.Equal(t, v1, parent, "training goes on from the clean version")
+	// v4 is v1's weights plus one step, not v3's: its step loaded v1.
+	v4w, _, err := ckpt.Load(4)
+	require.NoError(t, err)
+	require.Less(t, l2(v4w.W, s.v1.W), l2(v4w.W, v3w.W), "v4 is one step from v1, two from v3")
 }
 
 // TestIntegrationEvolutionPlaybookLoop: users correct the agent, the
@@ -605,13 +617,10 @@ func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
 	s.queueSamples(4)
 	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
 	require.NoError(t, err)
-	dir := t.TempDir()
 	hang := &hangingTrainer{TrainStepper: local, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(hang.release) })
 	startTrainer := func(tr activities.TrainStepper) tworker.Worker {
-		w := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
-		a := &activities.Training{DB: s.pool, Trainer: tr, CheckpointDir: dir, HeartbeatEvery: 100 * time.Millisecond}
-		w.RegisterActivityWithOptions(a.TrainStep, activity.RegisterOptions{Name: workflows.TrainStepActivity})
+		w := s.trainerWorker(tr, 100*time.Millisecond)
 		require.NoError(t, w.Start())
 		return w
 	}

@@ -116,6 +116,9 @@ type TrainingPolicy struct {
 	// Masks are this deployment's KPop / IcePop settings (nil: the
 	// trainer's own, config trainer.*).
 	Masks *TokenMasks `json:",omitempty"`
+	// TrainerQueue is the task queue of the workers that train this
+	// deployment (TrainBatch). Default TrainerTaskQueue.
+	TrainerQueue string `json:",omitempty"`
 }
 
 func (p TrainingPolicy) withDefaults() TrainingPolicy {
@@ -142,6 +145,9 @@ func (p TrainingPolicy) withDefaults() TrainingPolicy {
 	}
 	if p.StepsPerRun <= 0 {
 		p.StepsPerRun = 50
+	}
+	if p.TrainerQueue == "" {
+		p.TrainerQueue = TrainerTaskQueue
 	}
 	switch {
 	case p.MaxAhead < 0:
@@ -319,7 +325,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	// The step heartbeats; when its worker dies the heartbeat timeout hands
 	// it to another trainer worker, which resumes from the claimed run.
 	r.train = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:           TrainerTaskQueue,
+		TaskQueue:           p.TrainerQueue,
 		StartToCloseTimeout: p.StepTimeout,
 		HeartbeatTimeout:    p.StepHeartbeatTimeout,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData", "WrongDeployment"}},
@@ -379,7 +385,12 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		}
 		r.st.Phase = "training"
 		var out TrainStepOutput
-		if err := workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out); err != nil {
+		if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
+			out, err = r.step(ctx, claim.RunID)
+		} else {
+			err = workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out)
+		}
+		if err != nil {
 			// A failed step leaves its samples queued for the next batch.
 			r.st.LastError = err.Error()
 			workflow.GetLogger(ctx).Error("train step failed", "deployment", in.Deployment, "run_id", claim.RunID, "error", err)
@@ -554,9 +565,56 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 	return nil
 }
 
+// step trains one claimed run through the trainer protocol: the control
+// plane writes the batch, the deployment's trainer trains it, the control
+// plane records the checkpoint.
+func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, error) {
+	var tb TrainBatchInput
+	err := workflow.ExecuteLocalActivity(r.light, PrepareBatchActivity, PrepareBatchInput{
+		Deployment: r.in.Deployment, RunID: runID, Base: r.base(),
+		Algorithm: TrainAlgorithm{Objective: "grpo", MaxStaleness: r.p.MaxStaleness, Masks: r.p.Masks},
+	}).Get(ctx, &tb)
+	if err != nil {
+		return TrainStepOutput{}, fmt.Errorf("prepare batch: %w", err)
+	}
+	var trained TrainBatchOutput
+	if err := workflow.ExecuteActivity(r.train, TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
+		// The run's samples go back to the queue; the loop waits and
+		// claims again.
+		if ferr := workflow.ExecuteLocalActivity(r.light, FailTrainingRunActivity, FailTrainingRunInput{RunID: runID, Reason: err.Error()}).Get(ctx, nil); ferr != nil {
+			workflow.GetLogger(ctx).Error("fail training run", "run_id", runID, "error", ferr)
+		}
+		return TrainStepOutput{}, err
+	}
+	var out TrainStepOutput
+	err = workflow.ExecuteLocalActivity(r.light, RegisterCheckpointActivity, RegisterCheckpointInput{
+		Deployment: r.in.Deployment, RunID: runID, Base: tb.Base.Version, Trained: trained,
+	}).Get(ctx, &out)
+	if err != nil {
+		return TrainStepOutput{}, fmt.Errorf("register checkpoint: %w", err)
+	}
+	return out, nil
+}
+
+// base is the version the next step trains on from: the newest candidate
+// while the loop is ahead of serving, else the serving version.
+func (r *trainingRun) base() string {
+	if r.st.Ahead > 0 && r.st.LastVersion != "" {
+		return r.st.LastVersion
+	}
+	return r.st.Serving
+}
+
 // reset sends the trainer back to the serving version's weights.
 func (r *trainingRun) reset(ctx workflow.Context) error {
 	if r.st.Serving == "" {
+		return nil
+	}
+	if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
+		// Each step names its base (step), so going back is the loop's
+		// own state: the next step trains on from the serving version.
+		r.st.Resets++
+		r.st.Ahead, r.pending, r.pendingAhead = 0, "", 0
 		return nil
 	}
 	var out ResetTrainerOutput
@@ -624,3 +682,8 @@ const trainingChangeFailedWaitHolds = "training-failed-wait-ignores-train-now"
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.
 const trainingChangeRegressedOnly = "training-reset-regressed-only"
+
+// trainingChangeProtocol: a step is PrepareBatch, TrainBatch on the
+// trainer queue and RegisterCheckpoint (the trainer protocol), and a reset
+// moves the next step's base instead of calling ResetTrainer.
+const trainingChangeProtocol = "training-trainer-protocol"

@@ -13,23 +13,29 @@ import (
 	"go.temporal.io/sdk/testsuite"
 )
 
-// trainingActs scripts the queue and the trainer; the real activities are
-// tested on Postgres and the in-process trainer in package activities.
+// trainingActs scripts the queue and the trainer protocol; the real
+// activities are tested on Postgres and the in-process trainer in package
+// activities.
 type trainingActs struct {
 	queued    []CheckBatchOutput // one per check (last repeats)
 	claims    []ClaimBatchInput
+	serving   string // serving before any promotion (default dep@v1)
 	trains    int
-	trained   int  // successful steps: the Nth makes version N+1
+	trained   int  // successful steps
 	failTrain int  // first attempts that fail
 	refuse    bool // every step fails at once, as on a worker for another deployment
-	resets    []ResetTrainerInput
-	release   *releaseActs
+	// resets are the bases of steps that did not go on from the previous
+	// step's weights (the trainer sent back).
+	resets  []string
+	last    string // the newest trained version
+	failed  []int64
+	release *releaseActs
 }
 
 func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *trainingActs) {
 	env, rel := newReleaseEnv(t)
 	env.RegisterWorkflowWithOptions(TrainingWorkflow, workflowRegisterOptions(TrainingWorkflowName))
-	a := &trainingActs{release: rel}
+	a := &trainingActs{release: rel, serving: "dep@v1", last: "dep@v1"}
 	env.RegisterActivityWithOptions(func(ctx context.Context, in CheckBatchInput) (CheckBatchOutput, error) {
 		q := a.queued[0]
 		if len(a.queued) > 1 {
@@ -39,23 +45,41 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 	}, activity.RegisterOptions{Name: CheckBatchActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in ClaimBatchInput) (ClaimBatchOutput, error) {
 		a.claims = append(a.claims, in)
-		return ClaimBatchOutput{RunID: int64(len(a.claims)), Samples: in.BatchSize, BaseVersion: "dep@v1"}, nil
+		serving := a.serving
+		for _, f := range a.release.finished {
+			if f.Status == ReleasePromoted {
+				serving = f.Candidate
+			}
+		}
+		return ClaimBatchOutput{RunID: int64(len(a.claims)), Samples: in.BatchSize, BaseVersion: serving}, nil
 	}, activity.RegisterOptions{Name: ClaimBatchActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in TrainStepInput) (TrainStepOutput, error) {
+	// Each run reserves its own version: run N makes v(N+1).
+	env.RegisterActivityWithOptions(func(ctx context.Context, in PrepareBatchInput) (TrainBatchInput, error) {
+		if in.Base != a.last {
+			a.resets = append(a.resets, in.Base)
+		}
+		return TrainBatchInput{Protocol: TrainerProtocol, Deployment: in.Deployment, RunID: in.RunID,
+			Base: CheckpointRef{Version: in.Base}, Output: OutputRef{Version: fmt.Sprintf("dep@v%d", in.RunID+1)}, Algo: in.Algorithm}, nil
+	}, activity.RegisterOptions{Name: PrepareBatchActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in TrainBatchInput) (TrainBatchOutput, error) {
 		a.trains++
 		if a.refuse {
-			return TrainStepOutput{}, temporal.NewNonRetryableApplicationError("this worker trains \"other\", not \"dep\"", "WrongDeployment", nil)
+			return TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("this worker trains \"other\", not \"dep\"", "WrongDeployment", nil)
 		}
 		if a.trains <= a.failTrain {
-			return TrainStepOutput{}, errors.New("trainer worker lost")
+			return TrainBatchOutput{}, errors.New("trainer worker lost")
 		}
+		return TrainBatchOutput{Version: in.Output.Version, Loss: 0.5, Samples: 2}, nil
+	}, activity.RegisterOptions{Name: TrainBatchActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in RegisterCheckpointInput) (TrainStepOutput, error) {
 		a.trained++
-		return TrainStepOutput{Version: fmt.Sprintf("dep@v%d", a.trained+1), Loss: 0.5, Samples: 2}, nil
-	}, activity.RegisterOptions{Name: TrainStepActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in ResetTrainerInput) (ResetTrainerOutput, error) {
-		a.resets = append(a.resets, in)
-		return ResetTrainerOutput{Version: in.Version}, nil
-	}, activity.RegisterOptions{Name: ResetTrainerActivity})
+		a.last = in.Trained.Version
+		return TrainStepOutput{Version: in.Trained.Version, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
+	}, activity.RegisterOptions{Name: RegisterCheckpointActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in FailTrainingRunInput) error {
+		a.failed = append(a.failed, in.RunID)
+		return nil
+	}, activity.RegisterOptions{Name: FailTrainingRunActivity})
 	return env, a
 }
 
@@ -193,7 +217,7 @@ func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	// v3 and v4 descend from the unsafe v2: dropped with it.
 	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v5 promoted"}, releasedCandidates(acts))
-	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
+	require.Equal(t, []string{"dep@v1"}, acts.resets)
 	require.Equal(t, "dep@v5", next.Carry.Serving)
 }
 
@@ -216,7 +240,7 @@ func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
 	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	continueAsNewTraining(t, env.GetWorkflowError())
-	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v1"}}, acts.resets)
+	require.Equal(t, []string{"dep@v1"}, acts.resets)
 }
 
 // TestTrainingFollowsAWatchdogRollback: the watchdog moved serving back to
@@ -226,12 +250,13 @@ func TestTrainingFollowsAWatchdogRollback(t *testing.T) {
 	env, acts := newTrainingEnv(t)
 	acts.queued = []CheckBatchOutput{{Queued: 0}, {Queued: 0}, {Queued: 2}}
 	env.RegisterDelayedCallback(func() {
+		acts.serving = "dep@v0"
 		env.SignalWorkflow(ServingChangedSignal, ServingChanged{Version: "dep@v0", Reason: "watchdog"})
 	}, time.Second)
 	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
 		BatchSize: 2, PollInterval: time.Minute, StepsPerRun: 1, NoRelease: true}})
 	continueAsNewTraining(t, env.GetWorkflowError())
-	require.Equal(t, []ResetTrainerInput{{Deployment: "dep", Version: "dep@v0"}}, acts.resets)
+	require.Equal(t, []string{"dep@v0"}, acts.resets)
 }
 
 func TestTrainingOneCandidateAtATimeWhenMaxAheadIsNegative(t *testing.T) {

@@ -42,6 +42,7 @@ func runDeployments(ctx context.Context, args []string) error {
 		fs.IntVar(&retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
 		fs.StringVar(&sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
 		fs.StringVar(&sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
+		fs.StringVar(&up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
 	}
 	cfg, fs, err := subcommand("deployments", v, rest, deploymentsUsage, map[string]func(fs *flag.FlagSet){
 		"create": upstreamFlags, "update": upstreamFlags, "list": nil, "show": nil})

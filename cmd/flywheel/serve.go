@@ -209,7 +209,10 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	}
 	engines := &activities.Engines{DB: pool, PolicyModel: cfg.Gateway.PolicyModel, Timeout: cfg.Gateway.UpstreamTimeout,
 		Retries: cfg.Gateway.UpstreamRetries}
+	// Batches and checkpoints live under the data directory, which a
+	// trainer in another process (or container) must share.
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
+		checkpointDir: filepath.Join(cfg.DataDir, "checkpoints"), batchDir: filepath.Join(cfg.DataDir, "batches"),
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax, backend: engines}
 	if pol != nil {
 		tc, t := pol.train, cfg.Trainer
@@ -221,7 +224,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
 		local.ReserveIDs(pol.newest)
-		engines.Policy, d.trainer, d.checkpointDir = pol.engine, local, filepath.Join(cfg.DataDir, "checkpoints")
+		engines.Policy, d.trainer = pol.engine, local
 		d.trainerDeployment, d.advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
 	}
 	if swe != nil {
@@ -262,6 +265,8 @@ type deps struct {
 	// trainer and checkpointDir serve train steps (nil: none here).
 	trainer       activities.TrainStepper
 	checkpointDir string
+	// batchDir receives the trainer protocol's batch files.
+	batchDir string
 	// trainerDeployment is the deployment trainer's weights belong to;
 	// advantage is its advantage estimator, which train steps apply.
 	trainerDeployment string
@@ -283,7 +288,7 @@ func registrations(d deps) map[string]worker.Registrar {
 	session := &activities.Session{DB: d.pool, Rules: d.rules, Logger: d.logger}
 	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger, RewardMin: d.rewardMin, RewardMax: d.rewardMax}
 	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir,
-		Advantage: d.advantage, Logger: d.logger}
+		BatchDir: d.batchDir, Advantage: d.advantage, Logger: d.logger}
 	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.rules.Redactor, Logger: d.logger}
 	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
 	sessions := func(r tworker.Registry) {
@@ -311,6 +316,9 @@ func registrations(d deps) map[string]worker.Registrar {
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))
 			r.RegisterActivityWithOptions(training.CheckBatch, activityOpts(workflows.CheckBatchActivity))
 			r.RegisterActivityWithOptions(training.ClaimBatch, activityOpts(workflows.ClaimBatchActivity))
+			r.RegisterActivityWithOptions(training.PrepareBatch, activityOpts(workflows.PrepareBatchActivity))
+			r.RegisterActivityWithOptions(training.RegisterCheckpoint, activityOpts(workflows.RegisterCheckpointActivity))
+			r.RegisterActivityWithOptions(training.FailTrainingRun, activityOpts(workflows.FailTrainingRunActivity))
 			r.RegisterWorkflowWithOptions(workflows.EvolutionWorkflow, workflowOpts(workflows.EvolutionWorkflowName))
 			r.RegisterActivityWithOptions(evolve.ComputeEvidence, activityOpts(workflows.ComputeEvidenceActivity))
 			r.RegisterActivityWithOptions(evolve.RecordDecision, activityOpts(workflows.RecordDecisionActivity))
@@ -323,6 +331,7 @@ func registrations(d deps) map[string]worker.Registrar {
 		workflows.TrainerTaskQueue: func(r tworker.Registry) {
 			// Without weights this worker leaves train steps to one that has them.
 			if d.trainer != nil {
+				r.RegisterActivityWithOptions(training.TrainBatch, activityOpts(workflows.TrainBatchActivity))
 				r.RegisterActivityWithOptions(training.TrainStep, activityOpts(workflows.TrainStepActivity))
 				r.RegisterActivityWithOptions(training.ResetTrainer, activityOpts(workflows.ResetTrainerActivity))
 			}

@@ -41,6 +41,10 @@ type Settings struct {
 	// not). With vllm_lora each version is an adapter named by its version
 	// id, and a request pinned to a version asks for that name.
 	WeightSync *weightsync.Settings `json:"weight_sync,omitempty"`
+	// TrainerQueue is the Temporal task queue of the workers that train
+	// this deployment (the trainer protocol's TrainBatch; default: the
+	// built-in trainer's queue, flywheel-trainer).
+	TrainerQueue string `json:"trainer_queue,omitempty"`
 }
 
 // VersionsByName reports whether the server answers each weights version
@@ -76,6 +80,9 @@ func (c Settings) Validate() error {
 	}
 	if c.Retries != nil && (*c.Retries < 0 || *c.Retries > 10) {
 		return fmt.Errorf("retries %d: want 0..10", *c.Retries)
+	}
+	if c.TrainerQueue != "" && (len(c.TrainerQueue) > maxModelName || strings.ContainsFunc(c.TrainerQueue, func(r rune) bool { return r <= ' ' })) {
+		return fmt.Errorf("trainer_queue %q: want a task queue name: at most %d printable characters, no spaces", c.TrainerQueue, maxModelName)
 	}
 	if c.WeightSync != nil {
 		return c.WeightSync.Validate()
