@@ -356,7 +356,7 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 		// asks for it by name.
 		r.state.Phase = "loading weights"
 		var out SyncWeightsOutput
-		err := workflow.ExecuteActivity(r.syncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Candidate: r.in.Candidate}).Get(ctx, &out)
+		err := workflow.ExecuteActivity(weightSyncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Candidate: r.in.Candidate}).Get(ctx, &out)
 		synced = out.Synced
 		if err != nil {
 			return r.finish(ctx, actx, begin.ReleaseID, base, ReleaseRolledBack, "weight sync: the serving engine did not load the candidate: "+err.Error(), false)
@@ -369,9 +369,9 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 	return r.finish(ctx, actx, begin.ReleaseID, base, status, reason, synced)
 }
 
-// syncCtx runs a weight load, which may take minutes and is refused for
-// good (WeightSync) when the engine says no.
-func (r *releaseRun) syncCtx(actx workflow.Context) workflow.Context {
+// weightSyncCtx runs a weight load, which may take minutes and is refused
+// for good (WeightSync) when the engine says no.
+func weightSyncCtx(actx workflow.Context) workflow.Context {
 	return workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 		StartToCloseTimeout: 15 * time.Minute,
 		HeartbeatTimeout:    time.Minute,
@@ -409,7 +409,7 @@ func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, s
 				}
 			}
 			var out SyncWeightsOutput
-			if err := workflow.ExecuteActivity(r.syncCtx(fctx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Unload: unload}).Get(fctx, &out); err != nil {
+			if err := workflow.ExecuteActivity(weightSyncCtx(fctx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Unload: unload}).Get(fctx, &out); err != nil {
 				// The release stands as recorded; the next release or
 				// the watchdog syncs the engine again.
 				workflow.GetLogger(ctx).Warn("weight sync after release failed", "deployment", r.in.Deployment, "unload", unload, "error", err)

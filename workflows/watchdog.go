@@ -49,7 +49,13 @@ type WatchdogResult struct {
 	RolledBackTo string `json:",omitempty"`
 	Reason       string
 	Metrics      map[string]float64
+	// SyncError says why the serving engine could not be given the
+	// rolled-back-to weights (the routes moved all the same).
+	SyncError string `json:",omitempty"`
 }
+
+// watchdogChangeWeightSync: a rollback syncs the serving engine.
+const watchdogChangeWeightSync = "watchdog-weight-sync"
 
 // ServingChanged is ServingChangedSignal's payload.
 type ServingChanged struct {
@@ -91,6 +97,17 @@ func WatchdogWorkflow(ctx workflow.Context, in WatchdogInput) (WatchdogResult, e
 			ServingChanged{Version: res.RolledBackTo, Reason: res.Reason}).Get(ctx, nil)
 		if err != nil {
 			workflow.GetLogger(ctx).Info("no training loop to tell about the rollback", "deployment", in.Deployment, "error", err)
+		}
+		if workflow.GetVersion(ctx, watchdogChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
+			// The routes name the anchor now. An engine that holds one
+			// version in place (SGLang) must be given its weights; an
+			// adapter engine (vLLM) has the anchor loaded already, and the
+			// next release's settle unloads the abandoned line.
+			var out SyncWeightsOutput
+			if err := workflow.ExecuteActivity(weightSyncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: in.Deployment}).Get(ctx, &out); err != nil {
+				res.SyncError = err.Error()
+				workflow.GetLogger(ctx).Error("engine not synced to the rollback", "deployment", in.Deployment, "version", res.RolledBackTo, "error", err)
+			}
 		}
 	}
 	_ = workflow.UpsertTypedSearchAttributes(ctx, DecisionKey.ValueSet(decision), ModelVersionKey.ValueSet(now))

@@ -25,6 +25,11 @@ func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 			}
 			return res, nil
 		}, activity.RegisterOptions{Name: WatchServingActivity})
+		var synced []SyncWeightsInput
+		env.RegisterActivityWithOptions(func(ctx context.Context, in SyncWeightsInput) (SyncWeightsOutput, error) {
+			synced = append(synced, in)
+			return SyncWeightsOutput{Synced: true, Loaded: []string{"dep@v4"}}, nil
+		}, activity.RegisterOptions{Name: SyncWeightsActivity})
 		signalled := 0
 		env.OnSignalExternalWorkflow(mock.Anything, TrainingWorkflowID("dep"), "", ServingChangedSignal, mock.Anything).
 			Return(func(namespace, id, runID, name string, arg any) error {
@@ -40,8 +45,10 @@ func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 		require.Equal(t, 0.05, got.Policy.AnchorBudget, "the activity gets the policy with its defaults")
 		if verdict == WatchRolledBack {
 			require.Equal(t, 1, signalled)
+			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}}, synced, "an in-place engine takes the anchor's weights")
 		} else {
 			require.Zero(t, signalled)
+			require.Empty(t, synced)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -192,7 +193,14 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	return serveWorker(ctx, cfg, c, pool, nil, nil, logger)
+	// The worker holds the in-process policy as the gateway does, from the
+	// shared checkpoint directory: release gates answer with it, and on
+	// the trainer queue it trains it.
+	pol, err := newPolicy(ctx, cfg, pool, nil, logger)
+	if err != nil {
+		return err
+	}
+	return serveWorker(ctx, cfg, c, pool, pol, nil, logger)
 }
 
 // serveWorker registers every workflow and activity on the configured task
@@ -215,6 +223,9 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 		checkpointDir: filepath.Join(cfg.DataDir, "checkpoints"), batchDir: filepath.Join(cfg.DataDir, "batches"),
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax, backend: engines}
 	if pol != nil {
+		engines.Policy = pol.engine
+	}
+	if pol != nil && slices.Contains(cfg.Worker.TaskQueues, workflows.TrainerTaskQueue) {
 		tc, t := pol.train, cfg.Trainer
 		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
@@ -224,7 +235,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
 		local.ReserveIDs(pol.newest)
-		engines.Policy, d.trainer = pol.engine, local
+		d.trainer = local
 		d.trainerDeployment, d.advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
 	}
 	if swe != nil {
