@@ -341,17 +341,20 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 	for _, s := range samples {
 		byID[s.ID] = s
 	}
+	checkpoint, err := localPath(in.Trained.Checkpoint.URI)
+	if err != nil {
+		return workflows.TrainStepOutput{}, fail("checkpoint: " + err.Error())
+	}
 	trained := make([]store.RunSample, 0, len(p.Samples))
 	for _, id := range p.Samples {
 		s, ok := byID[id]
 		if !ok || s.Status == "retired" {
-			return workflows.TrainStepOutput{}, fail(fmt.Sprintf("sample %d was forgotten while it trained", id))
+			// Those weights hold forgotten data: they must not stay
+			// where a route could name them.
+			t.removeCheckpoint(checkpoint)
+			return workflows.TrainStepOutput{}, fail(fmt.Sprintf("sample %d was forgotten while it trained; its checkpoint is deleted", id))
 		}
 		trained = append(trained, s)
-	}
-	checkpoint, err := localPath(in.Trained.Checkpoint.URI)
-	if err != nil {
-		return workflows.TrainStepOutput{}, fail("checkpoint: " + err.Error())
 	}
 	metrics := map[string]any{
 		"loss": in.Trained.Loss, "samples": in.Trained.Samples, "trainer_dropped_stale": in.Trained.DroppedStale,
@@ -379,6 +382,19 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 		"samples", in.Trained.Samples, "baseline_samples", int(baseline))
 	return workflows.TrainStepOutput{Version: p.Candidate, Loss: in.Trained.Loss, Samples: in.Trained.Samples, Groups: int(groups),
 		Baseline: int(baseline), Stale: in.Trained.DroppedStale, IcePopMasked: in.Trained.IcePopMasked, KPopMasked: in.Trained.KPopMasked}, nil
+}
+
+// removeCheckpoint deletes a checkpoint the step wrote, if it lies under
+// this control plane's checkpoint directory (never a path elsewhere).
+func (t *Training) removeCheckpoint(path string) {
+	root := filepath.Clean(t.CheckpointDir)
+	if t.CheckpointDir == "" || !strings.HasPrefix(filepath.Clean(path), root+string(os.PathSeparator)) {
+		t.logger().Warn("checkpoint of forgotten data left in place: not under the checkpoint directory", "path", path)
+		return
+	}
+	if err := os.RemoveAll(path); err != nil {
+		t.logger().Warn("checkpoint of forgotten data not deleted", "path", path, "err", err)
+	}
 }
 
 // FailTrainingRun closes a run whose step failed; its samples stay queued.

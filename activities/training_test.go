@@ -405,7 +405,10 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dep@v3", tb2.Output.Version)
 
-	ckpt := "file://" + filepath.Join(tb.Output.Dir, "adapter")
+	adapter := filepath.Join(tb.Output.Dir, "adapter")
+	require.NoError(t, os.MkdirAll(adapter, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(adapter, "adapter_config.json"), []byte(`{}`), 0o644))
+	ckpt := "file://" + adapter
 	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
 		Trained: workflows.TrainBatchOutput{Version: "dep@v9", Checkpoint: workflows.CheckpointRef{URI: ckpt}}})
 	require.ErrorContains(t, err, `the trainer answered version "dep@v9"; the run's candidate is "dep@v2"`)
@@ -416,6 +419,7 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2",
 		Trained: workflows.TrainBatchOutput{Version: "dep@v3", Checkpoint: workflows.CheckpointRef{URI: ckpt, Format: workflows.CheckpointPEFTLoRA}}})
 	require.ErrorContains(t, err, "was forgotten while it trained")
+	require.NoDirExists(t, adapter, "weights trained on forgotten data are deleted")
 	var versions int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE deployment = 'dep'`).Scan(&versions))
 	require.Equal(t, 1, versions, "neither step made a version")
