@@ -136,7 +136,8 @@ func (f *fakeGPUTrainer) TrainBatch(ctx context.Context, in map[string]any) (map
 // server's token ids; the deployment's TrainingWorkflow hands the batch to
 // an external trainer on the deployment's own task queue through the
 // trainer protocol; the adapter it writes becomes a candidate version with
-// lineage, and the release loads it into vLLM under its version name.
+// lineage, and the release loads it into vLLM under its version name,
+// gates it on that adapter and routes the deployment's traffic to it.
 func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -175,8 +176,8 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
 		workflows.TrainingInput{Deployment: dep, Policy: workflows.TrainingPolicy{BatchSize: 2 * n, PollInterval: time.Second,
 			TrainerQueue: queue, StepsPerRun: 1,
-			// No held-out suite or live canary traffic here: this test is
-			// about the protocol and the sync, not the gates.
+			// No held-out suite or live canary traffic here: the replay
+			// gate judges the candidate, the others cannot evaluate.
 			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
 				AllowUnevaluated: true, WeightDrain: time.Second}}})
 	require.NoError(t, err)
@@ -232,7 +233,26 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 		}
 	}
 	require.Contains(t, loads, v1+" "+ckpt)
-	t.Logf("release of %s: %s (%s)", v1, rel.State.Status, rel.State.Reason)
+
+	// The gates asked vLLM for the candidate by its adapter name: the
+	// replay gate evaluated it on its own weights, and it served.
+	var replay *workflows.GateResult
+	for i, g := range rel.State.Gates {
+		t.Logf("gate %s: passed %v, not evaluated %v, %s %v", g.Gate, g.Passed, g.NotEvaluated, g.Reason, g.Metrics)
+		if g.Gate == workflows.GateReplay {
+			replay = &rel.State.Gates[i]
+		}
+	}
+	require.NotNil(t, replay)
+	require.False(t, replay.NotEvaluated, replay.Reason)
+	require.Equal(t, workflows.ReleasePromoted, rel.State.Status, rel.State.Reason)
+	serving, err := store.ServingOf(ctx, s.pool, dep, workflows.LayerWeights)
+	require.NoError(t, err)
+	require.Equal(t, v1, serving)
+	require.Eventually(t, func() bool {
+		st, _ := s.chatModel(dep, "after-release", false, "list the files")
+		return st == http.StatusOK && vllm.LastRequest()["model"] == v1
+	}, 10*time.Second, 200*time.Millisecond, "traffic goes to the promoted adapter once the gateway's routes refresh")
 }
 
 // chatModel is chat against another deployment than the stack's policy.

@@ -84,9 +84,12 @@ func newStack(t *testing.T) *stack {
 	red, err := redact.New(redact.Options{})
 	require.NoError(t, err)
 	dir := t.TempDir()
+	// Gates answer on each deployment's own engine, as cmd/flywheel wires
+	// them: the policy in process, an upstream through its server.
+	engines := &activities.Engines{DB: pool, Policy: engine, PolicyModel: policyName, Timeout: 10 * time.Second}
 	for _, q := range []string{workflows.TaskQueue, workflows.SessionTaskQueue} {
 		w := tworker.New(tc, q, tworker.Options{})
-		register(w, pool, red, engine, tc, dir)
+		register(w, pool, red, engines, tc, dir)
 		require.NoError(t, w.Start())
 		t.Cleanup(w.Stop)
 	}
