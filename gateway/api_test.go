@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/atdp/atdpparquet"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
@@ -99,6 +100,30 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	n, err = gateway.Export(context.Background(), e.pool, rules, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "globex"}}, &cli)
 	require.NoError(t, err)
 	require.Zero(t, n, "another tenant's export is empty")
+
+	// The same steps as Parquet, through the API and `flywheel export`.
+	st, hdr, pq := e.do("GET", "/v1/trajectories?format=parquet&session_id="+sid, e.keyA, nil)
+	require.Equal(t, 200, st, string(pq))
+	require.Equal(t, "application/vnd.apache.parquet", hdr.Get("Content-Type"))
+	rows, err := atdpparquet.Read(bytes.NewReader(pq), int64(len(pq)))
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	for i, r := range rows {
+		require.Equal(t, exported[i].Metadata.StepID, r.StepID)
+		require.Equal(t, len(exported[i].Action.Tokens.CompletionIDs), len(r.CompletionIDs))
+		require.Equal(t, exported[i].Metadata.Eligibility.Trainable, r.Trainable)
+		require.NotContains(t, r.Observation, "bob@example.com", "PII never leaves in an export")
+	}
+	require.Contains(t, rows[1].Observation, "[REDACTED_EMAIL]")
+	var cliPQ bytes.Buffer
+	n, err = gateway.Export(context.Background(), e.pool, rules, gateway.ExportOptions{Filter: store.SessionFilter{TenantID: "acme", SessionID: sid},
+		Format: gateway.FormatParquet}, &cliPQ)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, pq, cliPQ.Bytes())
+	st, _, body = e.do("GET", "/v1/trajectories?format=xml", e.keyA, nil)
+	require.Equal(t, 400, st, string(body))
+	require.Contains(t, string(body), "want jsonl or parquet")
 }
 
 func TestHeaderAndPathIdentityAndDone(t *testing.T) {

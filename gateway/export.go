@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flywheel-ai/flywheel/atdp"
+	"github.com/flywheel-ai/flywheel/atdp/atdpparquet"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
 )
@@ -110,8 +111,9 @@ func (s *Server) getSession(c *gin.Context) {
 	})
 }
 
-// exportTrajectories is GET /v1/trajectories?session_id=&end_user=&since=&until=&limit=:
-// the tenant's steps as ATDP JSONL, one session after another, streamed.
+// exportTrajectories is GET /v1/trajectories?session_id=&end_user=&since=&until=&limit=&format=:
+// the tenant's steps as ATDP JSONL (or Parquet with format=parquet), one
+// session after another, streamed.
 func (s *Server) exportTrajectories(c *gin.Context) {
 	p := principalOf(c)
 	f := store.SessionFilter{TenantID: p.TenantID, SessionID: c.Query("session_id"), EndUser: c.Query("end_user"), Limit: 1000}
@@ -141,6 +143,12 @@ func (s *Server) exportTrajectories(c *gin.Context) {
 		f.Limit = n
 	}
 	eligibleOnly := c.Query("eligible") == "true"
+	format := c.DefaultQuery("format", FormatJSONL)
+	sink, err := newSink(format, c.Writer, c.Writer.Flush)
+	if err != nil {
+		abort(c, errf(http.StatusBadRequest, "%v", err))
+		return
+	}
 	sessions, err := store.ListSessions(c.Request.Context(), s.deps.DB, f)
 	if err != nil {
 		abort(c, err)
@@ -150,17 +158,96 @@ func (s *Server) exportTrajectories(c *gin.Context) {
 		abort(c, errf(http.StatusNotFound, "session %q not found", f.SessionID))
 		return
 	}
-	c.Header("Content-Type", "application/x-ndjson")
+	c.Header("Content-Type", contentType(format))
 	c.Status(http.StatusOK)
-	if _, err := s.exporter().write(c.Request.Context(), sessions, eligibleOnly, c.Writer, c.Writer.Flush); err != nil {
+	if _, err := s.exporter().write(c.Request.Context(), sessions, eligibleOnly, sink); err != nil {
 		_ = c.Error(err) // the status already went out: the client sees a truncated body
 	}
 }
 
-// write encodes the sessions' steps as JSONL, flushing after each session.
-func (s *exporter) write(ctx context.Context, sessions []store.SessionInfo, eligibleOnly bool, out io.Writer, flush func()) (int, error) {
-	w := bufio.NewWriterSize(out, 64<<10)
-	enc := json.NewEncoder(w)
+// Export formats.
+const (
+	FormatJSONL   = "jsonl"
+	FormatParquet = "parquet"
+)
+
+// contentType is the media type of an export format.
+func contentType(format string) string {
+	if format == FormatParquet {
+		return "application/vnd.apache.parquet"
+	}
+	return "application/x-ndjson"
+}
+
+// stepSink receives exported steps in one format.
+type stepSink interface {
+	step(*atdp.Step) error
+	// sessionDone lets what was written so far go out.
+	sessionDone() error
+	close() error
+}
+
+type jsonlSink struct {
+	w     *bufio.Writer
+	enc   *json.Encoder
+	flush func()
+}
+
+func (j *jsonlSink) step(st *atdp.Step) error { return j.enc.Encode(st) }
+func (j *jsonlSink) sessionDone() error {
+	if err := j.w.Flush(); err != nil {
+		return err
+	}
+	if j.flush != nil {
+		j.flush()
+	}
+	return nil
+}
+func (j *jsonlSink) close() error { return j.w.Flush() }
+
+// parquetSink writes row groups of parquetRowGroup steps (the last one
+// shorter); the file is whole once closed.
+type parquetSink struct {
+	w       *atdpparquet.Writer
+	pending int
+	flush   func()
+}
+
+const parquetRowGroup = 4096
+
+func (p *parquetSink) step(st *atdp.Step) error {
+	p.pending++
+	return p.w.Write(st)
+}
+func (p *parquetSink) sessionDone() error {
+	if p.pending < parquetRowGroup {
+		return nil
+	}
+	p.pending = 0
+	if err := p.w.Flush(); err != nil {
+		return err
+	}
+	if p.flush != nil {
+		p.flush()
+	}
+	return nil
+}
+func (p *parquetSink) close() error { return p.w.Close() }
+
+func newSink(format string, out io.Writer, flush func()) (stepSink, error) {
+	switch format {
+	case "", FormatJSONL:
+		w := bufio.NewWriterSize(out, 64<<10)
+		return &jsonlSink{w: w, enc: json.NewEncoder(w), flush: flush}, nil
+	case FormatParquet:
+		return &parquetSink{w: atdpparquet.NewWriter(out), flush: flush}, nil
+	}
+	return nil, fmt.Errorf("format %q: want %s or %s", format, FormatJSONL, FormatParquet)
+}
+
+// write encodes the sessions' steps, letting each session's steps out
+// once it is written.
+func (s *exporter) write(ctx context.Context, sessions []store.SessionInfo, eligibleOnly bool, sink stepSink) (int, error) {
 	n := 0
 	for i := range sessions {
 		ss, err := s.buildSteps(ctx, &sessions[i])
@@ -172,36 +259,39 @@ func (s *exporter) write(ctx context.Context, sessions []store.SessionInfo, elig
 			if eligibleOnly && !st.Metadata.Eligibility.Trainable {
 				continue
 			}
-			if err := enc.Encode(st); err != nil {
+			if err := sink.step(st); err != nil {
 				return n, err
 			}
 			n++
 		}
-		if err := w.Flush(); err != nil {
+		if err := sink.sessionDone(); err != nil {
 			return n, err
 		}
-		if flush != nil {
-			flush()
-		}
 	}
-	return n, w.Flush()
+	return n, sink.close()
 }
 
 // ExportOptions select what Export writes.
 type ExportOptions struct {
 	Filter       store.SessionFilter
 	EligibleOnly bool
+	// Format is FormatJSONL (default) or FormatParquet.
+	Format string
 }
 
-// Export writes a tenant's steps as ATDP JSONL to w, as GET
+// Export writes a tenant's steps as ATDP JSONL or Parquet to w, as GET
 // /v1/trajectories does (`flywheel export`); it returns the step count.
 func Export(ctx context.Context, db store.DBTX, rules trajectory.Rules, opts ExportOptions, w io.Writer) (int, error) {
+	sink, err := newSink(opts.Format, w, nil)
+	if err != nil {
+		return 0, err
+	}
 	sessions, err := store.ListSessions(ctx, db, opts.Filter)
 	if err != nil {
 		return 0, err
 	}
 	e := &exporter{db: db, rules: rules}
-	return e.write(ctx, sessions, opts.EligibleOnly, w, nil)
+	return e.write(ctx, sessions, opts.EligibleOnly, sink)
 }
 
 type forgetRequest struct {

@@ -13,11 +13,11 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-// runExport writes a tenant's trajectories as ATDP JSONL (the same steps
+// runExport writes a tenant's trajectories as ATDP JSONL or Parquet (the same steps
 // GET /v1/trajectories serves: redacted, with rewards, returns and
 // eligibility) to a file or stdout.
 func runExport(ctx context.Context, args []string) error {
-	var tenant, session, endUser, since, until, out string
+	var tenant, session, endUser, since, until, out, format string
 	var limit int
 	var eligible bool
 	cfg, _, err := loadConfig("export", args, func(fs *flag.FlagSet) {
@@ -29,6 +29,7 @@ func runExport(ctx context.Context, args []string) error {
 		fs.IntVar(&limit, "limit", 1000, "most sessions to export")
 		fs.BoolVar(&eligible, "eligible", false, "only steps that will train")
 		fs.StringVar(&out, "out", "-", "output file, - for stdout")
+		fs.StringVar(&format, "format", gateway.FormatJSONL, "jsonl (ATDP, one step a line) or parquet (one row a step, for pandas, DuckDB, HF datasets)")
 	})
 	if err != nil {
 		return err
@@ -67,7 +68,7 @@ func runExport(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	n, err := gateway.Export(ctx, pool, rules, gateway.ExportOptions{Filter: f, EligibleOnly: eligible}, bw)
+	n, err := gateway.Export(ctx, pool, rules, gateway.ExportOptions{Filter: f, EligibleOnly: eligible, Format: format}, bw)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
