@@ -73,7 +73,11 @@ g AS (
 
 // behaviourVersionN is a training sample's behaviour version number, NULL
 // for names that are not "<name>@v<N>" (whose staleness cannot be judged).
-const behaviourVersionN = `substring(behaviour_version from '@v([0-9]+)$')`
+const behaviourVersionN = `substring(behaviour_version from ` + versionPattern + `)`
+
+// versionPattern captures N in a version id "<name>@v<N>" (VersionNumber
+// in SQL).
+const versionPattern = `'@v([0-9]+)$'`
 
 // freshFloor is the oldest behaviour version a claim with staleness bound
 // eta keeps while serving serves; -1: no bound.
@@ -130,7 +134,7 @@ type PreparedRun struct {
 
 // versionN is the number of a version id column or expression ("d@v7": 7).
 func versionN(expr string) string {
-	return `(substring(` + expr + ` from '@v([0-9]+)$'))::bigint`
+	return `(substring(` + expr + ` from ` + versionPattern + `))::bigint`
 }
 
 // PrepareRun reserves the run's candidate version and stores p with it.
