@@ -440,7 +440,7 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		}
 		return workflows.TrainStepOutput{}, err
 	}
-	return t.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: in.Deployment, RunID: in.RunID, Base: tb.Base.Version, Trained: out})
+	return t.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: in.Deployment, RunID: in.RunID, Trained: out})
 }
 
 // sampleIDs are the ids of samples[idx...].

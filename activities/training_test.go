@@ -409,14 +409,14 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.NoError(t, os.MkdirAll(adapter, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(adapter, "adapter_config.json"), []byte(`{}`), 0o644))
 	ckpt := "file://" + adapter
-	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
+	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID,
 		Trained: workflows.TrainBatchOutput{Version: "dep@v9", Checkpoint: workflows.CheckpointRef{URI: ckpt}}})
 	require.ErrorContains(t, err, `the trainer answered version "dep@v9"; the run's candidate is "dep@v2"`)
 
 	// Run 2's batch loses a sample to a forget while it trains.
 	_, err = db.Exec(ctx, `DELETE FROM training_samples WHERE id = $1`, rowsOf(t, tb2)[0].SampleID)
 	require.NoError(t, err)
-	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2",
+	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID,
 		Trained: workflows.TrainBatchOutput{Version: "dep@v3", Checkpoint: workflows.CheckpointRef{URI: ckpt, Format: workflows.CheckpointPEFTLoRA}}})
 	require.ErrorContains(t, err, "was forgotten while it trained")
 	require.NoDirExists(t, adapter, "weights trained on forgotten data are deleted")

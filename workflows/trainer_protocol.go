@@ -129,11 +129,11 @@ type TrainBatchOutput struct {
 	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
-// RegisterCheckpointInput records a trained checkpoint.
+// RegisterCheckpointInput records a trained checkpoint; its base is the
+// one the run was prepared with.
 type RegisterCheckpointInput struct {
 	Deployment string
 	RunID      int64
-	Base       string
 	Trained    TrainBatchOutput
 }
 

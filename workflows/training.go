@@ -588,7 +588,7 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, 
 	}
 	var out TrainStepOutput
 	err = workflow.ExecuteLocalActivity(r.light, RegisterCheckpointActivity, RegisterCheckpointInput{
-		Deployment: r.in.Deployment, RunID: runID, Base: tb.Base.Version, Trained: trained,
+		Deployment: r.in.Deployment, RunID: runID, Trained: trained,
 	}).Get(ctx, &out)
 	if err != nil {
 		return TrainStepOutput{}, fmt.Errorf("register checkpoint: %w", err)
