@@ -18,7 +18,9 @@ import (
 // routes name (the serving version, the anchor a watchdog may roll back
 // to, and the candidate under release), through the engine's own weight
 // API (inference/weightsync). A deployment without weight sync is left
-// alone and says so (Synced false). An engine's refusal is final
+// alone and says so (Synced false). With Unload it also releases the
+// versions nothing names, but keeps those still draining (in.Drain).
+// An engine's refusal is final
 // (WeightSync); no answer or a 5xx is retried.
 func (r *Release) SyncWeights(ctx context.Context, in workflows.SyncWeightsInput) (workflows.SyncWeightsOutput, error) {
 	d, err := store.GetDeployment(ctx, r.DB, in.Deployment)
@@ -55,6 +57,13 @@ func (r *Release) SyncWeights(ctx context.Context, in workflows.SyncWeightsInput
 		names = append(names, rel.Candidate)
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return workflows.SyncWeightsOutput{}, err
+	}
+	if in.Unload && in.Drain > 0 {
+		draining, err := store.Draining(ctx, r.DB, d.Name, workflows.LayerWeights, in.Drain)
+		if err != nil {
+			return workflows.SyncWeightsOutput{}, err
+		}
+		names = append(names, draining...)
 	}
 	want, err := store.Checkpoints(ctx, r.DB, d.Name, names)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/temporal"
@@ -30,7 +31,7 @@ func adapterDir(t *testing.T) string {
 // TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest drives the activity
 // against the fake vLLM's dynamic LoRA endpoints: the candidate and the
 // serving version are loaded under their version ids, a rolled-back
-// candidate is unloaded after the release, another team's adapter on the
+// candidate is unloaded once its release's drain has passed, another team's adapter on the
 // same server is left alone, a second sync is a no-op, and the engine's
 // refusals and failures come back as final and retryable errors.
 func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
@@ -65,8 +66,18 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	var app *temporal.ApplicationError
 	require.True(t, errors.As(err, &app) && app.NonRetryable() && app.Type() == "WeightSync", "a candidate with no checkpoint fails for good: %v", err)
 
-	// llama@v2 was rolled back: no route names it, so it goes.
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true})
+	// llama@v2 was rolled back a moment ago: a request routed to it may
+	// still run, so it stays for the drain; once that has passed it goes.
+	_, err = db.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, baseline, status, finished_at)
+		VALUES ('llama', 'weights', 'llama@v2', 'llama@v1', 'rolled_back', now())`)
+	require.NoError(t, err)
+	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
+	require.NoError(t, err)
+	require.Empty(t, out.Unloaded)
+	require.Contains(t, fx.Adapters(), "llama@v2", "still draining")
+	_, err = db.Exec(ctx, `UPDATE releases SET finished_at = now() - interval '2 minutes' WHERE deployment = 'llama'`)
+	require.NoError(t, err)
+	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, []string{"llama@v2"}, out.Unloaded)
 	require.Equal(t, map[string]string{"llama@v1": v1, "their-adapter": foreign}, fx.Adapters())

@@ -106,6 +106,18 @@ WHERE deployment = $1 AND layer = $2 AND status = 'running' ORDER BY started_at 
 	return r, nil
 }
 
+// Draining lists the versions a release of layer moved traffic away from
+// (its baseline and candidate) less than within ago.
+func Draining(ctx context.Context, db DBTX, deployment, layer string, within time.Duration) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT v FROM releases, unnest(ARRAY[baseline, candidate]) AS v
+WHERE deployment = $1 AND layer = $2 AND status <> 'running' AND finished_at > now() - $3::interval AND v <> ''
+ORDER BY v`, deployment, layer, within)
+	if err != nil {
+		return nil, fmt.Errorf("read draining %s versions of %s: %w", layer, deployment, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // ListReleases lists a deployment's releases, newest first.
 func ListReleases(ctx context.Context, db DBTX, deployment string, limit int) ([]Release, error) {
 	rows, err := db.Query(ctx, `SELECT `+releaseCols+` FROM releases WHERE deployment = $1 ORDER BY started_at DESC, id DESC LIMIT $2`, deployment, limit)

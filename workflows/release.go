@@ -47,6 +47,12 @@ const releaseChangeGatesV2 = "release-gates-v2"
 // offline gates alone.
 const releaseChangeArtefactCanary = "release-artefact-canary"
 
+// releaseChangeDrainInSync: a weights release ends with one sync that
+// unloads what no route names and no release moved away from within the
+// drain, instead of sleeping through the drain itself: the training loop
+// waits for its release, so a sleeping release held it for minutes.
+const releaseChangeDrainInSync = "release-drain-in-sync"
+
 // releaseChangeWeightSync: a weights release loads its candidate into the
 // deployment's serving engine before the gates, and unloads what no route
 // names once it ends.
@@ -70,11 +76,14 @@ const (
 
 // SyncWeightsInput asks that a deployment's serving engine hold what its
 // routes name: the serving version, the anchor and, while its release
-// runs, Candidate. Unload releases the deployment's other versions there.
+// runs, Candidate. Unload releases the deployment's other versions there,
+// except those a weights release moved traffic away from less than Drain
+// ago: a request routed to one before the move may still be running.
 type SyncWeightsInput struct {
 	Deployment string
-	Candidate  string `json:",omitempty"`
-	Unload     bool   `json:",omitempty"`
+	Candidate  string        `json:",omitempty"`
+	Unload     bool          `json:",omitempty"`
+	Drain      time.Duration `json:",omitempty"`
 }
 
 // SyncWeightsOutput is what the engine was asked to do; Synced is false
@@ -149,10 +158,10 @@ type ReleasePolicy struct {
 	RequireApproval bool
 	// ApprovalTimeout rolls back when no approval came. Default 24h.
 	ApprovalTimeout time.Duration
-	// WeightDrain is how long a weights release waits, once its routes
-	// changed, before it unloads the versions no route names: a request
-	// routed to one just before may still run there. Default 2m5s, the
-	// gateway's default upstream timeout plus its route refresh.
+	// WeightDrain is how long a version stays loaded once a release moved
+	// traffic away from it and no route names it: a request routed to it
+	// just before may still run there. A later sync unloads it. Default
+	// 2m5s, the gateway's default upstream timeout plus its route refresh.
 	WeightDrain time.Duration `json:",omitempty"`
 }
 
@@ -383,8 +392,8 @@ func weightSyncCtx(actx workflow.Context) workflow.Context {
 }
 
 // finish records how the release ended and, for a deployment whose
-// engine was synced, unloads the versions no route names any more once
-// the requests routed to them have drained.
+// engine was synced, unloads the versions no route names any more whose
+// requests have drained.
 func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, status, reason string, synced bool) (ReleaseResult, error) {
 	r.state.Phase = "finishing"
 	// Finishing must happen even if the workflow was cancelled: a release
@@ -399,20 +408,25 @@ func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, s
 	}
 	if synced {
 		// An engine that holds one set of weights takes the promoted
-		// version now. Then, once a request routed to a version no route
-		// names any more has had its time to finish, that version goes.
+		// version now, and the versions no route names go once a request
+		// routed to them has had its time to finish: the sync keeps those
+		// still draining (older histories slept through the drain here).
 		r.state.Phase = "syncing weights"
-		for _, unload := range []bool{false, true} {
-			if unload {
+		syncs := []SyncWeightsInput{{Deployment: r.in.Deployment, Unload: true, Drain: r.policy.WeightDrain}}
+		if workflow.GetVersion(ctx, releaseChangeDrainInSync, workflow.DefaultVersion, 1) < 1 {
+			syncs = []SyncWeightsInput{{Deployment: r.in.Deployment}, {Deployment: r.in.Deployment, Unload: true}}
+		}
+		for _, in := range syncs {
+			if in.Unload && in.Drain == 0 {
 				if err := workflow.Sleep(fctx, r.policy.WeightDrain); err != nil {
 					return ReleaseResult{State: r.state}, err
 				}
 			}
 			var out SyncWeightsOutput
-			if err := workflow.ExecuteActivity(weightSyncCtx(fctx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Unload: unload}).Get(fctx, &out); err != nil {
+			if err := workflow.ExecuteActivity(weightSyncCtx(fctx), SyncWeightsActivity, in).Get(fctx, &out); err != nil {
 				// The release stands as recorded; the next release or
 				// the watchdog syncs the engine again.
-				workflow.GetLogger(ctx).Warn("weight sync after release failed", "deployment", r.in.Deployment, "unload", unload, "error", err)
+				workflow.GetLogger(ctx).Warn("weight sync after release failed", "deployment", r.in.Deployment, "unload", in.Unload, "error", err)
 			}
 		}
 	}

@@ -29,6 +29,8 @@ type releaseActs struct {
 	syncFail bool
 	syncs    []SyncWeightsInput
 	syncAt   []time.Time
+	// finishedAt is when the release was recorded as ended.
+	finishedAt time.Time
 }
 
 func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseActs) {
@@ -69,7 +71,7 @@ func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseAc
 		return v, nil
 	}, activity.RegisterOptions{Name: EvaluateGateActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in FinishReleaseInput) error {
-		a.finished = append(a.finished, in)
+		a.finished, a.finishedAt = append(a.finished, in), env.Now()
 		return nil
 	}, activity.RegisterOptions{Name: FinishReleaseActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in SyncWeightsInput) (SyncWeightsOutput, error) {
@@ -246,8 +248,9 @@ func TestReleaseRejectsBadInput(t *testing.T) {
 
 // TestWeightsReleaseSyncsTheEngine: a weights release loads its candidate
 // into the serving engine before any gate asks for it, and after it ends
-// it syncs again at once (an in-place engine takes the promoted weights)
-// and, after the drain, unloads what no route names.
+// it syncs again at once (an in-place engine takes the promoted weights),
+// unloading what no route names and no release left within the drain. It
+// does not sleep through the drain: the training loop waits for it.
 func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	acts.synced = true
@@ -256,9 +259,9 @@ func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
 	env.ExecuteWorkflow(ReleaseWorkflow, ReleaseInput{Deployment: "dep", Layer: LayerWeights, Candidate: "dep@v2", Policy: p})
 	res := releaseResult(t, env)
 	require.Equal(t, ReleasePromoted, res.State.Status)
-	require.Equal(t, []SyncWeightsInput{{Deployment: "dep", Candidate: "dep@v2"}, {Deployment: "dep"}, {Deployment: "dep", Unload: true}}, acts.syncs)
+	require.Equal(t, []SyncWeightsInput{{Deployment: "dep", Candidate: "dep@v2"}, {Deployment: "dep", Unload: true, Drain: 3 * time.Minute}}, acts.syncs)
 	require.False(t, acts.syncAt[0].After(acts.at[GateShadow][0]), "the candidate is loaded before the first gate")
-	require.GreaterOrEqual(t, acts.syncAt[2].Sub(acts.syncAt[1]), 3*time.Minute, "unloads wait for the drain")
+	require.Less(t, acts.syncAt[1].Sub(acts.finishedAt), time.Minute, "the release ends without waiting for the drain")
 
 	// A deployment without weight sync: one call that finds nothing to do.
 	env, acts = newReleaseEnv(t)
