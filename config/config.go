@@ -38,6 +38,8 @@ type Config struct {
 	Control ControlConfig `yaml:"control"`
 	// Trainer is the in-process trainer's off-policy correction.
 	Trainer TrainerConfig `yaml:"trainer"`
+	// ModelServer serves the in-process policy in vLLM's dialect.
+	ModelServer ModelServerConfig `yaml:"model_server"`
 	// Docker is the Docker Engine used for sandboxes.
 	Docker DockerConfig `yaml:"docker"`
 	// Log controls logging.
@@ -111,6 +113,14 @@ type TrainerConfig struct {
 	KPopPhi    float64 `yaml:"kpop_phi" help:"KPop's KL threshold, positive (default 0.05)"`
 }
 
+// ModelServerConfig is the model server of the in-process policy: the
+// policy's weights served over vLLM's HTTP dialect, which the gateway,
+// the gates and weight sync reach as they reach any vLLM deployment.
+type ModelServerConfig struct {
+	Listen string `yaml:"listen" help:"model server listen address; 'flywheel up' runs it beside the gateway, 'flywheel model-server' alone (default 127.0.0.1:8000)"`
+	URL    string `yaml:"url" help:"the model server's OpenAI base URL as the gateway and workers reach it, recorded on the policy deployment; empty: http://<listen address>/v1 (default empty)"`
+}
+
 // DockerConfig is the Docker Engine used for sandboxes.
 type DockerConfig struct {
 	Host string `yaml:"host" help:"Docker Engine address; empty uses DOCKER_HOST or the local socket (default empty)"`
@@ -155,11 +165,12 @@ func Default() Config {
 			KeyCacheTTL:     10 * time.Second,
 			StatusDevTenant: DevTenant,
 		},
-		Worker:  WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
-		Control: ControlConfig{WatchdogEvery: time.Minute},
-		Trainer: TrainerConfig{IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
-		Log:     LogConfig{Level: "info", Format: "text"},
-		DataDir: ".flywheel/data",
+		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
+		Control:     ControlConfig{WatchdogEvery: time.Minute},
+		Trainer:     TrainerConfig{IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
+		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8000"},
+		Log:         LogConfig{Level: "info", Format: "text"},
+		DataDir:     ".flywheel/data",
 	}
 }
 
@@ -202,6 +213,14 @@ func (c *Config) Validate() error {
 	}
 	if t := c.Trainer; !(t.KPopPhi > 0) || math.IsInf(t.KPopPhi, 0) {
 		bad("trainer-kpop-phi", "want a positive threshold, got %v", c.Trainer.KPopPhi)
+	}
+	if _, _, err := net.SplitHostPort(c.ModelServer.Listen); err != nil {
+		bad("model-server-listen", "want host:port, got %q", c.ModelServer.Listen)
+	}
+	if c.ModelServer.URL != "" {
+		if u, err := url.Parse(c.ModelServer.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("model-server-url", "want an http(s):// URL ending in /v1, got %q", c.ModelServer.URL)
+		}
 	}
 	if len(c.Worker.TaskQueues) == 0 {
 		bad("worker-task-queues", "name at least one task queue")

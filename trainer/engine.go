@@ -176,6 +176,24 @@ func (e *Engine) evictLocked() {
 	}
 }
 
+// Evict drops version from memory unless it is the serving one, so the
+// next request naming it goes through Loader again: its checkpoint may have
+// changed (an adapter unloaded, then loaded from another path). Requests
+// already running on it finish on the weights they read.
+func (e *Engine) Evict(version int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := e.current.Load()
+	kept := e.recent[:0]
+	for _, s := range e.recent {
+		if s.version != version || s == cur {
+			kept = append(kept, s)
+		}
+	}
+	clear(e.recent[len(kept):]) // no stale pointer keeps evicted weights alive
+	e.recent = kept
+}
+
 // Complete implements inference.Backend.
 func (e *Engine) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
 	return e.generate(ctx, req, nil)

@@ -11,9 +11,8 @@ import (
 )
 
 // Trainer turns a batch into a new policy version. Local is the built-in
-// implementation; an external (distributed) trainer is reached by exporting
-// the Batch (WriteJSONL) and importing the weights it produces (LoadCheckpoint
-// and Engine.Publish).
+// implementation; an external (distributed) trainer takes steps through the
+// trainer protocol (docs/trainer-protocol.md) instead.
 type Trainer interface {
 	TrainStep(ctx context.Context, b *Batch) (StepResult, error)
 }

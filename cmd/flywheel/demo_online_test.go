@@ -66,7 +66,7 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	go func() {
 		upDone <- runUp(ctx, []string{"--policy-base", "demo", "--database-url", dbURL, "--temporal-address", temporalAddr,
 			"--gateway-listen", addr, "--data-dir", s.dataDir, "--gateway-policy-model", model, "--log-level", "warn",
-			"--control-watchdog-every", watchdogEvery.String()})
+			"--control-watchdog-every", watchdogEvery.String(), "--model-server-listen", "127.0.0.1:0"})
 	}()
 	t.Cleanup(func() {
 		cancel()

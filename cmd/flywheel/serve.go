@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +19,9 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/inference/modelserver"
+	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
@@ -24,16 +29,23 @@ import (
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
-func runGateway(ctx context.Context, args []string) error {
-	cfg, _, err := loadConfig("gateway", args, nil)
+// openService loads a long-running command's config and opens its pool
+// on a database whose schema is current.
+func openService(ctx context.Context, name string, args []string) (config.Config, *slog.Logger, *pgxpool.Pool, error) {
+	cfg, _, err := loadConfig(name, args, nil)
 	if err != nil {
-		return err
+		return cfg, nil, nil, err
 	}
 	logger := newLogger(cfg.Log)
 	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
-		return err
+		return cfg, nil, nil, err
 	}
 	pool, err := store.Open(ctx, cfg.Database.URL, cfg.Database.MaxConns)
+	return cfg, logger, pool, err
+}
+
+func runGateway(ctx context.Context, args []string) error {
+	cfg, logger, pool, err := openService(ctx, "gateway", args)
 	if err != nil {
 		return err
 	}
@@ -46,22 +58,19 @@ func runGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("temporal client: %w", err)
 	}
 	defer c.Close()
-	pol, err := newPolicy(ctx, cfg, pool, nil, logger)
-	if err != nil {
-		return err
-	}
-	gw, err := newGateway(cfg, pool, c, pol.engine, logger)
+	gw, err := newGateway(cfg, pool, c, logger)
 	if err != nil {
 		return err
 	}
 	return gw.ListenAndServe(ctx)
 }
 
-// newGateway wires the gateway: the in-process policy under its model
-// name, session notices to Temporal, metrics.
-func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, policy *trainer.Engine, logger *slog.Logger) (*gateway.Server, error) {
+// newGateway wires the gateway: session notices to Temporal, metrics.
+// Every model, the in-process policy included, is a deployment it reaches
+// over HTTP (the policy through its model server).
+func newGateway(cfg config.Config, pool *pgxpool.Pool, c client.Client, logger *slog.Logger) (*gateway.Server, error) {
 	return gateway.New(cfg.Gateway, gateway.Deps{
-		DB: pool, Logger: logger, Policy: policy,
+		DB: pool, Logger: logger,
 		Notifier:   gateway.NewTemporalNotifier(c, cfg.Gateway.NotifyInterval, logger),
 		Forgets:    gateway.TemporalForgets{Client: c},
 		Tokenizers: tokenizers(cfg),
@@ -81,10 +90,11 @@ func trajectoryRules(cfg config.Config) (trajectory.Rules, error) {
 	return trajectory.NewRules(cfg.Gateway, tokenizers(cfg))
 }
 
-// policy is the in-process policy: the engine that serves it and the
-// newest weights a trainer continues from.
+// policy is the in-process policy deployment: its checkpoints and the
+// newest weights a trainer continues from. Its model server serves it.
 type policy struct {
-	engine *trainer.Engine
+	name string
+	dir  trainer.CheckpointDir
 	// model is the serving version's weights, which a trainer starts from.
 	model   *trainer.Model
 	serving int64
@@ -104,11 +114,12 @@ type policyBase struct {
 	train  trainer.Config
 }
 
-// newPolicy starts the in-process policy on the serving version recorded
-// for it (the seeded base model, stored as version 0, the first time).
-// Versions trained by any process load on demand from the checkpoint
-// directory, so a gateway serves whatever version a release routes to.
-func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *policyBase, logger *slog.Logger) (*policy, error) {
+// newPolicy registers the in-process policy deployment, an upstream whose
+// engine is the policy's model server at serverURL (record: this process
+// runs that server, so the URL it gives is the one to store), with the
+// seeded base model stored as version 0 the first time, and loads the
+// serving version's weights.
+func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *policyBase, serverURL string, record bool, logger *slog.Logger) (*policy, error) {
 	name := cfg.Gateway.PolicyModel
 	dir := trainer.CheckpointDir{Dir: filepath.Join(cfg.DataDir, "checkpoints", name)}
 	if _, meta, err := dir.Load(0); err != nil {
@@ -125,7 +136,8 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 		return nil, fmt.Errorf("policy: v0 of %s is %q, not %q; serve another deployment (--gateway-policy-model) or use a fresh --data-dir",
 			name, meta[originKey], pb.origin)
 	}
-	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0))
+	server := upstream.Settings{BaseURL: serverURL, Model: name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0), server, record)
 	if err != nil {
 		return nil, err
 	}
@@ -141,19 +153,66 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 	if versions, err := dir.Versions(); err == nil && len(versions) > 0 && versions[len(versions)-1] > newest {
 		newest = versions[len(versions)-1]
 	}
-	e, err := trainer.NewEngine(m, v, trainer.EngineConfig{Name: name, Logger: logger, Loader: func(v int64) (*trainer.Model, error) {
-		m, _, err := dir.Load(v)
-		return m, err
-	}})
-	if err != nil {
-		return nil, fmt.Errorf("policy engine: %w", err)
-	}
-	p := &policy{engine: e, model: m, serving: v, newest: newest, train: trainer.Config{Logger: logger}}
+	p := &policy{name: name, dir: dir, model: m, serving: v, newest: newest, train: trainer.Config{Logger: logger}}
 	if pb != nil {
 		p.train = pb.train
 	}
 	return p, nil
 }
+
+// modelServerURL is the base URL the gateway and workers reach the model
+// server at: the configured one, else the address it listens on.
+func modelServerURL(cfg config.Config, addr net.Addr) string {
+	if cfg.ModelServer.URL != "" {
+		return cfg.ModelServer.URL
+	}
+	if addr != nil {
+		return "http://" + addr.String() + "/v1"
+	}
+	return "http://" + cfg.ModelServer.Listen + "/v1"
+}
+
+// serveModel runs the policy's model server on ln until ctx is done. Once
+// it answers, the deployment's routed versions are loaded into it through
+// the weight sync a release uses (vLLM's load_lora_adapter), so a fresh
+// server serves what the routes name before any traffic reaches it;
+// ready is closed then.
+func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol *policy, ln net.Listener, ready chan<- struct{}, logger *slog.Logger) error {
+	base, _, err := pol.dir.Load(0)
+	if err != nil {
+		return fmt.Errorf("model server: base: %w", err)
+	}
+	ms, err := modelserver.New(base, 0, modelserver.Config{Name: pol.name, BasePath: pol.dir.Path(0), Logger: logger,
+		StateFile: filepath.Join(cfg.DataDir, "model-server", pol.name+".json")})
+	if err != nil {
+		return fmt.Errorf("model server: %w", err)
+	}
+	srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	sync := &activities.Release{DB: pool, Logger: logger}
+	out, err := sync.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: pol.name})
+	if err != nil {
+		return fmt.Errorf("model server: load the routed versions: %w", err)
+	}
+	logger.Info(msgModelServerReady, "deployment", pol.name, "url", "http://"+ln.Addr().String()+"/v1", "loaded", out.Loaded, "kept", out.Kept)
+	if ready != nil {
+		close(ready)
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-done:
+		return fmt.Errorf("model server: %w", err)
+	}
+}
+
+const msgModelServerReady = "model server ready"
 
 const originKey = "origin"
 
@@ -174,16 +233,30 @@ func seededBase(ctx context.Context, pb *policyBase) (*trainer.Model, map[string
 	return m, map[string]string{originKey: "seeded base"}, nil
 }
 
-func runWorker(ctx context.Context, args []string) error {
-	cfg, _, err := loadConfig("worker", args, nil)
+// runModelServer serves the in-process policy's weights in vLLM's HTTP
+// dialect (chat completions with token ids and logprobs, runtime LoRA
+// loading by version name, /tokenize), and records itself as the policy
+// deployment's engine.
+func runModelServer(ctx context.Context, args []string) error {
+	cfg, logger, pool, err := openService(ctx, "model-server", args)
 	if err != nil {
 		return err
 	}
-	logger := newLogger(cfg.Log)
-	if err := requireSchema(ctx, cfg.Database.URL); err != nil {
+	defer pool.Close()
+	ln, err := net.Listen("tcp", cfg.ModelServer.Listen)
+	if err != nil {
+		return fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
+	}
+	pol, err := newPolicy(ctx, cfg, pool, nil, modelServerURL(cfg, ln.Addr()), true, logger)
+	if err != nil {
+		_ = ln.Close()
 		return err
 	}
-	pool, err := store.Open(ctx, cfg.Database.URL, cfg.Database.MaxConns)
+	return serveModel(ctx, cfg, pool, pol, ln, nil, logger)
+}
+
+func runWorker(ctx context.Context, args []string) error {
+	cfg, logger, pool, err := openService(ctx, "worker", args)
 	if err != nil {
 		return err
 	}
@@ -193,10 +266,10 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	// The worker holds the in-process policy as the gateway does, from the
-	// shared checkpoint directory: release gates answer with it, and on
-	// the trainer queue it trains it.
-	pol, err := newPolicy(ctx, cfg, pool, nil, logger)
+	// The worker reads the in-process policy's weights from the shared
+	// checkpoint directory, and on the trainer queue it trains them. Its
+	// gates ask the policy's model server, as for any deployment.
+	pol, err := newPolicy(ctx, cfg, pool, nil, modelServerURL(cfg, nil), false, logger)
 	if err != nil {
 		return err
 	}
@@ -204,9 +277,10 @@ func runWorker(ctx context.Context, args []string) error {
 }
 
 // serveWorker registers every workflow and activity on the configured task
-// queues and polls until ctx is done. With the in-process policy (pol not
-// nil) it also trains it and lets release gates query it; with swe it also
-// runs SWE rollouts in Docker sandboxes against that gateway.
+// queues and polls until ctx is done. With the in-process policy's weights
+// (pol not nil) and the trainer queue it also trains them; with swe it
+// also runs SWE rollouts in Docker sandboxes against that gateway. Release
+// gates ask each deployment's own engine over HTTP.
 func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, pol *policy, swe *activities.SWEConfig, logger *slog.Logger) error {
 	inv := worker.DetectCompute()
 	worker.LogCompute(logger, inv)
@@ -215,22 +289,21 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	engines := &activities.Engines{DB: pool, PolicyModel: cfg.Gateway.PolicyModel, Timeout: cfg.Gateway.UpstreamTimeout,
+	engines := &activities.Engines{DB: pool, Timeout: cfg.Gateway.UpstreamTimeout,
 		Retries: cfg.Gateway.UpstreamRetries}
 	// Batches and checkpoints live under the data directory, which a
 	// trainer in another process (or container) must share.
 	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
 		checkpointDir: filepath.Join(cfg.DataDir, "checkpoints"), batchDir: filepath.Join(cfg.DataDir, "batches"),
 		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax, backend: engines}
-	if pol != nil {
-		engines.Policy = pol.engine
-	}
 	if pol != nil && slices.Contains(cfg.Worker.TaskQueues, workflows.TrainerTaskQueue) {
 		tc, t := pol.train, cfg.Trainer
 		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
-		local, err := trainer.NewLocal(pol.model, pol.serving, tc, pol.engine)
+		// No shortcut to serving: a new version reaches the model server
+		// through its release's weight sync, as on any engine.
+		local, err := trainer.NewLocal(pol.model, pol.serving, tc, nil)
 		if err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
 		}

@@ -88,8 +88,17 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
 	}
 
-	pol, err := newPolicy(ctx, cfg, pool, pb, logger)
+	// The policy is served as production serves a model: its own model
+	// server in vLLM's dialect, which the gateway and the gates reach over
+	// HTTP and releases load new versions into by name.
+	msLn, err := net.Listen("tcp", cfg.ModelServer.Listen)
 	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
+	}
+	pol, err := newPolicy(ctx, cfg, pool, pb, modelServerURL(cfg, msLn.Addr()), true, logger)
+	if err != nil {
+		_, _ = ln.Close(), msLn.Close()
 		return err
 	}
 	if pb != nil {
@@ -98,6 +107,8 @@ func runUp(ctx context.Context, args []string) error {
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	modelReady := make(chan struct{})
+	g.Go(func() error { return serveModel(ctx, cfg, pool, pol, msLn, modelReady, logger) })
 	// One process runs every queue, SWE rollouts included: their agents
 	// call this gateway with the development key, like any outside agent.
 	if !slices.Contains(cfg.Worker.TaskQueues, workflows.SWETaskQueue) {
@@ -105,12 +116,28 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel,
 		DockerHost: cfg.Docker.Host, Logger: logger}
-	g.Go(func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
-	gw, err := newGateway(cfg, pool, c, pol.engine, logger)
+	g.Go(func() error {
+		// Gates ask the model server; it answers once it holds what the
+		// routes name.
+		select {
+		case <-modelReady:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return serveWorker(ctx, cfg, c, pool, pol, swe, logger)
+	})
+	gw, err := newGateway(cfg, pool, c, logger)
 	if err != nil {
 		return err
 	}
-	g.Go(func() error { return gw.Serve(ctx, ln) })
+	g.Go(func() error {
+		select {
+		case <-modelReady:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return gw.Serve(ctx, ln)
+	})
 	g.Go(func() error {
 		out, err := ping(ctx, c)
 		if err != nil {
@@ -132,10 +159,11 @@ func runUp(ctx context.Context, args []string) error {
 			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
 			"  temporal ui  %s/namespaces/%s/workflows\n"+
 			"  status page  http://%s/status   (versions, gates, decisions, sessions, the curve; JSON: GET /v1/status)\n"+
+			"  model server %s   (%s in vLLM's dialect)\n"+
 			"  api key      %s   (tenant %q)\n"+
 			"  worker       %s on %s, postgres %s\n\n",
 			version(), ln.Addr(), ln.Addr(), cfg.Temporal.UIURL, cfg.Temporal.Namespace,
-			ln.Addr(), key, defaultTenant, out.Worker, out.Compute, out.Postgres)
+			ln.Addr(), modelServerURL(cfg, msLn.Addr()), cfg.Gateway.PolicyModel, key, defaultTenant, out.Worker, out.Compute, out.Postgres)
 		return nil
 	})
 	err = g.Wait()

@@ -1,0 +1,348 @@
+package modelserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// chatRequest is vLLM's ChatCompletionRequest, the fields the policy
+// reads. Unknown fields are ignored, as vLLM ignores them (with a warning).
+type chatRequest struct {
+	Model               string             `json:"model"`
+	Messages            []chatMessage      `json:"messages"`
+	Tools               []chatTool         `json:"tools"`
+	ToolChoice          json.RawMessage    `json:"tool_choice"`
+	MaxTokens           *int               `json:"max_tokens"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens"`
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	Stop                stopList           `json:"stop"`
+	Seed                *int64             `json:"seed"`
+	N                   *int               `json:"n"`
+	Logprobs            bool               `json:"logprobs"`
+	TopLogprobs         *int               `json:"top_logprobs"`
+	Stream              bool               `json:"stream"`
+	StreamOptions       *streamOptions     `json:"stream_options"`
+	ReturnTokenIDs      bool               `json:"return_token_ids"`
+	TokensAsIDs         bool               `json:"return_tokens_as_token_ids"`
+	ResponseFormat      json.RawMessage    `json:"response_format"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty"`
+	PresencePenalty     *float64           `json:"presence_penalty"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
+	ParallelToolCalls   *bool              `json:"parallel_tool_calls"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatMessage struct {
+	Role       string         `json:"role"`
+	Content    messageContent `json:"content"`
+	Name       string         `json:"name"`
+	ToolCalls  []chatToolCall `json:"tool_calls"`
+	ToolCallID string         `json:"tool_call_id"`
+}
+
+type chatToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+type chatTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	} `json:"function"`
+}
+
+// messageContent is a message's text: a string, null, or an array of
+// content parts of which the policy reads the text ones.
+type messageContent string
+
+func (c *messageContent) UnmarshalJSON(raw []byte) error {
+	raw = bytes.TrimSpace(raw)
+	if isNull(raw) {
+		*c = ""
+		return nil
+	}
+	var s string
+	if raw[0] == '"' {
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return err
+		}
+		*c = messageContent(s)
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return errors.New("content must be a string, null or an array of content parts")
+	}
+	texts := make([]string, 0, len(parts))
+	for _, p := range parts {
+		if p.Type != "text" {
+			return fmt.Errorf("content part type %q: the policy reads text only", p.Type)
+		}
+		texts = append(texts, p.Text)
+	}
+	// vLLM joins text parts with newlines for a string chat template.
+	*c = messageContent(strings.Join(texts, "\n"))
+	return nil
+}
+
+// stopList is OpenAI's stop: a string, an array of strings, or null.
+type stopList []string
+
+func (s *stopList) UnmarshalJSON(raw []byte) error {
+	raw = bytes.TrimSpace(raw)
+	if isNull(raw) {
+		*s = nil
+		return nil
+	}
+	if raw[0] == '"' {
+		var one string
+		if err := json.Unmarshal(raw, &one); err != nil {
+			return err
+		}
+		*s = stopList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return errors.New("stop must be a string or an array of strings")
+	}
+	*s = many
+	return nil
+}
+
+func isNull(raw []byte) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// toolChoice reads OpenAI's tool_choice into inference.Request's form:
+// "", "auto", "none", "required" or the name of the one tool to call.
+func toolChoice(raw json.RawMessage) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		switch s {
+		case "auto", "none", "required":
+			return s, nil
+		}
+		return "", fmt.Errorf("tool_choice %q: want auto, none, required or a named function", s)
+	}
+	var named struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
+		return "", errors.New(`tool_choice: want auto, none, required or {"type": "function", "function": {"name": …}}`)
+	}
+	return named.Function.Name, nil
+}
+
+// arguments is a tool call's arguments as text: OpenAI sends a JSON
+// string; an object sent as it is stays as its JSON text.
+func arguments(raw json.RawMessage) string {
+	if isNull(raw) {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(bytes.TrimSpace(raw))
+}
+
+// messages converts the chat messages.
+func messages(in []chatMessage) ([]inference.Message, error) {
+	out := make([]inference.Message, 0, len(in))
+	for i, m := range in {
+		if m.Role == "" {
+			return nil, fmt.Errorf("messages[%d].role is required", i)
+		}
+		msg := inference.Message{Role: m.Role, Content: string(m.Content), Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, tc := range m.ToolCalls {
+			msg.ToolCalls = append(msg.ToolCalls, inference.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: arguments(tc.Function.Arguments)})
+		}
+		out = append(out, msg)
+	}
+	return out, nil
+}
+
+// tools converts the offered functions.
+func tools(in []chatTool) ([]inference.Tool, error) {
+	out := make([]inference.Tool, 0, len(in))
+	for i, t := range in {
+		if t.Type != "function" {
+			return nil, fmt.Errorf("tools[%d].type %q: only function tools are supported", i, t.Type)
+		}
+		if t.Function.Name == "" {
+			return nil, fmt.Errorf("tools[%d].function.name is required", i)
+		}
+		out = append(out, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	}
+	return out, nil
+}
+
+// request validates what vLLM validates before generating and converts
+// the rest; the engine refuses what the policy's sampler cannot honour.
+// Messages that vLLM also sends are in its words, capitals included.
+func (c *chatRequest) request() (*inference.Request, error) {
+	if c.N != nil && *c.N != 1 {
+		return nil, fmt.Errorf("n %d: the policy answers one choice per request; send n 1 or leave it out", *c.N)
+	}
+	if c.StreamOptions != nil && !c.Stream {
+		return nil, errors.New("Stream options can only be defined when `stream=True`.")
+	}
+	topLogprobs := 0
+	if c.TopLogprobs != nil {
+		topLogprobs = *c.TopLogprobs
+		if topLogprobs > 0 && !c.Logprobs {
+			return nil, errors.New("when using `top_logprobs`, `logprobs` must be set to true.")
+		}
+	}
+	maxTokens := c.MaxTokens
+	if c.MaxCompletionTokens != nil {
+		maxTokens = c.MaxCompletionTokens // the newer name wins, as in vLLM
+	}
+	req := &inference.Request{Model: c.Model, Temperature: c.Temperature, TopP: c.TopP, Stop: c.Stop, Seed: c.Seed,
+		TopLogprobs: topLogprobs, ResponseFormat: c.ResponseFormat, FrequencyPenalty: c.FrequencyPenalty,
+		PresencePenalty: c.PresencePenalty, LogitBias: c.LogitBias, ParallelToolCalls: c.ParallelToolCalls}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return nil, fmt.Errorf("max_tokens must be at least 1, got %d.", *maxTokens)
+		}
+		req.MaxTokens = *maxTokens
+	}
+	var err error
+	if req.Messages, err = messages(c.Messages); err != nil {
+		return nil, err
+	}
+	if req.Tools, err = tools(c.Tools); err != nil {
+		return nil, err
+	}
+	if req.ToolChoice, err = toolChoice(c.ToolChoice); err != nil {
+		return nil, err
+	}
+	if req.ToolChoice != "" && req.ToolChoice != "auto" && req.ToolChoice != "none" && len(req.Tools) == 0 {
+		return nil, errors.New("When using `tool_choice`, `tools` must be set.")
+	}
+	return req, nil
+}
+
+// The answer's wire types, in vLLM's shape.
+
+type chatCompletion struct {
+	ID             string             `json:"id"`
+	Object         string             `json:"object"`
+	Created        int64              `json:"created"`
+	Model          string             `json:"model"`
+	Choices        []completionChoice `json:"choices"`
+	Usage          wireUsage          `json:"usage"`
+	PromptTokenIDs []int              `json:"prompt_token_ids,omitempty"`
+}
+
+type completionChoice struct {
+	Index        int           `json:"index"`
+	Message      wireMessage   `json:"message"`
+	Logprobs     *wireLogprobs `json:"logprobs"`
+	FinishReason string        `json:"finish_reason"`
+	TokenIDs     []int         `json:"token_ids,omitempty"`
+}
+
+type wireMessage struct {
+	Role      string         `json:"role"`
+	Content   *string        `json:"content"`
+	ToolCalls []wireToolCall `json:"tool_calls"`
+}
+
+type wireToolCall struct {
+	// Index is set in stream deltas only.
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function wireFunction `json:"function"`
+}
+
+type wireFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+type wireLogprobs struct {
+	Content []wireLogprob `json:"content"`
+}
+
+type wireLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	// Bytes are the token's bytes as numbers ([]byte would encode as
+	// base64).
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []wireTopLogprob `json:"top_logprobs"`
+}
+
+type wireTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type wireUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type chatChunk struct {
+	ID             string        `json:"id"`
+	Object         string        `json:"object"`
+	Created        int64         `json:"created"`
+	Model          string        `json:"model"`
+	Choices        []chunkChoice `json:"choices"`
+	Usage          *wireUsage    `json:"usage,omitempty"`
+	PromptTokenIDs []int         `json:"prompt_token_ids,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int           `json:"index"`
+	Delta        chunkDelta    `json:"delta"`
+	Logprobs     *wireLogprobs `json:"logprobs,omitempty"`
+	FinishReason *string       `json:"finish_reason"`
+	TokenIDs     []int         `json:"token_ids,omitempty"`
+}
+
+type chunkDelta struct {
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content,omitempty"`
+	ToolCalls []wireToolCall `json:"tool_calls,omitempty"`
+}
+
+// errorBody is vLLM's ErrorResponse.
+type errorBody struct {
+	Object  string  `json:"object"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
