@@ -131,12 +131,24 @@ temporal_cli() {
 		die "building the Temporal CLI failed"
 }
 
-temporal_healthy() {
+temporal_serving() {
 	"$TEMPORAL_CLI" operator cluster health --address "127.0.0.1:$TEMPORAL_PORT" 2>/dev/null | grep -q SERVING
+}
+
+# A dev server can say SERVING yet fail every namespace read (seen after
+# many runs on one SQLite file: "interrupted (9)"), so health includes one.
+temporal_healthy() {
+	temporal_serving && "$TEMPORAL_CLI" operator namespace describe --address "127.0.0.1:$TEMPORAL_PORT" \
+		--namespace flywheel >/dev/null 2>&1
 }
 
 temporal_up() {
 	temporal_cli
+	if temporal_serving && ! temporal_healthy; then
+		log "the Temporal dev server is up but cannot read its namespace; restarting it"
+		temporal_down
+		wait_for 30 "the old Temporal dev server to stop" eval '! temporal_serving'
+	fi
 	if ! temporal_healthy; then
 		log "starting the Temporal dev server on 127.0.0.1:$TEMPORAL_PORT (UI :$TEMPORAL_UI_PORT)"
 		mkdir -p "$LOGS"
