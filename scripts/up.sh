@@ -13,7 +13,7 @@ LOG="$STATE/logs/flywheel.log"
 PID="$STATE/flywheel.pid"
 
 running() { [ -s "$PID" ] && kill -0 "$(cat "$PID")" 2>/dev/null; }
-summary() { sed -n '/^Flywheel is up/,/^$/p' "$LOG" | tail -n 6; }
+summary() { sed -n '/^Flywheel is up/,/^$/p' "$LOG" | tail -n +2; }
 
 case "${1:-}" in
 start)

@@ -135,3 +135,52 @@ func median(xs []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkCompleteOverHTTP is what serving the policy through its model
+// server costs against calling the engine in process (the path the
+// gateway took before): the same greedy requests, alternated, through the
+// gateway's upstream client and HTTP, and straight into a trainer.Engine
+// holding the same weights. It reports each path's time per call and the
+// ratio.
+func BenchmarkCompleteOverHTTP(b *testing.B) {
+	ctx := context.Background()
+	m, err := trainer.NewModel(trainer.ModelConfig{}, 7)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := modelserver.New(m, 0, modelserver.Config{Name: served, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := httptest.NewServer(srv)
+	defer h.Close()
+	client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, VLLM: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	engine, err := trainer.NewEngine(m, 0, trainer.EngineConfig{Name: served, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	zero := 0.0
+	req := func() *inference.Request {
+		return &inference.Request{Model: served, MaxTokens: 16, Temperature: &zero,
+			Messages: []inference.Message{{Role: inference.RoleUser, Content: "reverse: q w e r"}}}
+	}
+	var direct, overHTTP time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if _, err := engine.Complete(ctx, req()); err != nil {
+			b.Fatal(err)
+		}
+		mid := time.Now()
+		if _, err := client.Complete(ctx, req()); err != nil {
+			b.Fatal(err)
+		}
+		direct, overHTTP = direct+mid.Sub(start), overHTTP+time.Since(mid)
+	}
+	b.ReportMetric(float64(direct.Microseconds())/float64(b.N), "direct-µs/call")
+	b.ReportMetric(float64(overHTTP.Microseconds())/float64(b.N), "http-µs/call")
+	b.ReportMetric(float64(overHTTP)/float64(direct), "http/direct")
+}
