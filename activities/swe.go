@@ -225,7 +225,8 @@ func (a *SWEActivities) Grade(ctx context.Context, in workflows.SWEGradeInput) (
 	if err != nil {
 		return workflows.SWEGradeOutput{}, err
 	}
-	return workflows.SWEGradeOutput{Reward: res.Reward, Passed: res.Passed, Total: res.Total, Resolved: res.Resolved, Tampered: res.Tampered, Reasons: res.Reasons}, nil
+	return workflows.SWEGradeOutput{Reward: res.Reward, Passed: res.Passed, Total: res.Total, FailToPass: res.FailToPass,
+		PassToPass: res.PassToPass, Resolved: res.Resolved, Tampered: res.Tampered, Reasons: res.Reasons}, nil
 }
 
 // RecordReward reports the grade as the session's final reward.

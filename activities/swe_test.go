@@ -158,8 +158,10 @@ func TestSWERolloutWithFixtureModel(t *testing.T) {
 		script []sweagenttest.Step
 		reward float64
 	}{
-		"solves":   {sweagenttest.SolveScript(tk.Solution), 1},
-		"gives up": {[]sweagenttest.Step{{Tool: "submit", Args: map[string]any{"summary": "nothing"}}}, 0.5},
+		"solves": {sweagenttest.SolveScript(tk.Solution), 1},
+		// Changing nothing fixes nothing: the tests that passed already
+		// earn no reward.
+		"gives up": {[]sweagenttest.Step{{Tool: "submit", Args: map[string]any{"summary": "nothing"}}}, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			gw, srv := newFakeGateway(t, &sweagenttest.FixtureModel{Script: tc.script})
@@ -178,6 +180,8 @@ func TestSWERolloutWithFixtureModel(t *testing.T) {
 			require.Equal(t, sweagent.StopSubmitted, out.StopReason)
 			require.Equal(t, tc.reward, out.Reward)
 			require.Equal(t, tc.reward == 1, out.Resolved)
+			require.Equal(t, len(tk.PassToPass), out.PassToPass, "no passing test broke")
+			require.Equal(t, int(tc.reward)*len(tk.FailToPass), out.FailToPass)
 			rewards, chats := gw.snapshot()
 			require.Equal(t, map[string][]float64{out.SessionID: {tc.reward}}, rewards)
 			require.Equal(t, len(tc.script), chats[out.SessionID], "every model call went through the gateway under the session")

@@ -54,6 +54,10 @@ type SWERolloutResult struct {
 	Reward     float64
 	Passed     int
 	Total      int
+	// FailToPass and PassToPass count the failing tests fixed and the
+	// passing tests kept, apart.
+	FailToPass int `json:",omitempty"`
+	PassToPass int `json:",omitempty"`
 	Resolved   bool
 	Tampered   bool
 }
@@ -122,6 +126,10 @@ type (
 		Resolved bool
 		Tampered bool
 		Reasons  []string
+		// FailToPass and PassToPass count the fixed and the kept tests
+		// (tasks.Result).
+		FailToPass int `json:",omitempty"`
+		PassToPass int `json:",omitempty"`
 	}
 	SWERecordRewardInput struct {
 		SessionID string
@@ -237,6 +245,7 @@ func (r *sweRollout) run(ctx workflow.Context) (SWERolloutResult, error) {
 		return r.res, fmt.Errorf("grade: %w", err)
 	}
 	r.res.Reward, r.res.Passed, r.res.Total = grade.Reward, grade.Passed, grade.Total
+	r.res.FailToPass, r.res.PassToPass = grade.FailToPass, grade.PassToPass
 	r.res.Resolved, r.res.Tampered = grade.Resolved, grade.Tampered
 
 	if err := workflow.ExecuteActivity(short, SWERecordRewardActivity, SWERecordRewardInput{SessionID: r.res.SessionID, Reward: grade.Reward, TaskID: r.in.TaskID}).Get(ctx, nil); err != nil {

@@ -49,13 +49,19 @@ type WatchdogResult struct {
 	RolledBackTo string `json:",omitempty"`
 	Reason       string
 	Metrics      map[string]float64
-	// SyncError says why the serving engine could not be given the
-	// rolled-back-to weights (the routes moved all the same).
+	// SyncError says why the serving engine could not be given what the
+	// routes name before the check, or the rolled-back-to weights after a
+	// rollback (the routes moved all the same).
 	SyncError string `json:",omitempty"`
 }
 
 // watchdogChangeWeightSync: a rollback syncs the serving engine.
 const watchdogChangeWeightSync = "watchdog-weight-sync"
+
+// watchdogChangeResync: every check first gives the serving engine what
+// the routes name, so an engine that restarted and lost its runtime
+// adapters (vLLM keeps none) serves again within one watchdog period.
+const watchdogChangeResync = "watchdog-resync-engine"
 
 // ServingChanged is ServingChangedSignal's payload.
 type ServingChanged struct {
@@ -84,10 +90,23 @@ func WatchdogWorkflow(ctx workflow.Context, in WatchdogInput) (WatchdogResult, e
 			NonRetryableErrorTypes: []string{"BadInput", "BadData"},
 		},
 	})
+	var resyncErr string
+	if workflow.GetVersion(ctx, watchdogChangeResync, workflow.DefaultVersion, 1) >= 1 {
+		// Cheap when nothing is missing: the engine lists what it holds
+		// and nothing is loaded.
+		var out SyncWeightsOutput
+		if err := workflow.ExecuteActivity(weightSyncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: in.Deployment}).Get(ctx, &out); err != nil {
+			resyncErr = err.Error()
+			workflow.GetLogger(ctx).Error("engine not resynced before the check", "deployment", in.Deployment, "error", err)
+		} else if len(out.Loaded) > 0 {
+			workflow.GetLogger(ctx).Warn("the engine lacked routed versions; loaded them again", "deployment", in.Deployment, "loaded", out.Loaded)
+		}
+	}
 	var res WatchdogResult
 	if err := workflow.ExecuteActivity(actx, WatchServingActivity, in).Get(ctx, &res); err != nil {
 		return res, fmt.Errorf("watch serving version: %w", err)
 	}
+	res.SyncError = resyncErr
 	decision, now := "noop", res.Serving
 	if res.Verdict == WatchRolledBack {
 		decision, now = "rollback", res.RolledBackTo

@@ -11,6 +11,9 @@ import (
 	"go.temporal.io/sdk/workflow"
 )
 
+// TestWatchdogTellsTheTrainingLoopAboutARollback: each check first resyncs
+// the serving engine (one that restarted gets its versions back), and a
+// rollback tells the training loop and syncs the engine to the anchor.
 func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 	for _, verdict := range []string{WatchRolledBack, WatchOK} {
 		var ts testsuite.WorkflowTestSuite
@@ -45,10 +48,11 @@ func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 		require.Equal(t, 0.05, got.Policy.AnchorBudget, "the activity gets the policy with its defaults")
 		if verdict == WatchRolledBack {
 			require.Equal(t, 1, signalled)
-			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}}, synced, "an in-place engine takes the anchor's weights")
+			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}, {Deployment: "dep"}}, synced,
+				"the engine is given what the routes name before the check, and the anchor's weights after the rollback")
 		} else {
 			require.Zero(t, signalled)
-			require.Empty(t, synced)
+			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}}, synced, "a restarted engine is reloaded before the check")
 		}
 	}
 }

@@ -34,7 +34,15 @@ type Result struct {
 	// Passed counts FailToPass and PassToPass tests that passed.
 	Passed int `json:"passed"`
 	Total  int `json:"total"`
-	// Reward is Passed/Total, or 0 when tampering was detected.
+	// FailToPass counts the task's failing tests the change fixed, and
+	// PassToPass its passing tests the change kept passing.
+	FailToPass int `json:"fail_to_pass"`
+	PassToPass int `json:"pass_to_pass"`
+	// Reward is the share of FailToPass tests fixed times the share of
+	// PassToPass tests still passing, so an agent that changes nothing
+	// earns 0 (not the share of tests that passed already) and breaking a
+	// passing test costs what fixing one earns. 0 when tampering was
+	// detected.
 	Reward float64 `json:"reward"`
 	// Resolved is true when every graded test passed and nothing was tampered.
 	Resolved bool `json:"resolved"`
@@ -128,23 +136,31 @@ func Grade(ctx context.Context, sb Sandbox, t *Task, log *slog.Logger) (Result, 
 	} else if outcomes, err = parseJUnit(xmlData); err != nil {
 		res.Notes = append(res.Notes, "unreadable test report: "+err.Error())
 	}
-	for _, id := range t.Tests() {
-		o, ok := outcomes[junitKey(id)]
-		if !ok {
-			o = OutcomeMissing
+	count := func(ids []string) int {
+		passed := 0
+		for _, id := range ids {
+			o, ok := outcomes[junitKey(id)]
+			if !ok {
+				o = OutcomeMissing
+			}
+			res.Tests[id] = o
+			if o == OutcomePassed {
+				passed++
+			}
 		}
-		res.Tests[id] = o
-		res.Total++
-		if o == OutcomePassed {
-			res.Passed++
-		}
+		return passed
 	}
-	if res.Total > 0 && !res.Tampered {
-		res.Reward = float64(res.Passed) / float64(res.Total)
+	res.FailToPass, res.PassToPass = count(t.FailToPass), count(t.PassToPass)
+	res.Passed, res.Total = res.FailToPass+res.PassToPass, len(t.FailToPass)+len(t.PassToPass)
+	if len(t.FailToPass) > 0 && !res.Tampered {
+		res.Reward = float64(res.FailToPass) / float64(len(t.FailToPass))
+		if len(t.PassToPass) > 0 {
+			res.Reward *= float64(res.PassToPass) / float64(len(t.PassToPass))
+		}
 	}
 	res.Resolved = !res.Tampered && res.Passed == res.Total
 	res.Duration = time.Since(start)
-	log.Info("sandbox graded", "task", t.ID, "passed", res.Passed, "total", res.Total,
+	log.Info("sandbox graded", "task", t.ID, "fail_to_pass", res.FailToPass, "pass_to_pass", res.PassToPass, "total", res.Total,
 		"reward", res.Reward, "tampered", res.Tampered, "reasons", res.Reasons, "elapsed", res.Duration)
 	return res, nil
 }

@@ -131,7 +131,9 @@ func TestEveryTaskFailsThenPassesWithItsFix(t *testing.T) {
 				require.Equal(t, tasks.OutcomePassed, before.Tests[id], "pass-to-pass %s on the snapshot; output: %s", id, before.OutputTail)
 			}
 			require.False(t, before.Resolved)
-			require.InDelta(t, float64(len(tk.PassToPass))/float64(len(tk.Tests())), before.Reward, 1e-9)
+			require.Zero(t, before.Reward, "an agent that changes nothing earns nothing")
+			require.Zero(t, before.FailToPass)
+			require.Equal(t, len(tk.PassToPass), before.PassToPass)
 
 			for p, data := range tk.Solution {
 				require.NoError(t, sb.WriteFile(ctx, path.Join(sandbox.Workspace, p), data, 0o644))
@@ -140,6 +142,8 @@ func TestEveryTaskFailsThenPassesWithItsFix(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, after.Resolved, "tests: %v; output: %s", after.Tests, after.OutputTail)
 			require.Equal(t, 1.0, after.Reward)
+			require.Equal(t, len(tk.FailToPass), after.FailToPass)
+			require.Equal(t, len(tk.PassToPass), after.PassToPass)
 			require.NotEmpty(t, after.ChangedFiles)
 		})
 	}
@@ -198,4 +202,25 @@ func FuzzLoadTaskYAML(f *testing.F) {
 			require.NoError(t, tk.Validate(), "a loaded task is valid")
 		}
 	})
+}
+
+// TestRewardIsFixingWithoutBreaking: a change that fixes the failing test
+// but breaks a passing one earns the fix times the share of passing tests
+// kept (1 × 1/2), not the share of tests that pass.
+func TestRewardIsFixingWithoutBreaking(t *testing.T) {
+	cli, m, base := setup(t)
+	tk, err := tasks.Find("median")
+	require.NoError(t, err)
+	ctx := context.Background()
+	sb := startTask(t, cli, m, base, tk)
+	fixedButLoose := "def median(values):\n    s = sorted(values)\n    if not s:\n        return None\n    mid = len(s) // 2\n" +
+		"    if len(s) % 2:\n        return s[mid]\n    return (s[mid - 1] + s[mid]) / 2\n"
+	require.NoError(t, sb.WriteFile(ctx, "statkit/center.py", []byte(fixedButLoose), 0o644))
+	res, err := tasks.Grade(ctx, sb, tk, nil)
+	require.NoError(t, err)
+	require.False(t, res.Tampered, "%v", res.Reasons)
+	require.Equal(t, 1, res.FailToPass, "the even-length bug is fixed: %v", res.Tests)
+	require.Equal(t, 1, res.PassToPass, "test_empty now fails: %v", res.Tests)
+	require.InDelta(t, 0.5, res.Reward, 1e-9)
+	require.False(t, res.Resolved)
 }
