@@ -93,13 +93,17 @@ func WatchdogWorkflow(ctx workflow.Context, in WatchdogInput) (WatchdogResult, e
 	var resyncErr string
 	if workflow.GetVersion(ctx, watchdogChangeResync, workflow.DefaultVersion, 1) >= 1 {
 		// Cheap when nothing is missing: the engine lists what it holds
-		// and nothing is loaded.
+		// and nothing is loaded. One attempt: the next check tries again,
+		// and an engine that is down leaves the check not evaluated.
 		var out SyncWeightsOutput
-		if err := workflow.ExecuteActivity(weightSyncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: in.Deployment}).Get(ctx, &out); err != nil {
+		sctx := workflow.WithRetryPolicy(weightSyncCtx(actx), temporal.RetryPolicy{MaximumAttempts: 1})
+		if err := workflow.ExecuteActivity(sctx, SyncWeightsActivity, SyncWeightsInput{Deployment: in.Deployment}).Get(ctx, &out); err != nil {
 			resyncErr = err.Error()
-			workflow.GetLogger(ctx).Error("engine not resynced before the check", "deployment", in.Deployment, "error", err)
+			workflow.GetLogger(ctx).Warn("engine not resynced before the check", "deployment", in.Deployment, "error", err)
 		} else if len(out.Loaded) > 0 {
-			workflow.GetLogger(ctx).Warn("the engine lacked routed versions; loaded them again", "deployment", in.Deployment, "loaded", out.Loaded)
+			// A restarted engine, or a release's candidate routed a
+			// moment before its own sync loaded it.
+			workflow.GetLogger(ctx).Info("loaded routed versions the engine lacked", "deployment", in.Deployment, "loaded", out.Loaded)
 		}
 	}
 	var res WatchdogResult

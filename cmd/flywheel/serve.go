@@ -195,8 +195,8 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	sync := &activities.Release{DB: pool, Logger: logger}
-	out, err := sync.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: pol.name})
+	weights := &activities.Release{DB: pool, Logger: logger}
+	out, err := weights.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: pol.name})
 	if err != nil {
 		return fmt.Errorf("model server: load the routed versions: %w", err)
 	}
