@@ -312,6 +312,11 @@ func TestAdminKeysAndDefaultKeyRefusal(t *testing.T) {
 	cfg.Listen = "0.0.0.0:8080"
 	_, err := newServer(cfg)
 	require.ErrorContains(t, err, "default admin key")
+
+	// Without a database there is nothing to commit a 2xx to: an error,
+	// not a panic at the first capture.
+	_, err = newServer(e.cfg)
+	require.ErrorContains(t, err, "a database is required")
 }
 
 func TestToolSchemaOverrideApplied(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,9 +26,9 @@ import (
 var openAPIFile = filepath.Join("..", "docs", "openapi.yaml")
 
 // unreachablePostgres is a Postgres nobody listens on. gateway.New needs a
-// pool even when nothing is served (the capture opens its own connections
-// from Deps.DB's config, so a nil DB panics), and pgxpool connects lazily:
-// listing the routes never reaches it.
+// pool even when nothing is served (there is no gateway without its
+// database), and pgxpool connects lazily: listing the routes never
+// reaches it.
 const unreachablePostgres = "postgres://openapi@127.0.0.1:1/openapi?sslmode=disable&connect_timeout=1"
 
 var (
@@ -40,29 +41,32 @@ var (
 // OpenAPI 3.1 document (unique operation ids, responses, resolvable
 // references, declared path parameters).
 func TestOpenAPIDescribesEveryRoute(t *testing.T) {
-	doc := readOpenAPI(t)
+	doc, tree := readOpenAPI(t)
 	require.True(t, strings.HasPrefix(doc.OpenAPI, "3.1"), "openapi: want 3.1.x, got %q", doc.OpenAPI)
 
 	t.Run("routes", func(t *testing.T) {
 		registered := registeredRoutes(t)
 		described := doc.operationKeys()
-		require.Empty(t, minus(registered, described), "routes gateway/server.go registers that docs/openapi.yaml does not describe")
-		require.Empty(t, minus(described, registered), "operations docs/openapi.yaml describes that gateway/server.go does not register")
+		var problems []string
+		for _, r := range minus(registered, described) {
+			problems = append(problems, "registered but not described: "+r)
+		}
+		for _, r := range minus(described, registered) {
+			problems = append(problems, "described but not registered: "+r)
+		}
+		require.Empty(t, problems, "docs/openapi.yaml must describe exactly the routes gateway/server.go registers")
 	})
 	t.Run("operations", func(t *testing.T) {
 		require.Empty(t, doc.operationProblems())
 	})
 	t.Run("refs", func(t *testing.T) {
-		raw, err := os.ReadFile(openAPIFile)
-		require.NoError(t, err)
-		var tree map[string]any
-		require.NoError(t, yaml.Unmarshal(raw, &tree))
 		var problems []string
 		walkRefs(tree, func(ref string) {
 			if err := resolveRef(tree, ref); err != nil {
 				problems = append(problems, err.Error())
 			}
 		})
+		slices.Sort(problems)
 		require.Empty(t, problems)
 	})
 	t.Run("path parameters", func(t *testing.T) {
@@ -157,24 +161,38 @@ type openAPIParameter struct {
 	In   string `yaml:"in"`
 }
 
-func readOpenAPI(t *testing.T) *openAPIDoc {
+// readOpenAPI parses the document twice: into the fields the checks read,
+// and whole, for following $refs.
+func readOpenAPI(t *testing.T) (*openAPIDoc, map[string]any) {
 	t.Helper()
 	raw, err := os.ReadFile(openAPIFile)
 	require.NoError(t, err)
 	var doc openAPIDoc
 	require.NoError(t, yaml.Unmarshal(raw, &doc), "parse %s", openAPIFile)
 	require.NotEmpty(t, doc.Paths, "%s describes no paths", openAPIFile)
-	return &doc
+	var tree map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &tree), "parse %s", openAPIFile)
+	return &doc, tree
+}
+
+// eachOperation calls f for every operation, by path then method, so
+// that problems are reported in the same order on every run.
+func (d *openAPIDoc) eachOperation(f func(method, path string, item openAPIPathItem, op *openAPIOperation)) {
+	for _, path := range slices.Sorted(maps.Keys(d.Paths)) {
+		item := d.Paths[path]
+		ops := item.operations()
+		for _, method := range slices.Sorted(maps.Keys(ops)) {
+			f(method, path, item, ops[method])
+		}
+	}
 }
 
 // operationKeys are the document's operations as "METHOD /path".
 func (d *openAPIDoc) operationKeys() []string {
 	var out []string
-	for path, item := range d.Paths {
-		for method := range item.operations() {
-			out = append(out, method+" "+path)
-		}
-	}
+	d.eachOperation(func(method, path string, _ openAPIPathItem, _ *openAPIOperation) {
+		out = append(out, method+" "+path)
+	})
 	return out
 }
 
@@ -197,35 +215,32 @@ func (d *openAPIDoc) operationProblems() []string {
 	}
 	checkSecurity("security", d.Security)
 	ids := map[string]string{}
-	for path, item := range d.Paths {
-		for method, op := range item.operations() {
-			where := method + " " + path
-			switch prev, dup := ids[op.OperationID]; {
-			case op.OperationID == "":
-				problems = append(problems, where+": no operationId")
-			case dup:
-				problems = append(problems, fmt.Sprintf("%s: operationId %q is also %s's", where, op.OperationID, prev))
-			default:
-				ids[op.OperationID] = where
-			}
-			if op.Summary == "" {
-				problems = append(problems, where+": no summary")
-			}
-			if len(op.Tags) == 0 {
-				problems = append(problems, where+": no tags")
-			}
-			for _, tag := range op.Tags {
-				if !tags[tag] {
-					problems = append(problems, fmt.Sprintf("%s: tag %q is not in the document's tags", where, tag))
-				}
-			}
-			if len(op.Responses) == 0 {
-				problems = append(problems, where+": no responses")
-			}
-			checkSecurity(where, op.Security)
+	d.eachOperation(func(method, path string, _ openAPIPathItem, op *openAPIOperation) {
+		where := method + " " + path
+		switch prev, dup := ids[op.OperationID]; {
+		case op.OperationID == "":
+			problems = append(problems, where+": no operationId")
+		case dup:
+			problems = append(problems, fmt.Sprintf("%s: operationId %q is also %s's", where, op.OperationID, prev))
+		default:
+			ids[op.OperationID] = where
 		}
-	}
-	slices.Sort(problems)
+		if op.Summary == "" {
+			problems = append(problems, where+": no summary")
+		}
+		if len(op.Tags) == 0 {
+			problems = append(problems, where+": no tags")
+		}
+		for _, tag := range op.Tags {
+			if !tags[tag] {
+				problems = append(problems, fmt.Sprintf("%s: tag %q is not in the document's tags", where, tag))
+			}
+		}
+		if len(op.Responses) == 0 {
+			problems = append(problems, where+": no responses")
+		}
+		checkSecurity(where, op.Security)
+	})
 	return problems
 }
 
@@ -233,33 +248,29 @@ func (d *openAPIDoc) operationProblems() []string {
 // its path item, exactly the parameters its path template names.
 func (d *openAPIDoc) pathParameterProblems() []string {
 	var problems []string
-	for path, item := range d.Paths {
-		var inTemplate []string
+	d.eachOperation(func(method, path string, item openAPIPathItem, op *openAPIOperation) {
+		where := method + " " + path
+		var inTemplate, declared []string
 		for _, m := range templateParam.FindAllStringSubmatch(path, -1) {
 			inTemplate = append(inTemplate, m[1])
 		}
-		for method, op := range item.operations() {
-			where := method + " " + path
-			var declared []string
-			for _, p := range slices.Concat(item.Parameters, op.Parameters) {
-				p, err := d.resolveParameter(p)
-				if err != nil {
-					problems = append(problems, fmt.Sprintf("%s: %v", where, err))
-					continue
-				}
-				if p.In == "path" {
-					declared = append(declared, p.Name)
-				}
+		for _, p := range slices.Concat(item.Parameters, op.Parameters) {
+			p, err := d.resolveParameter(p)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", where, err))
+				continue
 			}
-			for _, name := range minus(inTemplate, declared) {
-				problems = append(problems, fmt.Sprintf("%s: path parameter %q is not declared", where, name))
-			}
-			for _, name := range minus(declared, inTemplate) {
-				problems = append(problems, fmt.Sprintf("%s: path parameter %q is not in the path", where, name))
+			if p.In == "path" {
+				declared = append(declared, p.Name)
 			}
 		}
-	}
-	slices.Sort(problems)
+		for _, name := range minus(inTemplate, declared) {
+			problems = append(problems, fmt.Sprintf("%s: path parameter %q is not declared", where, name))
+		}
+		for _, name := range minus(declared, inTemplate) {
+			problems = append(problems, fmt.Sprintf("%s: path parameter %q is not in the path", where, name))
+		}
+	})
 	return problems
 }
 

@@ -77,6 +77,11 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if err := checkAdminKey(cfg); err != nil {
 		return nil, err
 	}
+	if deps.DB == nil {
+		// A 2xx means the interaction is committed: there is no gateway
+		// without the database it commits to.
+		return nil, errors.New("gateway: a database is required")
+	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -91,13 +96,11 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if deps.DB != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := rt.register(ctx)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("gateway: register the configured upstream models: %w", err)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err = rt.register(ctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: register the configured upstream models: %w", err)
 	}
 	m := newMetrics(deps.Registry)
 	s := &Server{
@@ -111,9 +114,7 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	}
 	if tn, ok := s.notifier.(*TemporalNotifier); ok {
 		tn.metrics = m
-		if deps.DB != nil {
-			tn.UseOutbox(deps.DB)
-		}
+		tn.UseOutbox(deps.DB)
 	}
 	if s.capture, err = newCommitter(context.Background(), deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m); err != nil {
 		return nil, err
