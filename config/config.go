@@ -117,7 +117,7 @@ type TrainerConfig struct {
 // policy's weights served over vLLM's HTTP dialect, which the gateway,
 // the gates and weight sync reach as they reach any vLLM deployment.
 type ModelServerConfig struct {
-	Listen string `yaml:"listen" help:"model server listen address; 'flywheel up' runs it beside the gateway, 'flywheel model-server' alone (default 127.0.0.1:8000)"`
+	Listen string `yaml:"listen" help:"model server listen address; 'flywheel up' runs it beside the gateway, 'flywheel model-server' alone (default 127.0.0.1:8090, beside vLLM's usual 8000)"`
 	URL    string `yaml:"url" help:"the model server's OpenAI base URL as the gateway and workers reach it, recorded on the policy deployment; empty: http://<listen address>/v1 (default empty)"`
 }
 
@@ -168,7 +168,7 @@ func Default() Config {
 		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-sandbox"}},
 		Control:     ControlConfig{WatchdogEvery: time.Minute},
 		Trainer:     TrainerConfig{IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
-		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8000"},
+		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8090"},
 		Log:         LogConfig{Level: "info", Format: "text"},
 		DataDir:     ".flywheel/data",
 	}
