@@ -1,7 +1,6 @@
 package modelserver_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -142,17 +141,8 @@ func TestChatWireShape(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 	var chunks []map[string]any
-	done := false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			done = true
-			continue
-		}
+	payloads, done := sseData(resp.Body)
+	for _, data := range payloads {
 		var c map[string]any
 		require.NoError(t, json.Unmarshal([]byte(data), &c))
 		require.Equal(t, "chat.completion.chunk", c["object"])

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -153,22 +154,30 @@ func (w *pausingWriter) Write(b []byte) (int, error) {
 	return w.ResponseRecorder.Write(b)
 }
 
+// sseData is the data payloads of an SSE answer, each chunk's JSON, and
+// whether it ended with [DONE].
+func sseData(r io.Reader) (chunks []string, done bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		switch {
+		case !ok:
+		case data == "[DONE]":
+			done = true
+		default:
+			chunks = append(chunks, data)
+		}
+	}
+	return chunks, done
+}
+
 // streamed collects the token ids and logprobs of an SSE answer.
 func streamed(t *testing.T, body string) ([]int, []float32) {
 	t.Helper()
 	var ids []int
 	var lps []float32
-	done := false
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			done = true
-			continue
-		}
+	chunks, done := sseData(strings.NewReader(body))
+	for _, data := range chunks {
 		var c struct {
 			Choices []struct {
 				TokenIDs []int `json:"token_ids"`
