@@ -140,23 +140,11 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	}
 	defer stopBase()
 
-	key, err := store.CreateKey(ctx, bc.Pool, "bench", "", "flywheel bench gateway")
+	srv, gwURL, key, stopGW, err := benchGateway(ctx, bc.Pool, upURL, "flywheel bench gateway")
 	if err != nil {
 		return err
 	}
-	cfg := config.Default().Gateway
-	cfg.UpstreamURL = upURL + "/v1"
-	cfg.UpstreamModels = []string{"fixture-model"}
-	cfg.RateLimitRPS = 0
-	srv, err := New(cfg, Deps{DB: bc.Pool, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return err
-	}
-	gwURL, stopGW, err := serveLocal("gateway", srv.Handler())
-	if err != nil {
-		return err
-	}
-	defer func() { stopGW(); srv.Close() }()
+	defer stopGW()
 
 	body := []byte(`{"model":"fixture-model","messages":[{"role":"system","content":"You are a helpful agent."},{"role":"user","content":"Summarise the build log in one line."}],"max_tokens":32}`)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: time.Minute}}
@@ -213,6 +201,30 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v (capture commits %.3f ms mean for %.1f rows mean); per-round ratios %v",
 		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax), meanCommit, meanBatch, twoDecimals(res.ThroughputRatios))
 	return nil
+}
+
+// benchGateway serves, on loopback, a gateway capturing into pool in
+// front of the upstream at upURL (serving "fixture-model"), and makes it
+// a key of the bench tenant named name.
+func benchGateway(ctx context.Context, pool *pgxpool.Pool, upURL, name string) (*Server, string, string, func(), error) {
+	key, err := store.CreateKey(ctx, pool, "bench", "", name)
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	cfg := config.Default().Gateway
+	cfg.UpstreamURL = upURL + "/v1"
+	cfg.UpstreamModels = []string{"fixture-model"}
+	cfg.RateLimitRPS = 0
+	srv, err := New(cfg, Deps{DB: pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	gwURL, stopGW, err := serveLocal("gateway", srv.Handler())
+	if err != nil {
+		srv.Close()
+		return nil, "", "", nil, err
+	}
+	return srv, gwURL, key, func() { stopGW(); srv.Close() }, nil
 }
 
 // benchCapture compares the committer with one autocommitted INSERT per

@@ -70,6 +70,9 @@ type call struct {
 	toolVersions map[string]string
 	// span is the call's trace span, ended with its capture.
 	span trace.Span
+	// tail is this turn's conversation, remembered once committed so that
+	// the session's next turn stores only what is new (tails.go).
+	tail *tail
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
@@ -150,11 +153,17 @@ func (s *Server) resolveSession(c *gin.Context, cl *call) error {
 // text served it. The router has not run yet, so the system text is
 // compared after routing, in generate.
 func (s *Server) reusePromptIDs(cl *call, cont *store.Continuation) {
-	if cont.Deployment != cl.req.Model || len(cont.TokenIDs) == 0 {
+	if cont.Deployment != cl.req.Model {
 		return
 	}
-	ids := make([]int, len(cont.TokenIDs))
-	for i, id := range cont.TokenIDs {
+	// The ids are those of the session's last turn this gateway committed;
+	// another turn's are not at hand (they are stored as a suffix).
+	prev := s.tails.get(tailKey{cl.p.TenantID, cont.SessionID})
+	if prev == nil || prev.id != cont.InteractionID || len(prev.ids) == 0 {
+		return
+	}
+	ids := make([]int, len(prev.ids))
+	for i, id := range prev.ids {
 		ids[i] = int(id)
 	}
 	cl.req.PromptTokenIDs = ids
@@ -219,13 +228,26 @@ func toInt32(xs []int) []int32 {
 
 // row builds the interaction to capture from a finished (or failed) call.
 func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr error, status string) *store.NewInteraction {
-	reqJSON, _ := json.Marshal(trajectory.StoredRequest{Request: cl.req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions, Artefacts: cl.target.artefactsKey, Protocol: cl.protocol,
-		ClientRequest: cl.raw, EndUser: cl.endUser})
+	key := tailKey{cl.p.TenantID, cl.sessionID}
+	var prompt []int32
+	if resp != nil {
+		prompt = toInt32(resp.PromptTokenIDs)
+	}
+	// Stored: the messages and prompt ids beyond the session's last turn,
+	// and without the reused prompt ids (the prompt_token_ids column holds
+	// them).
+	req := *cl.req
+	var promptSuffix []int32
+	var prefix store.Prefix
+	req.Messages, promptSuffix, prefix = suffix(s.tails.get(key), cl.req.Messages, prompt)
+	req.PromptTokenIDs = nil
+	reqJSON, _ := json.Marshal(trajectory.StoredRequest{Request: &req, InjectedSystem: cl.target.system, ToolVersions: cl.toolVersions,
+		Artefacts: cl.target.artefactsKey, Protocol: cl.protocol, EndUser: cl.endUser})
 	n := &store.NewInteraction{
 		TenantID: cl.p.TenantID, SessionID: cl.sessionID, IdentityMode: cl.mode, EndUser: cl.endUser,
 		CompletionID: cl.completionID, Protocol: cl.protocol, Stream: cl.stream, Deployment: cl.target.deployment,
 		Request: pgJSON(reqJSON), Status: status, LatencyMS: float64(time.Since(cl.started).Microseconds()) / 1000,
-		RequestID: c.GetString(ctxRequestID), KeyID: cl.p.AccountTo(),
+		RequestID: c.GetString(ctxRequestID), KeyID: cl.p.AccountTo(), Prefix: prefix,
 	}
 	if genErr != nil {
 		n.Error = asAPIError(genErr).Message
@@ -240,7 +262,7 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 		respJSON, _ := json.Marshal(stored)
 		n.Response = pgJSON(respJSON)
 		n.ModelVersion = resp.ModelVersion
-		n.PromptTokenIDs = toInt32(resp.PromptTokenIDs)
+		n.PromptTokenIDs = promptSuffix
 		n.CompletionTokenIDs = toInt32(resp.CompletionTokenIDs)
 		n.Logprobs = resp.Logprobs
 		n.PromptTokens, n.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
@@ -253,6 +275,8 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 		n.FinishReason = resp.FinishReason
 		if status == statusOK {
 			n.ContinuationHash = continuationHash(cl.client, resp.Message)
+			cl.tail = &tail{key: key, messages: append(append(make([]inference.Message, 0, len(cl.req.Messages)+1), cl.req.Messages...), resp.Message),
+				ids: append(append(make([]int32, 0, len(prompt)+len(n.CompletionTokenIDs)), prompt...), n.CompletionTokenIDs...)}
 		}
 	}
 	if n.ModelVersion == "" {
@@ -274,11 +298,16 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (er
 	if err != nil {
 		return &apiError{Status: http.StatusServiceUnavailable, Message: "the interaction could not be recorded; retry", RetryAfter: time.Second}
 	}
+	if cl.tail != nil {
+		cl.tail.id = captured.ID
+		s.tails.put(cl.tail)
+	}
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "prompt").Add(float64(row.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
 	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment, GroupSize: 1}
 	s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()})
 	if cl.done {
+		s.tails.forget(tailKey{cl.p.TenantID, cl.sessionID})
 		if _, err := store.EndSession(c.Request.Context(), s.deps.DB, cl.p.TenantID, cl.sessionID); err != nil {
 			s.deps.Logger.Warn(msgEndAfterDoneFailed, append(logAttrs(c), "session", cl.sessionID, "err", err)...)
 		} else {

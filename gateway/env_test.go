@@ -134,12 +134,16 @@ type capturedRow struct {
 func (e *env) captured(completionID string) capturedRow {
 	e.t.Helper()
 	var r capturedRow
-	err := e.pool.QueryRow(context.Background(), `SELECT i.session_id, s.identity_mode, i.model_version, i.status, i.protocol,
-		i.stream, coalesce(i.prompt_token_ids, '{}'), coalesce(i.completion_token_ids, '{}'), coalesce(i.logprobs, '{}'),
-		i.request, coalesce(i.response, 'null') FROM interactions i JOIN sessions s ON s.id = i.session_id
-		WHERE i.completion_id = $1`, completionID).Scan(&r.SessionID, &r.Mode, &r.Version, &r.Status, &r.Protocol, &r.Stream,
-		&r.PromptIDs, &r.CompletionIDs, &r.Logprobs, &r.Request, &r.Response)
+	var tenant string
+	err := e.pool.QueryRow(context.Background(), `SELECT i.tenant_id, s.identity_mode FROM interactions i
+		JOIN sessions s ON s.tenant_id = i.tenant_id AND s.id = i.session_id
+		WHERE i.completion_id = $1`, completionID).Scan(&tenant, &r.Mode)
 	require.NoError(e.t, err, "interaction %s must be in Postgres", completionID)
+	// Read whole, as every reader does (a later turn is stored as a suffix).
+	it, err := store.InteractionByCompletion(context.Background(), e.pool, tenant, completionID)
+	require.NoError(e.t, err)
+	r.SessionID, r.Version, r.Status, r.Protocol, r.Stream = it.SessionID, it.ModelVersion, it.Status, it.Protocol, it.Stream
+	r.PromptIDs, r.CompletionIDs, r.Logprobs, r.Request, r.Response = it.PromptTokenIDs, it.CompletionTokenIDs, it.Logprobs, it.Request, it.Response
 	return r
 }
 

@@ -92,3 +92,65 @@ func TestCanaryRoutingAndPlaybookInjection(t *testing.T) {
 		return versions["flywheel-policy@v2"] > 0 && versions["flywheel-policy@v1"] > 0
 	}, "about half of new sessions go to the canary once the route cache refreshes")
 }
+
+// TestLaterTurnsStoreOnlyWhatIsNew: a session's second turn is stored as
+// the suffix beyond its first (the new messages and prompt ids, and which
+// turn it continues), without the client's body again; read back, it is
+// whole. A turn that edits the conversation shares only the unedited part.
+func TestLaterTurnsStoreOnlyWhatIsNew(t *testing.T) {
+	e := newEnv(t, envOpts{policy: newPolicy(t)})
+	ctx := context.Background()
+	sys := map[string]any{"role": "system", "content": "You are terse."}
+	body := map[string]any{"model": policyModel, "max_tokens": 4, "messages": []any{sys, map[string]any{"role": "user", "content": "hi"}}}
+	st, c1 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body, "X-Session-Id", "edits")
+	require.Equal(t, 200, st, c1)
+	reply := c1["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	body["messages"] = []any{sys, map[string]any{"role": "user", "content": "hi"},
+		map[string]any{"role": "assistant", "content": reply["content"]}, map[string]any{"role": "user", "content": "more"}}
+	st, c2 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body, "X-Session-Id", "edits")
+	require.Equal(t, 200, st, c2)
+	body["messages"] = []any{sys, map[string]any{"role": "user", "content": "hi, edited"}}
+	st, c3 := e.doJSON("POST", "/v1/chat/completions", e.keyA, body, "X-Session-Id", "edits")
+	require.Equal(t, 200, st, c3)
+
+	type stored struct {
+		id, prefixID               int64
+		prefixMessages, prefixToks int
+		messages                   int
+		promptIDs                  int
+		request                    map[string]json.RawMessage
+	}
+	raw := func(completionID string) stored {
+		var s stored
+		var req []byte
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT id, coalesce(prefix_id, 0), prefix_messages, prefix_tokens,
+			jsonb_array_length(request->'messages'), coalesce(array_length(prompt_token_ids, 1), 0), request
+			FROM interactions WHERE completion_id = $1`, completionID).Scan(&s.id, &s.prefixID, &s.prefixMessages, &s.prefixToks,
+			&s.messages, &s.promptIDs, &req))
+		require.NoError(t, json.Unmarshal(req, &s.request))
+		return s
+	}
+	first, second, third := raw(c1["id"].(string)), raw(c2["id"].(string)), raw(c3["id"].(string))
+	require.Zero(t, first.prefixID, "a session's first turn is whole")
+	require.Equal(t, 2, first.messages)
+	require.NotContains(t, first.request, "client_request", "the client's body is not stored again beside its decoded form")
+	require.NotContains(t, first.request, "prompt_token_ids")
+
+	whole1, whole2 := e.captured(c1["id"].(string)), e.captured(c2["id"].(string))
+	require.Equal(t, first.id, second.prefixID, "turn 2 continues turn 1")
+	require.Equal(t, 3, second.prefixMessages, "system, user, and the reply")
+	require.Equal(t, 1, second.messages, "only the new user message is stored")
+	require.Equal(t, len(whole1.PromptIDs)+len(whole1.CompletionIDs), second.prefixToks, "turn 1's prompt and completion ids are reused")
+	require.Equal(t, len(whole2.PromptIDs)-second.prefixToks, second.promptIDs)
+	require.NotContains(t, second.request, "prompt_token_ids", "the reused ids are not stored in the request")
+
+	require.Equal(t, second.id, third.prefixID, "an edit continues the session's last turn")
+	require.Equal(t, 1, third.prefixMessages, "and shares only the system message")
+	require.Equal(t, 1, third.messages)
+	var req struct {
+		Messages []struct{ Role, Content string }
+	}
+	require.NoError(t, json.Unmarshal(e.captured(c3["id"].(string)).Request, &req))
+	require.Len(t, req.Messages, 2)
+	require.Equal(t, "hi, edited", req.Messages[1].Content)
+}

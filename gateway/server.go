@@ -68,6 +68,7 @@ type Server struct {
 	limiter   *rateLimiter
 	rules     trajectory.Rules
 	notifier  Notifier
+	tails     *tails
 	closeOnce sync.Once
 }
 
@@ -108,6 +109,7 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 		keys:     &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
 		limiter:  &rateLimiter{rps: cfg.RateLimitRPS, burst: cfg.RateLimitBurst, m: map[string]*rateLimiterEntry{}},
 		notifier: deps.Notifier,
+		tails:    newTails(defaultTailBytes),
 	}
 	if s.notifier == nil {
 		s.notifier = nopNotifier{}

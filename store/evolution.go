@@ -111,12 +111,16 @@ ORDER BY count(*) FILTER (WHERE j.failed) DESC, j.tenant_id, j.tool`, deployment
 }
 
 // UserPrompts returns the last user message of up to limit requests of a
-// deployment in [from, to), newest first.
+// deployment in [from, to) that brought one, newest first. A request
+// stored as the suffix of its session's previous turn (migration 00021)
+// holds only its new messages, so a user message counts once, in the turn
+// the user sent it, not again in every later turn that repeats it.
 func UserPrompts(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]string, error) {
 	rows, err := db.Query(ctx, `
-SELECT COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
-                 WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), '')
+SELECT u.content
 FROM interactions i
+CROSS JOIN LATERAL (SELECT m->>'content' AS content FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
+                    WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1) u
 WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
   AND `+consentedSQL+`
 ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
@@ -144,12 +148,17 @@ const consentedSQL = `EXISTS (SELECT 1 FROM sessions cs JOIN tenants ct ON ct.id
 
 // Corrections lists up to limit negatively rewarded interactions of a
 // deployment in [from, to) with the prompt, the answer and the user's next
-// message in the session (the correction), newest first.
+// message in the session (the correction), newest first. The prompt is
+// the last user message of the conversation up to the interaction, found
+// in the newest turn of the session that brought one (a turn stored as a
+// suffix holds only its new messages); the follow-up is the next turn's.
 func Corrections(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]Correction, error) {
 	rows, err := db.Query(ctx, `
 SELECT i.tenant_id, i.session_id,
-  COALESCE((SELECT m->>'content' FROM jsonb_array_elements(i.request->'messages') WITH ORDINALITY AS x(m, n)
-            WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1), ''),
+  COALESCE((SELECT m->>'content' FROM interactions p,
+              jsonb_array_elements(CASE WHEN jsonb_typeof(p.request->'messages') = 'array' THEN p.request->'messages' END) WITH ORDINALITY AS x(m, n)
+            WHERE p.tenant_id = i.tenant_id AND p.session_id = i.session_id AND p.seq <= i.seq AND m->>'role' = 'user'
+            ORDER BY p.seq DESC, n DESC LIMIT 1), ''),
   COALESCE(i.response->'message'->>'content', ''),
   COALESCE((SELECT (SELECT m->>'content' FROM jsonb_array_elements(nx.request->'messages') WITH ORDINALITY AS x(m, n)
                     WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1)

@@ -42,6 +42,20 @@ type NewInteraction struct {
 	RequestID          string
 	// KeyID is the tenant key the call is accounted to (0: none).
 	KeyID int64
+	// Prefix, when set, stores the row as a suffix of an earlier row of
+	// its session: Request's messages and PromptTokenIDs are only those
+	// beyond it. Readers get the whole row back (expand).
+	Prefix Prefix
+}
+
+// Prefix names the earlier interaction of the same session a row
+// continues: the first Messages messages of its conversation (its request's
+// messages, then its reply) and the first Tokens of its prompt then
+// completion token ids are the start of this row's. ID 0: the row is whole.
+type Prefix struct {
+	ID       int64
+	Messages int
+	Tokens   int
 }
 
 // Captured is where a committed interaction landed.
@@ -67,8 +81,9 @@ WITH s AS (
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
 	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
-	continuation_hash, request_id, key_id)
-SELECT $2, $1, s.seq, $6, $7, $8, $3, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, nullif($23, 0::bigint)
+	continuation_hash, request_id, key_id, prefix_id, prefix_messages, prefix_tokens)
+SELECT $2, $1, s.seq, $6, $7, $8, $3, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, nullif($23, 0::bigint),
+	nullif($24, 0::bigint), $25, $26
 FROM s
 RETURNING id, seq, tenant_id, key_id, deployment, status, prompt_tokens, completion_tokens
 )
@@ -91,7 +106,8 @@ func (n *NewInteraction) args() []any {
 	return []any{n.SessionID, n.TenantID, n.Deployment, n.EndUser, n.IdentityMode,
 		n.CompletionID, n.Protocol, n.Stream, n.ModelVersion, n.Request, resp,
 		n.PromptTokenIDs, n.CompletionTokenIDs, n.Logprobs, n.PromptTokens, n.CompletionTokens,
-		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID, n.KeyID}
+		n.FinishReason, n.Status, n.Error, n.LatencyMS, n.ContinuationHash, n.RequestID, n.KeyID,
+		n.Prefix.ID, n.Prefix.Messages, n.Prefix.Tokens}
 }
 
 // Both insert statements also add the inserted rows to usage_daily (per
@@ -127,20 +143,21 @@ WITH s AS (
 INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, stream, deployment,
 	model_version, request, response, prompt_token_ids, completion_token_ids, logprobs,
 	prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms,
-	continuation_hash, request_id, key_id)
+	continuation_hash, request_id, key_id, prefix_id, prefix_messages, prefix_tokens)
 SELECT s.tenant_id, s.id, s.next_seq - r.back, r.completion_id, r.protocol, r.stream, r.deployment, r.model_version,
 	r.request::jsonb, nullif(r.response, '')::jsonb,
 	CASE WHEN r.p_len >= 0 THEN ($27::int[])[r.p_off + 1 : r.p_off + r.p_len] END,
 	CASE WHEN r.c_len >= 0 THEN ($28::int[])[r.c_off + 1 : r.c_off + r.c_len] END,
 	CASE WHEN r.l_len >= 0 THEN ($29::real[])[r.l_off + 1 : r.l_off + r.l_len] END,
 	r.prompt_tokens, r.completion_tokens, r.finish_reason, r.status, r.error, r.latency_ms, r.continuation_hash, r.request_id,
-	nullif(r.key_id, 0)
+	nullif(r.key_id, 0), nullif(r.prefix_id, 0), r.prefix_messages, r.prefix_tokens
 FROM unnest($7::text[], $8::int[], $9::text[], $10::text[], $11::bool[], $12::text[], $13::text[], $14::text[],
 		$15::text[], $16::int[], $17::int[], $18::int[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[],
-		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[], $33::text[], $34::bigint[])
+		$24::text[], $25::text[], $26::text[], $30::float8[], $31::bytea[], $32::text[], $33::text[], $34::bigint[],
+		$35::bigint[], $36::int[], $37::int[])
 	AS r(session_id, back, completion_id, protocol, stream, deployment, model_version, request, response,
 		p_off, p_len, c_off, c_len, l_off, l_len, prompt_tokens, completion_tokens, finish_reason, status, error,
-		latency_ms, continuation_hash, request_id, tenant_id, key_id)
+		latency_ms, continuation_hash, request_id, tenant_id, key_id, prefix_id, prefix_messages, prefix_tokens)
 JOIN s ON s.tenant_id = r.tenant_id AND s.id = r.session_id
 RETURNING completion_id, id, seq, tenant_id, key_id, deployment, status, prompt_tokens, completion_tokens
 )
@@ -226,7 +243,8 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		lps                                                                     flatSlices[float32]
 		lat                                                                     = make([]float64, 0, n)
 		hash                                                                    = make([][]byte, 0, n)
-		keyID                                                                   = make([]int64, 0, n)
+		keyID, prefixID                                                         = make([]int64, 0, n), make([]int64, 0, n)
+		prefixMsgs, prefixToks                                                  = make([]int32, 0, n), make([]int32, 0, n)
 	)
 	index := make(map[string]int, n)
 	for i, r := range rows {
@@ -235,6 +253,7 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 		back = append(back, int32(sessions[key{r.TenantID, r.SessionID}].count-place[i]))
 		ptok, ctok, stream, lat, hash = append(ptok, int32(r.PromptTokens)), append(ctok, int32(r.CompletionTokens)), append(stream, r.Stream), append(lat, r.LatencyMS), append(hash, r.ContinuationHash)
 		req, resp, keyID = append(req, string(r.Request)), append(resp, string(r.Response)), append(keyID, r.KeyID)
+		prefixID, prefixMsgs, prefixToks = append(prefixID, r.Prefix.ID), append(prefixMsgs, int32(r.Prefix.Messages)), append(prefixToks, int32(r.Prefix.Tokens))
 		pids.add(r.PromptTokenIDs)
 		cids.add(r.CompletionTokenIDs)
 		lps.add(r.Logprobs)
@@ -242,7 +261,8 @@ func InsertInteractions(ctx context.Context, db DBTX, rows []*NewInteraction) ([
 	}
 	res, err := db.Query(ctx, insertBatchSQL, sid, sTenant, sDep, sUser, sMode, sCount,
 		rSid, back, cid, proto, stream, dep, version, req, resp, pids.off, pids.len, cids.off, cids.len, lps.off, lps.len,
-		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID, rTenant, keyID)
+		ptok, ctok, finish, status, errText, pids.flat, cids.flat, lps.flat, lat, hash, reqID, rTenant, keyID,
+		prefixID, prefixMsgs, prefixToks)
 	if err != nil {
 		return nil, nil, fmt.Errorf("insert interactions: %w", err)
 	}
@@ -312,14 +332,21 @@ type Interaction struct {
 
 const interactionColumns = `id, session_id, seq, completion_id, protocol, stream, deployment, model_version,
 	request, coalesce(response, 'null'::jsonb), coalesce(prompt_token_ids, '{}'), coalesce(completion_token_ids, '{}'),
-	coalesce(logprobs, '{}'), prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, request_id, created_at`
+	coalesce(logprobs, '{}'), prompt_tokens, completion_tokens, finish_reason, status, error, latency_ms, request_id, created_at,
+	coalesce(prefix_id, 0), prefix_messages, prefix_tokens`
 
-func scanInteraction(row pgx.Row) (*Interaction, error) {
+// scanInteraction reads a row of interactionColumns and rebuilds it whole.
+func scanInteraction(ctx context.Context, db DBTX, row pgx.Row) (*Interaction, error) {
 	var it Interaction
+	var p Prefix
 	err := row.Scan(&it.ID, &it.SessionID, &it.Seq, &it.CompletionID, &it.Protocol, &it.Stream, &it.Deployment,
 		&it.ModelVersion, &it.Request, &it.Response, &it.PromptTokenIDs, &it.CompletionTokenIDs, &it.Logprobs,
 		&it.PromptTokens, &it.CompletionTokens, &it.FinishReason, &it.Status, &it.Error, &it.LatencyMS,
-		&it.RequestID, &it.CreatedAt)
+		&it.RequestID, &it.CreatedAt, &p.ID, &p.Messages, &p.Tokens)
+	if err == nil {
+		err = expand(ctx, db, []turn{{id: it.ID, prefix: p, request: (*[]byte)(&it.Request), response: (*[]byte)(&it.Response),
+			prompt: &it.PromptTokenIDs, completion: &it.CompletionTokenIDs}})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -332,10 +359,7 @@ type Continuation struct {
 	SessionID     string
 	InteractionID int64
 	// Hash is which of the candidate hashes matched.
-	Hash []byte
-	// TokenIDs are the stored prompt ids followed by the completion ids:
-	// the token form of the conversation up to and including the response.
-	TokenIDs   []int32
+	Hash       []byte
 	Deployment string
 	// InjectedSystem is the system text the gateway injected into that
 	// call (the stored request's injected_system).
@@ -351,15 +375,13 @@ func FindContinuation(ctx context.Context, db DBTX, tenantID string, hashes [][]
 	}
 	var c Continuation
 	err := db.QueryRow(ctx, `
-		SELECT i.session_id, i.id, i.continuation_hash,
-			coalesce(i.prompt_token_ids, '{}') || coalesce(i.completion_token_ids, '{}'),
-			i.deployment, coalesce(i.request->>'injected_system', '')
+		SELECT i.session_id, i.id, i.continuation_hash, i.deployment, coalesce(i.request->>'injected_system', '')
 		FROM unnest($2::bytea[]) WITH ORDINALITY AS h(hash, ord)
 		JOIN interactions i ON i.tenant_id = $1 AND i.continuation_hash = h.hash
 		JOIN sessions s ON s.tenant_id = i.tenant_id AND s.id = i.session_id AND s.status = 'open'
 		WHERE i.status = 'ok'
 		ORDER BY h.ord, i.id DESC
-		LIMIT 1`, tenantID, hashes).Scan(&c.SessionID, &c.InteractionID, &c.Hash, &c.TokenIDs,
+		LIMIT 1`, tenantID, hashes).Scan(&c.SessionID, &c.InteractionID, &c.Hash,
 		&c.Deployment, &c.InjectedSystem)
 	if err != nil {
 		return nil, notFound(err)
@@ -370,7 +392,7 @@ func FindContinuation(ctx context.Context, db DBTX, tenantID string, hashes [][]
 // InteractionByCompletion finds the tenant's interaction by the id the
 // client saw.
 func InteractionByCompletion(ctx context.Context, db DBTX, tenantID, completionID string) (*Interaction, error) {
-	it, err := scanInteraction(db.QueryRow(ctx, `SELECT `+interactionColumns+` FROM interactions
+	it, err := scanInteraction(ctx, db, db.QueryRow(ctx, `SELECT `+interactionColumns+` FROM interactions
 		WHERE tenant_id = $1 AND completion_id = $2`, tenantID, completionID))
 	if err != nil {
 		return nil, notFound(err)

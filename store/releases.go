@@ -335,7 +335,9 @@ type RecordedPrompt struct {
 // since t, newest first; rewardedOnly keeps those with a reward.
 func RecentPrompts(ctx context.Context, db DBTX, deployment string, since time.Time, limit int, rewardedOnly bool) ([]RecordedPrompt, error) {
 	rows, err := db.Query(ctx, `
-SELECT i.id, i.request, COALESCE(i.response, 'null'::jsonb), i.status, r.reward
+SELECT i.id, i.request, COALESCE(i.response, 'null'::jsonb), i.status, r.reward,
+       coalesce(i.prefix_id, 0), i.prefix_messages, i.prefix_tokens,
+       coalesce(i.prompt_token_ids, '{}'), coalesce(i.completion_token_ids, '{}')
 FROM interactions i
 CROSS JOIN LATERAL (SELECT COALESCE(
     (SELECT avg(w.value) FROM rewards w WHERE w.interaction_id = i.id),
@@ -347,11 +349,25 @@ LIMIT $3`, deployment, since, limit, rewardedOnly)
 	if err != nil {
 		return nil, fmt.Errorf("recent prompts of %s: %w", deployment, err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RecordedPrompt, error) {
+	var turns []turn
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RecordedPrompt, error) {
 		var p RecordedPrompt
-		err := r.Scan(&p.InteractionID, &p.Request, &p.Response, &p.Status, &p.Reward)
+		t := turn{prompt: new([]int32), completion: new([]int32)}
+		err := r.Scan(&p.InteractionID, &p.Request, &p.Response, &p.Status, &p.Reward,
+			&t.prefix.ID, &t.prefix.Messages, &t.prefix.Tokens, t.prompt, t.completion)
+		turns = append(turns, t)
 		return p, err
 	})
+	if err != nil {
+		return nil, fmt.Errorf("recent prompts of %s: %w", deployment, err)
+	}
+	for k := range out {
+		turns[k].id, turns[k].request, turns[k].response = out[k].InteractionID, &out[k].Request, &out[k].Response
+	}
+	if err := expand(ctx, db, turns); err != nil {
+		return nil, fmt.Errorf("recent prompts of %s: %w", deployment, err)
+	}
+	return out, nil
 }
 
 // Checkpoints are the checkpoint paths of the named versions of a

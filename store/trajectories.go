@@ -71,24 +71,35 @@ type InteractionRow struct {
 	CreatedAt                       time.Time
 }
 
-// SessionInteractions lists a session's interactions in order.
+// SessionInteractions lists a session's interactions in order, each whole.
 func SessionInteractions(ctx context.Context, db DBTX, tenantID, sessionID string) ([]InteractionRow, error) {
 	rows, err := db.Query(ctx, `
 SELECT id, seq, completion_id, deployment, model_version, request, response,
        prompt_token_ids, completion_token_ids, logprobs, prompt_tokens, completion_tokens,
-       finish_reason, status, error, latency_ms, created_at
+       finish_reason, status, error, latency_ms, created_at, coalesce(prefix_id, 0), prefix_messages, prefix_tokens
 FROM interactions WHERE tenant_id = $1 AND session_id = $2 ORDER BY seq`, tenantID, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("list interactions of %s: %w", sessionID, err)
 	}
+	var prefixes []Prefix
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (InteractionRow, error) {
 		var i InteractionRow
+		var p Prefix
 		err := r.Scan(&i.ID, &i.Seq, &i.CompletionID, &i.Deployment, &i.ModelVersion, &i.Request, &i.Response,
 			&i.PromptTokenIDs, &i.CompletionTokenIDs, &i.Logprobs, &i.PromptTokens, &i.CompletionTokens,
-			&i.FinishReason, &i.Status, &i.ErrorText, &i.LatencyMS, &i.CreatedAt)
+			&i.FinishReason, &i.Status, &i.ErrorText, &i.LatencyMS, &i.CreatedAt, &p.ID, &p.Messages, &p.Tokens)
+		prefixes = append(prefixes, p)
 		return i, err
 	})
 	if err != nil {
+		return nil, fmt.Errorf("list interactions of %s: %w", sessionID, err)
+	}
+	turns := make([]turn, len(out))
+	for k := range out {
+		i := &out[k]
+		turns[k] = turn{id: i.ID, prefix: prefixes[k], request: &i.Request, response: &i.Response, prompt: &i.PromptTokenIDs, completion: &i.CompletionTokenIDs}
+	}
+	if err := expand(ctx, db, turns); err != nil {
 		return nil, fmt.Errorf("list interactions of %s: %w", sessionID, err)
 	}
 	return out, nil

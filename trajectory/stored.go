@@ -14,8 +14,9 @@ import (
 )
 
 // StoredRequest is an interaction's request JSON as the gateway writes it:
-// the neutral request the backend saw plus the client's own body, byte for
-// byte, for lossless replay.
+// the neutral request the backend saw, with what the gateway added. (Rows
+// captured before migration 00021 also hold the client's body as
+// "client_request", which nothing reads.)
 type StoredRequest struct {
 	*inference.Request
 	// InjectedSystem is the artefact text (playbook, harness) the gateway
@@ -25,10 +26,9 @@ type StoredRequest struct {
 	// Artefacts names the artefact versions the call was served under
 	// ("+harness:1+playbook:3", store.ArtefactSuffix): an artefact
 	// release's canary compares its candidate's calls with the others'.
-	Artefacts     string          `json:"artefacts,omitempty"`
-	Protocol      string          `json:"protocol"`
-	ClientRequest json.RawMessage `json:"client_request"`
-	EndUser       string          `json:"end_user,omitempty"`
+	Artefacts string `json:"artefacts,omitempty"`
+	Protocol  string `json:"protocol"`
+	EndUser   string `json:"end_user,omitempty"`
 }
 
 // StoredResponse is the part of an interaction's response JSON (an
