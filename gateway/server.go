@@ -18,6 +18,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
@@ -87,7 +88,10 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
 	if deps.Registry == nil {
+		// The process's own figures (goroutines, heap, RSS, open files)
+		// beside the gateway's: what a soak or a fault test reads for leaks.
 		deps.Registry = prometheus.NewRegistry()
+		deps.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	rules, err := trajectory.NewRules(cfg, deps.Tokenizers)
 	if err != nil {
