@@ -1,35 +1,57 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 )
 
-// Snapshot commits a prepared sandbox's filesystem as an image from which
-// identical sandboxes can be started (process state is not kept). The image
-// is labelled for the janitor; remove it with RemoveSnapshot.
+// Snapshot makes an image from which sandboxes start with sb's /workspace
+// as it is now (process state, /tmp and the home directory are not kept).
+// The root filesystem is read-only and /workspace a tmpfs, which a commit
+// would not see, so the snapshot is a build: sb's image with its /workspace
+// replaced by a tarball packed inside sb. The image is labelled for the
+// janitor; remove it with RemoveSnapshot.
 func (m *Manager) Snapshot(ctx context.Context, sb *Sandbox) (Image, error) {
-	var nonce [6]byte
-	_, _ = rand.Read(nonce[:])
-	ref := "flywheel-sandbox/snapshot:" + hex.EncodeToString(nonce[:])
-	res, err := m.cli.ContainerCommit(ctx, sb.ID, client.ContainerCommitOptions{
-		Reference: ref,
-		Comment:   "flywheel sandbox snapshot of " + short(sb.ID),
-		Changes: []string{
-			"LABEL " + LabelManaged + "=1 " + LabelKind + "=snapshot " + LabelOwner + "=" + m.cfg.Owner,
-		},
-	})
+	tree, err := sb.packWorkspace(ctx)
 	if err != nil {
 		return Image{}, fmt.Errorf("snapshot sandbox %s: %w", short(sb.ID), err)
 	}
-	return Image{Ref: ref, ContentHash: res.ID, HasAgent: sb.Image.HasAgent}, nil
+	var nonce [6]byte
+	_, _ = rand.Read(nonce[:])
+	ref := "flywheel-sandbox/snapshot:" + hex.EncodeToString(nonce[:])
+	dockerfile := strings.Join([]string{
+		"FROM " + sb.Image.Ref,
+		"USER 0:0",
+		"RUN rm -rf " + Workspace + " && mkdir -m 0755 " + Workspace + " && chown " + SandboxUser + " " + Workspace,
+		// ADD unpacks a local tarball keeping its owners: the sandbox user.
+		"ADD workspace.tar /",
+		"USER " + SandboxUser,
+	}, "\n") + "\n"
+	var buf bytes.Buffer
+	tw := newTarWriter(&buf)
+	tw.file("Dockerfile", []byte(dockerfile), 0o644, 0)
+	tw.file("workspace.tar", tree, 0o644, 0)
+	if err := tw.close(); err != nil {
+		return Image{}, err
+	}
+	labels := map[string]string{LabelKind: "snapshot", LabelOwner: m.cfg.Owner}
+	if err := buildImage(ctx, m.cli, &buf, ref, labels); err != nil {
+		return Image{}, fmt.Errorf("snapshot sandbox %s: %w", short(sb.ID), err)
+	}
+	ins, err := m.cli.ImageInspect(ctx, ref)
+	if err != nil {
+		return Image{}, fmt.Errorf("snapshot sandbox %s: %w", short(sb.ID), err)
+	}
+	return Image{Ref: ref, ContentHash: ins.ID, HasAgent: sb.Image.HasAgent}, nil
 }
 
 // RemoveSnapshot deletes a snapshot image once no sandbox uses it.
