@@ -278,3 +278,26 @@ func TestEscapeRunningPastTheTimeLimit(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 3*time.Second)
 }
+
+func TestEscapeTamperingWithTheAgent(t *testing.T) {
+	cli := dockerClient(t)
+	m := newManager(t, cli, sandbox.Config{})
+	sb := newSandbox(t, m, baseImage(t, cli))
+
+	// What a command may do to another process of the same user: read its
+	// environment, list its open files, open its memory (ptrace access).
+	const probe = `cat /proc/%[1]s/environ >/dev/null 2>&1 && echo environ; ls /proc/%[1]s/fd >/dev/null 2>&1 && echo fd; ` +
+		`dd if=/proc/%[1]s/mem of=/dev/null bs=1 count=1 2>&1 | grep -q 'Permission denied' || echo mem`
+	res, err := sb.Exec(context.Background(), sandbox.ExecRequest{Cmd: "setsid sleep 300 >/dev/null 2>&1 & echo $!", KeepStrays: true})
+	require.NoError(t, err)
+	sleeper := strings.TrimSpace(string(res.Stdout))
+	require.Equal(t, "environ\nfd\nmem\n", string(run(t, sb, fmt.Sprintf(probe, sleeper)).Stdout), "control: a plain process of the user is open")
+
+	agentPID := strings.TrimSpace(string(run(t, sb, `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "`+sandbox.AgentPath+` " ] && echo ${p#/proc/}; done`).Stdout))
+	require.NotEmpty(t, agentPID, "the agent process is found")
+	require.Equal(t, sandbox.SandboxUser, strings.Join(strings.Fields(string(run(t, sb, "awk '/^Uid:/ {print $2} /^Gid:/ {print $2}' /proc/"+agentPID+"/status").Stdout)), ":"),
+		"the agent shares the commands' uid, so only non-dumpability shields it")
+	require.Empty(t, string(run(t, sb, fmt.Sprintf(probe, agentPID)).Stdout), "a command can reach into the agent")
+	_, err = sb.Ping(context.Background())
+	require.NoError(t, err)
+}

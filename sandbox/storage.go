@@ -113,8 +113,10 @@ func (sb *Sandbox) unpackWorkspace(ctx context.Context, tree []byte) error {
 // container: every process but init and the agent is killed, every writable
 // mount is emptied and checked empty, and /workspace is unpacked again from
 // the image. The root filesystem is read-only, so these mounts are all a
-// previous user could have changed; kernel state outside them (a process's
-// cgroup usage) is not reset.
+// previous user could have changed on disk. Kernel state outside them (SysV
+// IPC objects, cgroup counters) is not reset, so a reset sandbox belongs to
+// the same rollout (a retry, the next attempt of the same agent), never to
+// another one: Release still removes, the pool never reuses.
 func (sb *Sandbox) Reset(ctx context.Context) error {
 	if _, err := sb.KillStrays(ctx); err != nil {
 		return fmt.Errorf("reset %s: %w", short(sb.ID), err)
