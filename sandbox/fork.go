@@ -7,7 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
+	"path"
 	"sync"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -17,9 +17,11 @@ import (
 // Snapshot makes an image from which sandboxes start with sb's /workspace
 // as it is now (process state, /tmp and the home directory are not kept).
 // The root filesystem is read-only and /workspace a tmpfs, which a commit
-// would not see, so the snapshot is a build: sb's image with its /workspace
-// replaced by a tarball packed inside sb. The image is labelled for the
-// janitor; remove it with RemoveSnapshot.
+// would not see, so the snapshot is a build: sb's image plus a tarball of
+// /workspace packed inside sb, added at a path of its own that a label
+// names (the image's /workspace would need a RUN to empty it first, which
+// costs a container start). The image is labelled for the janitor; remove
+// it with RemoveSnapshot.
 func (m *Manager) Snapshot(ctx context.Context, sb *Sandbox) (Image, error) {
 	tree, err := sb.packWorkspace(ctx)
 	if err != nil {
@@ -27,15 +29,10 @@ func (m *Manager) Snapshot(ctx context.Context, sb *Sandbox) (Image, error) {
 	}
 	var nonce [6]byte
 	_, _ = rand.Read(nonce[:])
-	ref := "flywheel-sandbox/snapshot:" + hex.EncodeToString(nonce[:])
-	dockerfile := strings.Join([]string{
-		"FROM " + sb.Image.Ref,
-		"USER 0:0",
-		"RUN rm -rf " + Workspace + " && mkdir -m 0755 " + Workspace + " && chown " + SandboxUser + " " + Workspace,
-		// ADD unpacks a local tarball keeping its owners: the sandbox user.
-		"ADD workspace.tar /",
-		"USER " + SandboxUser,
-	}, "\n") + "\n"
+	id := hex.EncodeToString(nonce[:])
+	ref := "flywheel-sandbox/snapshot:" + id
+	dir := "/.flywheel/snapshot-" + id
+	dockerfile := "FROM " + sb.Image.Ref + "\nADD workspace.tar " + dir + "/\n"
 	var buf bytes.Buffer
 	tw := newTarWriter(&buf)
 	tw.file("Dockerfile", []byte(dockerfile), 0o644, 0)
@@ -43,7 +40,7 @@ func (m *Manager) Snapshot(ctx context.Context, sb *Sandbox) (Image, error) {
 	if err := tw.close(); err != nil {
 		return Image{}, err
 	}
-	labels := map[string]string{LabelKind: "snapshot", LabelOwner: m.cfg.Owner}
+	labels := map[string]string{LabelKind: "snapshot", LabelOwner: m.cfg.Owner, labelWorkspace: path.Join(dir, "workspace")}
 	if err := buildImage(ctx, m.cli, &buf, ref, labels); err != nil {
 		return Image{}, fmt.Errorf("snapshot sandbox %s: %w", short(sb.ID), err)
 	}

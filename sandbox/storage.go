@@ -34,6 +34,10 @@ func tmpfsOptions(size int64, mode uint32, uid int) string {
 	return fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=%o,uid=%d,gid=%d", size, mode, uid, uid)
 }
 
+// labelWorkspace on an image (a snapshot) names the directory that holds
+// its /workspace, instead of /workspace itself.
+const labelWorkspace = "flywheel.sandbox.workspace-from"
+
 // workspaceTree returns the tarball of img's /workspace, nil when it holds
 // nothing, read from container id on the first call for this image.
 func (m *Manager) workspaceTree(ctx context.Context, id string, img Image) ([]byte, error) {
@@ -47,12 +51,20 @@ func (m *Manager) workspaceTree(ctx context.Context, id string, img Image) ([]by
 	if ok {
 		return tree, nil
 	}
-	res, err := m.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: Workspace})
+	src := Workspace
+	ins, err := m.cli.ImageInspect(ctx, img.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("inspect %s: %w", img.Ref, err)
+	}
+	if ins.Config != nil && ins.Config.Labels[labelWorkspace] != "" {
+		src = ins.Config.Labels[labelWorkspace]
+	}
+	res, err := m.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: src})
 	switch {
 	case cerrdefs.IsNotFound(err):
 		// A foreign image without /workspace: the tmpfs starts empty.
 	case err != nil:
-		return nil, fmt.Errorf("read %s of %s: %w", Workspace, img.Ref, err)
+		return nil, fmt.Errorf("read %s of %s: %w", src, img.Ref, err)
 	default:
 		defer res.Content.Close()
 		tree, err = io.ReadAll(io.LimitReader(res.Content, maxWorkspaceTree+1))
