@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/stretchr/testify/require"
@@ -16,13 +17,17 @@ func TestBenchRuns(t *testing.T) {
 	baseImage(t, cli)
 	var progress strings.Builder
 	res, err := sandbox.RunBench(context.Background(), cli, sandbox.BenchConfig{
-		Provisions: 1, PoolSize: 2, AcquireRounds: 1, AgentExecs: 5, DockerExecs: 2, Forks: 2, Concurrent: 2, Progress: &progress,
+		Provisions: 1, PoolSize: 2, Concurrent: 3, Rounds: 2, Hold: 100 * time.Millisecond, Resets: 2,
+		AgentExecs: 5, DockerExecs: 2, Forks: 2, Progress: &progress,
 	})
 	require.NoError(t, err)
-	require.Equal(t, 2, res.AcquireSamples)
+	require.Equal(t, 6, res.ReadySamples)
+	require.Equal(t, 3, res.ReadyConcurrent)
+	require.GreaterOrEqual(t, res.MaxLive, 3)
+	require.Positive(t, res.ReadyVsCreate)
+	require.Positive(t, res.ResetSpeedup)
 	require.Equal(t, 2, res.Forks)
-	require.Equal(t, 2, res.MaxConcurrent)
 	require.Positive(t, res.ExecAgentP50MS)
 	require.Positive(t, res.ExecDockerP50MS)
-	require.Contains(t, progress.String(), "acquire (warm pool of 2)")
+	require.Contains(t, progress.String(), "ready (3 rollouts in flight, pool of 2 refilling)")
 }

@@ -7,6 +7,9 @@
 // A sandbox must never be reachable from the network and never runs as root:
 // every container is created with network mode "none", a non-root user, all
 // capabilities dropped, no-new-privileges, an init process and cgroup limits.
+// Its root filesystem is read-only; all it can write is size-bounded tmpfs
+// mounts, because overlay storage has no quota on most engines. The escapes
+// tried against these defences, and what holds them, are in docs/sandbox.md.
 // Everything this package creates carries the label LabelManaged so that the
 // janitor, and only the janitor, can find and remove it after a crash.
 package sandbox

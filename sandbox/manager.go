@@ -26,7 +26,20 @@ type Limits struct {
 	MemoryBytes int64
 	// Pids caps the number of processes (fork bombs); default 256.
 	Pids int64
+	// DiskBytes bounds /workspace. The root filesystem is read-only and
+	// everything writable is a tmpfs, because overlay storage has no quota
+	// on most engines (fuse-overlayfs, overlay2 off xfs): tmpfs pages count
+	// against MemoryBytes, so a sandbox can never fill the host's disk.
+	// Default MemoryBytes/2.
+	DiskBytes int64
+	// ScratchBytes bounds each of /tmp, /var/tmp, the sandbox user's home
+	// and /dev/shm; default MemoryBytes/16.
+	ScratchBytes int64
 }
+
+// scratchMounts are the writable tmpfs mounts besides /workspace; /dev/shm
+// is the fourth scratch area (ShmSize).
+var scratchMounts = []string{"/tmp", "/var/tmp", SandboxHome}
 
 func (l Limits) withDefaults() Limits {
 	if l.CPUs == 0 {
@@ -37,6 +50,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.Pids == 0 {
 		l.Pids = 256
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = l.MemoryBytes / 2
+	}
+	if l.ScratchBytes == 0 {
+		l.ScratchBytes = l.MemoryBytes / 16
 	}
 	return l
 }
@@ -49,6 +68,12 @@ func (l Limits) validate() error {
 		return fmt.Errorf("sandbox limits: MemoryBytes %d below the engine minimum of 6 MiB", l.MemoryBytes)
 	case l.Pids < 8:
 		return fmt.Errorf("sandbox limits: Pids %d below 8", l.Pids)
+	case l.DiskBytes < 1<<20 || l.ScratchBytes < 1<<20:
+		return fmt.Errorf("sandbox limits: DiskBytes %d and ScratchBytes %d must be at least 1 MiB", l.DiskBytes, l.ScratchBytes)
+	case l.DiskBytes+int64(len(scratchMounts)+1)*l.ScratchBytes > l.MemoryBytes:
+		// Full storage must end in ENOSPC, not in an OOM kill of whatever
+		// runs next.
+		return fmt.Errorf("sandbox limits: DiskBytes %d plus 4 × ScratchBytes %d exceed MemoryBytes %d (tmpfs is memory)", l.DiskBytes, l.ScratchBytes, l.MemoryBytes)
 	}
 	return nil
 }
@@ -128,6 +153,7 @@ type Manager struct {
 	mu    sync.Mutex
 	live  map[string]*Sandbox
 	pools map[string]*pool
+	trees map[string][]byte // image content hash → tarball of its /workspace
 	wg    sync.WaitGroup
 	ctx   context.Context // background work; cancelled by Close
 	stop  context.CancelFunc
@@ -145,7 +171,7 @@ func NewManager(cli *client.Client, cfg Config) (*Manager, error) {
 	return &Manager{
 		cli: cli, cfg: cfg, log: cfg.Logger,
 		sem:  make(chan struct{}, cfg.ProvisionConcurrency),
-		live: make(map[string]*Sandbox), pools: make(map[string]*pool),
+		live: make(map[string]*Sandbox), pools: make(map[string]*pool), trees: make(map[string][]byte),
 		ctx: ctx, stop: stop,
 	}, nil
 }
@@ -183,13 +209,24 @@ func (m *Manager) hostConfig() *container.HostConfig {
 	lim := m.cfg.Limits
 	pids := lim.Pids
 	init := true
+	tmpfs := map[string]string{Workspace: tmpfsOptions(lim.DiskBytes, 0o755, SandboxUID)}
+	for _, p := range scratchMounts {
+		if p == SandboxHome {
+			tmpfs[p] = tmpfsOptions(lim.ScratchBytes, 0o755, SandboxUID)
+		} else {
+			tmpfs[p] = tmpfsOptions(lim.ScratchBytes, 0o1777, 0)
+		}
+	}
 	return &container.HostConfig{
-		NetworkMode: "none",
-		Init:        &init,
-		CapDrop:     []string{"ALL"},
-		SecurityOpt: []string{"no-new-privileges"},
-		IpcMode:     "private",
-		LogConfig:   container.LogConfig{Type: "none"},
+		NetworkMode:    "none",
+		Init:           &init,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		IpcMode:        "private",
+		ShmSize:        lim.ScratchBytes,
+		ReadonlyRootfs: true,
+		Tmpfs:          tmpfs,
+		LogConfig:      container.LogConfig{Type: "none"},
 		Resources: container.Resources{
 			NanoCPUs:   int64(lim.CPUs * 1e9),
 			Memory:     lim.MemoryBytes,
@@ -250,6 +287,11 @@ func (m *Manager) create(ctx context.Context, img Image) (*Sandbox, error) {
 		m.removeContainer(created.ID)
 		return nil, err
 	}
+	// Read before start: once started, the tmpfs hides the image's tree.
+	tree, err := m.workspaceTree(ctx, created.ID, img)
+	if err != nil {
+		return fail(err)
+	}
 	if img.HasAgent {
 		// Attach before start so not a byte of the agent's stream is missed.
 		if err := sb.attach(ctx); err != nil {
@@ -267,6 +309,12 @@ func (m *Manager) create(ctx context.Context, img Image) (*Sandbox, error) {
 			sb.conn.close()
 			return fail(fmt.Errorf("sandbox %s agent handshake: %w", short(created.ID), err))
 		}
+	}
+	if err := sb.unpackWorkspace(ctx, tree); err != nil {
+		if sb.conn != nil {
+			sb.conn.close()
+		}
+		return fail(err)
 	}
 	m.track(sb)
 	return sb, nil

@@ -60,6 +60,17 @@ func TestForkStartsCopiesOfAPreparedSandbox(t *testing.T) {
 	// Forks are independent of each other and of the source.
 	require.Equal(t, "1", string(run(t, forks[1], "cat mine.txt").Stdout))
 	require.NotEqual(t, 0, run(t, src, "test -e mine.txt").ExitCode)
+
+	// A fork of a fork keeps what its source deleted deleted.
+	require.Equal(t, 0, run(t, forks[0], "rm state.txt").ExitCode)
+	snap2, again, err := m.Fork(ctx, forks[0], 1)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, m.Release(context.Background(), again[0]))
+		require.NoError(t, m.RemoveSnapshot(context.Background(), snap2))
+	})
+	require.NotEqual(t, 0, run(t, again[0], "test -e state.txt").ExitCode)
+	require.Equal(t, "0", string(run(t, again[0], "cat mine.txt").Stdout))
 }
 
 func TestSandboxCanBeReattachedByID(t *testing.T) {

@@ -1,12 +1,10 @@
 package sandbox
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"path"
 	"strconv"
 	"strings"
@@ -274,28 +272,25 @@ func (sb *Sandbox) KillStrays(ctx context.Context) (int, error) {
 	return resp.Killed, err
 }
 
+// readFileDocker reads through a shell: `docker cp` does not see tmpfs
+// mounts, and every writable place of a sandbox is one.
 func (sb *Sandbox) readFileDocker(ctx context.Context, p string, maxBytes int64) ([]byte, int64, error) {
 	if maxBytes <= 0 {
 		maxBytes = agent.DefaultReadBytes
 	}
-	res, err := sb.m.cli.CopyFromContainer(ctx, sb.ID, client.CopyFromContainerOptions{SourcePath: p})
+	q := shellQuote(p)
+	res, err := sb.ExecDocker(ctx, ExecRequest{
+		Cmd:       fmt.Sprintf("if [ -f %s ]; then cat %s; else echo 'not a regular file' >&2; exit 2; fi", q, q),
+		MaxOutput: maxBytes,
+		Timeout:   30 * time.Second,
+	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("read file %s: %w", p, err)
 	}
-	defer res.Content.Close()
-	tr := tar.NewReader(res.Content)
-	h, err := tr.Next()
-	if err != nil {
-		return nil, 0, fmt.Errorf("read file %s: %w", p, err)
+	if res.ExitCode != 0 {
+		return nil, 0, fmt.Errorf("read file %s: %s", p, bytes.TrimSpace(res.Stderr))
 	}
-	if h.Typeflag != tar.TypeReg {
-		return nil, 0, fmt.Errorf("read file %s: not a regular file", p)
-	}
-	data, err := io.ReadAll(io.LimitReader(tr, maxBytes))
-	if err != nil {
-		return nil, 0, fmt.Errorf("read file %s: %w", p, err)
-	}
-	return data, h.Size, nil
+	return res.Stdout, res.StdoutSize, nil
 }
 
 // writeFileDocker writes through a shell as the sandbox user: copying a tar

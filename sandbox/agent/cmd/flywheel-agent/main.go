@@ -15,6 +15,10 @@ func main() {
 		fmt.Println(agent.ProtocolVersion)
 		return
 	}
+	if err := guardFromCommands(); err != nil {
+		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
+		os.Exit(1)
+	}
 	s := &agent.Server{Log: os.Stderr}
 	if err := s.Serve(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
