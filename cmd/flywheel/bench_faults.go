@@ -46,4 +46,33 @@ func init() {
 		fmt.Println(string(out))
 		return nil
 	}
+
+	benchCommands["soak"] = func(ctx context.Context, args []string) error {
+		sc := faults.SoakConfig{Out: os.Stdout}
+		_, _, err := loadConfig("bench soak", args, func(fs *flag.FlagSet) {
+			fs.DurationVar(&sc.Duration, "duration", 20*time.Minute, "length of the soak")
+			fs.DurationVar(&sc.Sample, "sample", 30*time.Second, "time between samples")
+			fs.Float64Var(&sc.Load, "load", 0.5, "share of the measured capacity offered, open loop")
+			fs.DurationVar(&sc.Capacity, "capacity", 15*time.Second, "length of the closed-loop capacity measurement")
+			fs.IntVar(&sc.CapacityClients, "capacity-clients", 32, "agents in the capacity measurement")
+			fs.StringVar(&sc.TemporalCLI, "temporal-cli", os.Getenv("FLYWHEEL_TEMPORAL_CLI"), "the temporal CLI whose dev server the run starts (env FLYWHEEL_TEMPORAL_CLI)")
+			fs.BoolVar(&sc.Keep, "keep", false, "leave the run's directory (logs, data) under /var/tmp")
+		})
+		if err != nil {
+			return err
+		}
+		if sc.TemporalCLI == "" {
+			return fmt.Errorf("bench soak: --temporal-cli is required (eval \"$(scripts/services.sh env)\" sets FLYWHEEL_TEMPORAL_CLI)")
+		}
+		if sc.Bin, err = os.Executable(); err != nil {
+			return err
+		}
+		res, err := faults.RunSoak(ctx, sc)
+		if err != nil {
+			return fmt.Errorf("bench soak: %w", err)
+		}
+		out, _ := json.Marshal(res)
+		fmt.Println(string(out))
+		return nil
+	}
 }

@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -311,18 +310,8 @@ func awaitWorkflows(ctx context.Context, st *stack, tenant string, sessions []st
 
 // goroutines reads go_goroutines from the gateway's /metrics (-1: none).
 func goroutines(addr string) int {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
-			n, _ := strconv.ParseFloat(v, 64)
-			return int(n)
-		}
+	if v, ok := metrics(addr, "go_goroutines")["go_goroutines"]; ok {
+		return int(v)
 	}
 	return -1
 }

@@ -1,7 +1,9 @@
-// Package faults runs `flywheel bench faults`: a private stack (its own
-// Postgres cluster, Temporal dev server and `flywheel up`), a bounded load
-// of OpenAI-protocol clients against it, and one fault at a time, counting
-// what the clients were told against what Postgres and Temporal hold.
+// Package faults runs `flywheel bench faults` and `flywheel bench soak`
+// on a private stack (its own Postgres cluster, Temporal dev server and
+// `flywheel up`) under a load of OpenAI-protocol clients: one fault at a
+// time, counting what the clients were told against what Postgres and
+// Temporal hold; or a long run at half capacity, sampling what the
+// process and Postgres hold over time.
 package faults
 
 import (
