@@ -49,7 +49,6 @@ var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:\-]{1,128}$`)
 type call struct {
 	protocol string
 	stream   bool
-	raw      []byte
 	req      *inference.Request
 	// client are the messages as the client sent them (before injection):
 	// what conversation hashes cover.
@@ -76,9 +75,9 @@ type call struct {
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
-func (s *Server) prepare(c *gin.Context, protocol string, raw []byte, req *inference.Request, stream bool, endUser string) (*call, error) {
+func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request, stream bool, endUser string) (*call, error) {
 	p := principalOf(c)
-	cl := &call{protocol: protocol, stream: stream, raw: raw, req: req, p: p, endUser: endUser, started: time.Now()}
+	cl := &call{protocol: protocol, stream: stream, req: req, p: p, endUser: endUser, started: time.Now()}
 	cl.client = append([]inference.Message(nil), req.Messages...)
 	if err := p.mayUse(req.Model); err != nil {
 		return nil, err

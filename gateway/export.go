@@ -331,6 +331,9 @@ func (s *Server) forget(c *gin.Context) {
 		abort(c, err)
 		return
 	}
+	for _, sid := range res.Sessions {
+		s.tails.forget(tailKey{p.TenantID, sid}) // nor kept in memory
+	}
 	out := gin.H{"forget_request_id": res.ID, "scope": scope, "sessions": res.Sessions,
 		"affected_versions": res.AffectedVersions, "clean_artefacts": res.CleanArtefacts, "deleted": res.Deleted}
 	// The data is gone once this answers; retiring the versions it trained

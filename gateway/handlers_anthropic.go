@@ -83,7 +83,7 @@ func (s *Server) messages(c *gin.Context) {
 	if wire.Metadata != nil {
 		endUser = wire.Metadata.UserID
 	}
-	cl, err := s.prepare(c, protoAnthropic, body, req, wire.Stream, endUser)
+	cl, err := s.prepare(c, protoAnthropic, req, wire.Stream, endUser)
 	if err != nil {
 		abort(c, err)
 		return

@@ -20,7 +20,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	cl, err := s.prepare(c, protoOpenAI, body, req, wire.Stream, wire.User)
+	cl, err := s.prepare(c, protoOpenAI, req, wire.Stream, wire.User)
 	if err != nil {
 		abort(c, err)
 		return
