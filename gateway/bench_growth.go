@@ -17,6 +17,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/trajectory"
 )
 
 // GrowthConfig sizes `flywheel bench session-growth`: one agent session
@@ -61,6 +62,10 @@ type GrowthResult struct {
 	// Ratio and DiskRatio are the whole session's stored ÷ unique bytes.
 	Ratio     float64 `json:"ratio"`
 	DiskRatio float64 `json:"disk_ratio"`
+	// AssembledRatio is the session's ATDP steps (what assembly writes to
+	// atdp_steps, each step with its whole observation, as exported) ÷
+	// unique bytes.
+	AssembledRatio float64 `json:"assembled_ratio"`
 	// CommitFirstMS and CommitLastMS are the median capture commit of the
 	// first and the last fifth of the turns; CommitGrowth their ratio (1:
 	// flat in the turn number).
@@ -152,6 +157,10 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 	}
 	last := res.PerTurn[len(res.PerTurn)-1]
 	res.Ratio, res.DiskRatio = last.Ratio, last.DiskRatio
+	if res.AssembledRatio, err = assembledBytes(ctx, gc.Pool, srv, session); err != nil {
+		return nil, err
+	}
+	res.AssembledRatio /= float64(last.UniqueBytes)
 	fifth := max(1, gc.Turns/5)
 	firstLast := func(f func(GrowthTurn) float64) (first, last, growth float64) {
 		pick := func(ts []GrowthTurn) []float64 {
@@ -169,10 +178,36 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 	}
 	res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth = firstLast(func(t GrowthTurn) float64 { return t.CommitMS })
 	res.PostgresCPUFirstMS, res.PostgresCPULastMS, res.PostgresCPUGrowth = firstLast(func(t GrowthTurn) float64 { return t.PostgresCPUMS })
-	logf("%d turns of %d kB: stored ÷ unique %.2f (on disk %.2f); medians of the first and last fifth: capture commit %.2f → %.2f ms (×%.2f), Postgres CPU %.2f → %.2f ms (×%.2f)",
-		gc.Turns, gc.TurnKB, res.Ratio, res.DiskRatio, res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth,
+	logf("%d turns of %d kB: stored ÷ unique %.2f (on disk %.2f), its ATDP steps ÷ unique %.1f; medians of the first and last fifth: capture commit %.2f → %.2f ms (×%.2f), Postgres CPU %.2f → %.2f ms (×%.2f)",
+		gc.Turns, gc.TurnKB, res.Ratio, res.DiskRatio, res.AssembledRatio, res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth,
 		res.PostgresCPUFirstMS, res.PostgresCPULastMS, res.PostgresCPUGrowth)
 	return res, nil
+}
+
+// assembledBytes is the size of the session's ATDP steps as assembly
+// builds them.
+func assembledBytes(ctx context.Context, pool *pgxpool.Pool, srv *Server, session string) (float64, error) {
+	info, err := store.SessionForAssembly(ctx, pool, "bench", session)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := store.SessionInteractions(ctx, pool, "bench", session)
+	if err != nil {
+		return 0, err
+	}
+	steps, _, err := trajectory.Build(info, rows, nil, srv.rules, nil)
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, st := range steps {
+		b, err := json.Marshal(st.ATDP)
+		if err != nil {
+			return 0, err
+		}
+		n += float64(len(b))
+	}
+	return n, nil
 }
 
 // growthTurn sends one turn of the session and returns the reply's text
