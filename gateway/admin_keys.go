@@ -23,6 +23,10 @@ type adminKeyRequest struct {
 	// key; neither means it does not expire.
 	ExpiresAt *time.Time `json:"expires_at"`
 	ExpiresIn string     `json:"expires_in"`
+	// TokenBudget caps the key's prompt and completion tokens per
+	// BudgetPeriod ("day", the default, or "month"; UTC).
+	TokenBudget  int64  `json:"token_budget"`
+	BudgetPeriod string `json:"budget_period"`
 }
 
 // maxKeyModels bounds a key's model list.
@@ -40,7 +44,10 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 			return store.KeySpec{}, errf(422, "models: a model name has 1..%d characters", store.MaxDeploymentName)
 		}
 	}
-	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models}
+	if err := store.ValidBudget(r.TokenBudget, r.BudgetPeriod); err != nil {
+		return store.KeySpec{}, errf(422, "%v", err)
+	}
+	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models, TokenBudget: r.TokenBudget, BudgetPeriod: r.BudgetPeriod}
 	switch {
 	case r.ExpiresAt != nil && r.ExpiresIn != "":
 		return store.KeySpec{}, errf(422, "give expires_at or expires_in, not both")
@@ -60,7 +67,7 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 }
 
 // adminCreateKey is POST /admin/v1/keys {tenant, name, models,
-// expires_at | expires_in}: the tenant is created if new; the key is shown
+// expires_at | expires_in, token_budget, budget_period}: the tenant is created if new; the key is shown
 // once and stored hashed.
 func (s *Server) adminCreateKey(c *gin.Context) {
 	var r adminKeyRequest

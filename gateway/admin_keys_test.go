@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"fmt"
+	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -145,4 +147,58 @@ func listedIDs(list map[string]any) []int64 {
 		out = append(out, int64(k.(map[string]any)["id"].(float64)))
 	}
 	return out
+}
+
+// TestTokenBudgetIsEnforced: a key with a token budget is served until its
+// accounted tokens reach the budget, then gets 429 insufficient_quota with
+// Retry-After until the period renews; its session keys spend the same
+// budget, and other keys are not affected. A bad budget is a 422.
+func TestTokenBudgetIsEnforced(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	admin := e.cfg.AdminKey
+	st, out := e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme", "name": "budgeted", "token_budget": 60})
+	require.Equal(t, 201, st, out)
+	key := out["api_key"].(string)
+	meta := out["key"].(map[string]any)
+	require.EqualValues(t, 60, meta["token_budget"])
+	require.Equal(t, "day", meta["budget_period"])
+
+	chat := func(k string) (int, http.Header, []byte) {
+		return e.do("POST", "/v1/chat/completions", k, map[string]any{"model": fixtureModel, "max_tokens": 8,
+			"messages": []any{map[string]any{"role": "user", "content": "count these tokens please"}}})
+	}
+	served := 0
+	var status int
+	var hdr http.Header
+	var body []byte
+	for range 40 {
+		status, hdr, body = chat(key)
+		if status != 200 {
+			break
+		}
+		served++
+		time.Sleep(1100 * time.Millisecond / 10) // the budget is read at most once a second
+	}
+	require.Positive(t, served, "served while under budget")
+	require.Equal(t, 429, status, string(body))
+	require.Contains(t, string(body), "insufficient_quota")
+	require.Contains(t, string(body), "may use 60 tokens per day")
+	require.NotEmpty(t, hdr.Get("Retry-After"))
+	secs, _ := strconv.Atoi(hdr.Get("Retry-After"))
+	require.LessOrEqual(t, secs, 86400, "it renews within the day")
+
+	st, out = e.doJSON("POST", "/v1/sessions", key, map[string]any{"model": fixtureModel})
+	require.Equal(t, 201, st, out)
+	status, _, _ = chat(out["api_key"].(string))
+	require.Equal(t, 429, status, "a session key spends its parent's budget")
+	status, _, _ = chat(e.keyA)
+	require.Equal(t, 200, status, "other keys are not affected")
+
+	for _, bad := range []map[string]any{
+		{"tenant": "acme", "token_budget": -1},
+		{"tenant": "acme", "token_budget": 10, "budget_period": "week"},
+	} {
+		st, out := e.doJSON("POST", "/admin/v1/keys", admin, bad)
+		require.Equal(t, 422, st, "%v: %v", bad, out)
+	}
 }

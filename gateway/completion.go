@@ -82,6 +82,9 @@ func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request
 	if err := p.mayUse(req.Model); err != nil {
 		return nil, err
 	}
+	if err := s.checkBudget(c.Request.Context(), p); err != nil {
+		return nil, err
+	}
 	if err := s.resolveSession(c, cl); err != nil {
 		return nil, err
 	}

@@ -27,6 +27,9 @@ type apiError struct {
 	Status     int
 	Message    string
 	RetryAfter time.Duration
+	// Code, when set, is OpenAI's error type and code for the error
+	// ("insufficient_quota" for a spent token budget).
+	Code string
 }
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
@@ -99,6 +102,9 @@ func anthropicErrorType(status int) string {
 func errorBody(protocol string, e *apiError) any {
 	if protocol == protoAnthropic {
 		return gin.H{"type": "error", "error": gin.H{"type": anthropicErrorType(e.Status), "message": e.Message}}
+	}
+	if e.Code != "" {
+		return gin.H{"error": gin.H{"message": e.Message, "type": e.Code, "param": nil, "code": e.Code}}
 	}
 	return gin.H{"error": gin.H{"message": e.Message, "type": openAIErrorType(e.Status), "param": nil, "code": nil}}
 }

@@ -70,6 +70,7 @@ type Server struct {
 	rules     trajectory.Rules
 	notifier  Notifier
 	tails     *tails
+	budgets   budgets
 	closeOnce sync.Once
 }
 

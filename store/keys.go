@@ -74,6 +74,52 @@ type KeySpec struct {
 	ParentID int64
 	// RotatedFrom is the key this one replaces.
 	RotatedFrom int64
+	// TokenBudget caps the prompt and completion tokens the key (and the
+	// session keys it issues) may use per BudgetPeriod ("day" or "month",
+	// in UTC; default "day"); 0 is no budget.
+	TokenBudget  int64
+	BudgetPeriod string
+}
+
+// Budget periods.
+const (
+	BudgetDay   = "day"
+	BudgetMonth = "month"
+)
+
+// ValidBudget checks a token budget and its period ("" is a day).
+func ValidBudget(budget int64, period string) error {
+	if budget < 0 {
+		return fmt.Errorf("token_budget: want 0 (none) or a positive number of tokens, got %d", budget)
+	}
+	if period != "" && period != BudgetDay && period != BudgetMonth {
+		return fmt.Errorf("budget_period: want %q or %q, got %q", BudgetDay, BudgetMonth, period)
+	}
+	return nil
+}
+
+// BudgetWindow is the period of a budget that holds now: its first UTC day
+// and the moment it renews.
+func BudgetWindow(period string, now time.Time) (from, renews time.Time) {
+	now = now.UTC()
+	if period == BudgetMonth {
+		from = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+		return from, from.AddDate(0, 1, 0)
+	}
+	from = time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	return from, from.AddDate(0, 0, 1)
+}
+
+// TokensUsed is the prompt and completion tokens accounted to a key since
+// the UTC day from.
+func TokensUsed(ctx context.Context, db DBTX, keyID int64, from time.Time) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT coalesce(sum(prompt_tokens + completion_tokens), 0)::bigint FROM usage_daily
+		WHERE key_id = $1 AND day >= $2::date`, keyID, from).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("tokens used by key %d: %w", keyID, err)
+	}
+	return n, nil
 }
 
 // Key is a stored key, without its secret.
@@ -90,6 +136,9 @@ type Key struct {
 	RevokedAt   *time.Time `json:"revoked_at,omitempty"`
 	ParentID    int64      `json:"parent_id,omitempty"`
 	RotatedFrom int64      `json:"rotated_from,omitempty"`
+	// TokenBudget per BudgetPeriod; both omitted when the key has none.
+	TokenBudget  int64  `json:"token_budget,omitempty"`
+	BudgetPeriod string `json:"budget_period,omitempty"`
 }
 
 // Live reports whether the key still authenticates at now.
@@ -101,12 +150,15 @@ func (k Key) Live(now time.Time) bool {
 var ErrKeyNotLive = errors.New("the key is revoked or expired")
 
 const keyColumns = `id, tenant_id, kind, coalesce(session_id, ''), name, prefix, models, created_at,
-	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0)`
+	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0), token_budget, budget_period`
 
 func scanKey(row pgx.Row) (Key, error) {
 	var k Key
 	err := row.Scan(&k.ID, &k.TenantID, &k.Kind, &k.SessionID, &k.Name, &k.Prefix, &k.Models, &k.CreatedAt,
-		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom)
+		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom, &k.TokenBudget, &k.BudgetPeriod)
+	if k.TokenBudget == 0 {
+		k.BudgetPeriod = ""
+	}
 	return k, err
 }
 
@@ -130,11 +182,18 @@ func IssueKey(ctx context.Context, db DBTX, spec KeySpec) (string, Key, error) {
 	if models == nil {
 		models = []string{}
 	}
+	if err := ValidBudget(spec.TokenBudget, spec.BudgetPeriod); err != nil {
+		return "", Key{}, err
+	}
+	period := spec.BudgetPeriod
+	if period == "" {
+		period = BudgetDay
+	}
 	k, err := scanKey(db.QueryRow(ctx, `INSERT INTO api_keys
-		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint))
+		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from, token_budget, budget_period)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint), $11, $12)
 		RETURNING `+keyColumns, spec.TenantID, HashKey(key), key[:len(KeyPrefix)+6], kind, sid, spec.Name,
-		models, expires, spec.ParentID, spec.RotatedFrom))
+		models, expires, spec.ParentID, spec.RotatedFrom, spec.TokenBudget, period))
 	if err != nil {
 		return "", Key{}, fmt.Errorf("store api key: %w", err)
 	}
@@ -212,7 +271,7 @@ func RotateKey(ctx context.Context, db Beginner, id int64, grace time.Duration) 
 			return ErrKeyNotLive
 		}
 		spec := KeySpec{TenantID: old.TenantID, SessionID: old.SessionID, Name: old.Name, Models: old.Models,
-			ParentID: old.ParentID, RotatedFrom: old.ID}
+			ParentID: old.ParentID, RotatedFrom: old.ID, TokenBudget: old.TokenBudget, BudgetPeriod: old.BudgetPeriod}
 		if old.ExpiresAt != nil {
 			spec.ExpiresAt = *old.ExpiresAt
 		}
@@ -245,6 +304,10 @@ type KeyOwner struct {
 	Models []string
 	// ExpiresAt is zero for a key that does not expire.
 	ExpiresAt time.Time
+	// TokenBudget and BudgetPeriod are the budget of the key calls are
+	// accounted to (AccountTo); 0: none.
+	TokenBudget  int64
+	BudgetPeriod string
 }
 
 // AccountTo is the tenant key the owner's calls are accounted to: a
@@ -266,9 +329,11 @@ func (o KeyOwner) Allows(model string) bool {
 func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
 	var o KeyOwner
 	var expires *time.Time
-	err := db.QueryRow(ctx, `SELECT tenant_id, coalesce(session_id, ''), id, coalesce(parent_id, 0), models, expires_at FROM api_keys
-		WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())`,
-		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires)
+	err := db.QueryRow(ctx, `SELECT k.tenant_id, coalesce(k.session_id, ''), k.id, coalesce(k.parent_id, 0), k.models, k.expires_at,
+			coalesce(p.token_budget, k.token_budget), coalesce(p.budget_period, k.budget_period)
+		FROM api_keys k LEFT JOIN api_keys p ON p.id = k.parent_id
+		WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`,
+		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires, &o.TokenBudget, &o.BudgetPeriod)
 	if err != nil {
 		return KeyOwner{}, notFound(err)
 	}

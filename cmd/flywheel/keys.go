@@ -14,7 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const keysUsage = `flywheel keys create --tenant NAME [--name LABEL] [--models M1,M2] [--expires 720h]
+const keysUsage = `flywheel keys create --tenant NAME [--name LABEL] [--models M1,M2] [--expires 720h] [--token-budget N [--budget-period day|month]]
        flywheel keys list [--tenant NAME] [--all] [--sessions]
        flywheel keys revoke ID
        flywheel keys rotate ID [--grace 24h]`
@@ -25,7 +25,8 @@ func runKeys(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var tenant, name, models string
+	var tenant, name, models, period string
+	var budget int64
 	var expires, grace time.Duration
 	var all, sessions bool
 	cfg, fs, err := subcommand("keys", v, rest, keysUsage, map[string]func(fs *flag.FlagSet){
@@ -34,6 +35,8 @@ func runKeys(ctx context.Context, args []string) error {
 			fs.StringVar(&name, "name", "", "a label for the key")
 			fs.StringVar(&models, "models", "", "comma-separated model names the key may use (default: all)")
 			fs.DurationVar(&expires, "expires", 0, "the key ends after this long (default: never)")
+			fs.Int64Var(&budget, "token-budget", 0, "prompt and completion tokens the key (and its session keys) may use per --budget-period; over it calls get 429 (default: no budget)")
+			fs.StringVar(&period, "budget-period", store.BudgetDay, "the budget's period, in UTC: day or month")
 		},
 		"list": func(fs *flag.FlagSet) {
 			fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
@@ -60,6 +63,9 @@ func runKeys(ctx context.Context, args []string) error {
 		if expires < 0 {
 			return errors.New("keys create: --expires must be positive")
 		}
+		if err := store.ValidBudget(budget, period); err != nil {
+			return fmt.Errorf("keys create: %w", err)
+		}
 	case "revoke", "rotate":
 		s, err := one(fs.Args(), "key id")
 		if err != nil {
@@ -82,7 +88,7 @@ func runKeys(ctx context.Context, args []string) error {
 		if err := store.EnsureTenant(ctx, pool, tenant); err != nil {
 			return err
 		}
-		spec := store.KeySpec{TenantID: tenant, Name: name, Models: splitList(models)}
+		spec := store.KeySpec{TenantID: tenant, Name: name, Models: splitList(models), TokenBudget: budget, BudgetPeriod: period}
 		if expires > 0 {
 			spec.ExpiresAt = time.Now().Add(expires)
 		}
@@ -137,7 +143,7 @@ func splitList(s string) []string {
 
 func printKeys(keys []store.Key) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tMODELS\tCREATED\tEXPIRES\tSTATE")
+	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tMODELS\tBUDGET\tCREATED\tEXPIRES\tSTATE")
 	now := time.Now()
 	for _, k := range keys {
 		models := "all"
@@ -148,6 +154,10 @@ func printKeys(keys []store.Key) {
 		if k.ExpiresAt != nil {
 			expires = k.ExpiresAt.Format(time.RFC3339)
 		}
+		budget := "none"
+		if k.TokenBudget > 0 {
+			budget = fmt.Sprintf("%d/%s", k.TokenBudget, k.BudgetPeriod)
+		}
 		state := "live"
 		switch {
 		case k.RevokedAt != nil:
@@ -155,7 +165,7 @@ func printKeys(keys []store.Key) {
 		case !k.Live(now):
 			state = "expired"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, models,
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, models, budget,
 			k.CreatedAt.Format(time.RFC3339), expires, state)
 	}
 	w.Flush()
