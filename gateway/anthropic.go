@@ -208,8 +208,11 @@ func (m anMessage) neutral() ([]inference.Message, error) {
 			if len(input) == 0 {
 				input = []byte("{}")
 			}
-			if !json.Valid(input) {
-				return nil, fmt.Errorf("content.%d.input: invalid JSON", i)
+			// An object, as Anthropic requires: anContent renders anything
+			// else wrapped, so the client's echo of this turn would no
+			// longer hash like the turn itself.
+			if !json.Valid(input) || input[0] != '{' {
+				return nil, fmt.Errorf("content.%d.input: want a JSON object", i)
 			}
 			cur.ToolCalls = append(cur.ToolCalls, inference.ToolCall{ID: b.ID, Name: b.Name, Arguments: string(input)})
 		case "tool_result":
