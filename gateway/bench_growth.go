@@ -92,6 +92,9 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 	if err := store.EnsureTenant(ctx, gc.Pool, "bench"); err != nil {
 		return nil, err
 	}
+	// The upstream is the named fake of vLLM's HTTP dialect, as in `bench
+	// gateway`: the policy's model server cannot take a 1.5 MB conversation
+	// (its context is 256 tokens), and a real vLLM needs a GPU.
 	upURL, stopUp, err := serveLocal("upstream", &fakevllm.Fixture{})
 	if err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -130,27 +129,17 @@ type Result struct {
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg.fill()
 	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
-	dir, err := os.MkdirTemp("/var/tmp", "flywheel-faults-")
+	logf("starting a private Postgres, Temporal dev server and flywheel up under /var/tmp")
+	st, err := startStack(ctx, "flywheel-faults-", cfg.Bin, cfg.TemporalCLI)
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{dir: dir, bin: cfg.Bin, temporalCLI: cfg.TemporalCLI}
 	defer func() {
 		st.close(cfg.Keep)
 		if cfg.Keep {
-			logf("left %s (logs, data)", dir)
+			logf("left %s (logs, data)", st.dir)
 		}
 	}()
-	logf("starting a private Postgres, Temporal dev server and flywheel up in %s", dir)
-	if err := st.startPostgres(ctx); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if err := st.startTemporal(ctx); err != nil {
-		return nil, fmt.Errorf("temporal: %w", err)
-	}
-	if err := st.startUp(ctx); err != nil {
-		return nil, err
-	}
 	res := &Result{Clients: cfg.Clients}
 	for _, fault := range cfg.Faults {
 		f, err := runFault(ctx, cfg, st, fault, logf)

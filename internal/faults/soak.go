@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,7 +30,7 @@ type SoakConfig struct {
 	Duration time.Duration
 	Sample   time.Duration
 	Keep     bool
-	Out      interface{ Write([]byte) (int, error) }
+	Out      io.Writer
 }
 
 // SoakSample is the state of the stack at one moment of the soak.
@@ -83,22 +83,15 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 	if cfg.Sample <= 0 {
 		cfg.Sample = 30 * time.Second
 	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
 	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
-	dir, err := os.MkdirTemp("/var/tmp", "flywheel-soak-")
+	st, err := startStack(ctx, "flywheel-soak-", cfg.Bin, cfg.TemporalCLI)
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{dir: dir, bin: cfg.Bin, temporalCLI: cfg.TemporalCLI}
 	defer st.close(cfg.Keep)
-	if err := st.startPostgres(ctx); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if err := st.startTemporal(ctx); err != nil {
-		return nil, fmt.Errorf("temporal: %w", err)
-	}
-	if err := st.startUp(ctx); err != nil {
-		return nil, err
-	}
 
 	// Capacity: closed loop, no pause between calls.
 	ld := startLoad(st, Config{Clients: cfg.CapacityClients, Think: time.Nanosecond}, "capacity")

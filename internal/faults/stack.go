@@ -44,6 +44,30 @@ type stack struct {
 	key                   string
 }
 
+// startStack starts a private Postgres, Temporal dev server and `flywheel
+// up` in a new directory under /var/tmp named after prefix. On failure
+// what started is stopped again.
+func startStack(ctx context.Context, prefix, bin, temporalCLI string) (*stack, error) {
+	dir, err := os.MkdirTemp("/var/tmp", prefix)
+	if err != nil {
+		return nil, err
+	}
+	st := &stack{dir: dir, bin: bin, temporalCLI: temporalCLI}
+	if err := st.startPostgres(ctx); err != nil {
+		st.close(false)
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := st.startTemporal(ctx); err != nil {
+		st.close(false)
+		return nil, fmt.Errorf("temporal: %w", err)
+	}
+	if err := st.startUp(ctx); err != nil {
+		st.close(false)
+		return nil, err
+	}
+	return st, nil
+}
+
 func freePort() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
