@@ -72,12 +72,17 @@ type call struct {
 	// tail is this turn's conversation, remembered once committed so that
 	// the session's next turn stores only what is new (tails.go).
 	tail *tail
+	// chained is the session of the stored response this call continues
+	// (Responses API previous_response_id).
+	chained string
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
-func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request, stream bool, endUser string) (*call, error) {
+// chained is the session of the stored response the call continues ("":
+// none).
+func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request, stream bool, endUser, chained string) (*call, error) {
 	p := principalOf(c)
-	cl := &call{protocol: protocol, stream: stream, req: req, p: p, endUser: endUser, started: time.Now()}
+	cl := &call{protocol: protocol, stream: stream, req: req, p: p, endUser: endUser, started: time.Now(), chained: chained}
 	cl.client = append([]inference.Message(nil), req.Messages...)
 	if err := p.mayUse(req.Model); err != nil {
 		return nil, err
@@ -105,9 +110,12 @@ func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request
 			cl.toolVersions[name] = strconv.Itoa(t.toolVersion)
 		}
 	}
-	if protocol == protoAnthropic {
+	switch protocol {
+	case protoAnthropic:
 		cl.completionID = newID("msg_")
-	} else {
+	case protoResponses:
+		cl.completionID = newID("resp_")
+	default:
 		cl.completionID = newID("chatcmpl-")
 	}
 	s.startSpan(c, cl)
@@ -115,8 +123,9 @@ func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request
 }
 
 // resolveSession applies the identity modes in the design's order:
-// per-session key, X-Session-Id, /s/{id}/ path, then stitching onto the
-// session whose last conversation this request extends.
+// per-session key, X-Session-Id, /s/{id}/ path, the session of a continued
+// Responses API response, then stitching onto the session whose last
+// conversation this request extends.
 func (s *Server) resolveSession(c *gin.Context, cl *call) error {
 	switch {
 	case cl.p.SessionID != "":
@@ -125,6 +134,9 @@ func (s *Server) resolveSession(c *gin.Context, cl *call) error {
 		cl.sessionID, cl.mode = c.GetHeader("X-Session-Id"), modeHeader
 	case c.Param("session_id") != "":
 		cl.sessionID, cl.mode = c.Param("session_id"), modePath
+	case cl.chained != "":
+		// The session exists: the stored response was captured in it.
+		cl.sessionID, cl.mode = cl.chained, modeStitched
 	}
 	if cl.sessionID != "" && !sessionIDPattern.MatchString(cl.sessionID) {
 		return errf(http.StatusBadRequest, "session id: use 1-128 letters, digits, '.', '_', ':' or '-'")

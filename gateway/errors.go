@@ -16,6 +16,8 @@ import (
 const (
 	protoOpenAI    = "openai"
 	protoAnthropic = "anthropic"
+	// protoResponses is OpenAI's Responses API; its errors are OpenAI's.
+	protoResponses = "responses"
 )
 
 // ctxProtocol is the gin context key naming the protocol of the route.

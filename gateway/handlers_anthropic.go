@@ -83,7 +83,7 @@ func (s *Server) messages(c *gin.Context) {
 	if wire.Metadata != nil {
 		endUser = wire.Metadata.UserID
 	}
-	cl, err := s.prepare(c, protoAnthropic, req, wire.Stream, endUser)
+	cl, err := s.prepare(c, protoAnthropic, req, wire.Stream, endUser, "")
 	if err != nil {
 		abort(c, err)
 		return
@@ -155,21 +155,7 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 		}
 		return err
 	}
-	resp, genErr := cl.target.backend.Stream(c.Request.Context(), cl.req, emit)
-	status := statusOK
-	switch {
-	case genErr != nil && (clientGone || c.Request.Context().Err() != nil):
-		status = statusCancelled
-	case genErr != nil:
-		status = statusUpstream
-		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(genErr).Status)).Inc()
-	}
-	if genErr == nil {
-		fillToolCallIDs(protoAnthropic, &resp.Message)
-	}
-	if cerr := s.commit(c, cl, s.row(c, cl, resp, genErr, status)); cerr != nil && genErr == nil {
-		genErr = cerr
-	}
+	resp, genErr := s.runStream(c, cl, emit, &clientGone, func() []string { return nil })
 	if genErr != nil {
 		if !w.started {
 			abort(c, genErr)

@@ -20,7 +20,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	cl, err := s.prepare(c, protoOpenAI, req, wire.Stream, wire.User)
+	cl, err := s.prepare(c, protoOpenAI, req, wire.Stream, wire.User, "")
 	if err != nil {
 		abort(c, err)
 		return
@@ -101,16 +101,7 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		}
 		var lp *oaLogprobs
 		if wire.Logprobs && len(d.Logprobs) > 0 {
-			lp = &oaLogprobs{Content: make([]oaTokenLogprob, 0, len(d.Logprobs))}
-			for i, l := range d.Logprobs {
-				tok := ""
-				if i < len(d.Tokens) {
-					tok = d.Tokens[i]
-				} else if i < len(d.TokenIDs) {
-					tok = tokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
-				}
-				lp.Content = append(lp.Content, oaTokenLogprob{Token: tok, Logprob: float64(l), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}})
-			}
+			lp = &oaLogprobs{Content: deltaLogprobs(d)}
 		}
 		if err := w.event("", chunk(delta, nil, lp)); err != nil {
 			clientGone = true
@@ -118,30 +109,13 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		}
 		return nil
 	}
-	resp, genErr := cl.target.backend.Stream(c.Request.Context(), cl.req, emit)
-	status := statusOK
-	switch {
-	case genErr != nil && (clientGone || c.Request.Context().Err() != nil):
-		status = statusCancelled
-	case genErr != nil:
-		status = statusUpstream
-		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(genErr).Status)).Inc()
-	}
-	if genErr == nil {
+	resp, genErr := s.runStream(c, cl, emit, &clientGone, func() []string {
+		ids := make([]string, len(calls))
 		for i, sc := range calls {
-			if i < len(resp.Message.ToolCalls) && resp.Message.ToolCalls[i].ID == "" {
-				resp.Message.ToolCalls[i].ID = sc.id // what the client was told
-			}
+			ids[i] = sc.id
 		}
-		fillToolCallIDs(protoOpenAI, &resp.Message)
-	}
-	var captured *inference.Response
-	if genErr == nil || resp != nil {
-		captured = resp
-	}
-	if cerr := s.commit(c, cl, s.row(c, cl, captured, genErr, status)); cerr != nil && genErr == nil {
-		genErr = cerr
-	}
+		return ids
+	})
 	if genErr != nil {
 		if !w.started {
 			abort(c, genErr)
@@ -180,6 +154,39 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		}
 	}
 	_ = w.raw("data: [DONE]\n\n")
+}
+
+// runStream runs a streaming call through emit and captures it, as
+// generate does for a whole one. clientGone says emit failed because the
+// client went away; shown are the tool-call ids the client was shown, in
+// order, which the backend's calls without an id keep. The error is the
+// backend's or the capture's.
+func (s *Server) runStream(c *gin.Context, cl *call, emit func(inference.Delta) error, clientGone *bool, shown func() []string) (*inference.Response, error) {
+	resp, genErr := cl.target.backend.Stream(c.Request.Context(), cl.req, emit)
+	status := statusOK
+	switch {
+	case genErr != nil && (*clientGone || c.Request.Context().Err() != nil):
+		status = statusCancelled
+	case genErr != nil:
+		status = statusUpstream
+		s.metrics.backendErrors.WithLabelValues(cl.target.deployment, http.StatusText(asAPIError(genErr).Status)).Inc()
+	}
+	if genErr == nil {
+		for i, id := range shown() {
+			if i < len(resp.Message.ToolCalls) && resp.Message.ToolCalls[i].ID == "" {
+				resp.Message.ToolCalls[i].ID = id // what the client was told
+			}
+		}
+		fillToolCallIDs(cl.protocol, &resp.Message)
+	}
+	var captured *inference.Response
+	if genErr == nil || resp != nil {
+		captured = resp
+	}
+	if cerr := s.commit(c, cl, s.row(c, cl, captured, genErr, status)); cerr != nil && genErr == nil {
+		genErr = cerr
+	}
+	return resp, genErr
 }
 
 // listModels is GET /v1/models.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/responses"
 )
 
 // OpenAI Chat Completions wire types: only the fields the gateway reads or
@@ -216,11 +217,8 @@ func (r *oaRequest) decodeParams(req *inference.Request) error {
 }
 
 func checkSampling(temp, topP *float64) error {
-	if temp != nil && (*temp < 0 || *temp > 2 || *temp != *temp) {
-		return errf(400, "temperature: want 0..2")
-	}
-	if topP != nil && (*topP <= 0 || *topP > 1 || *topP != *topP) {
-		return errf(400, "top_p: want (0, 1]")
+	if err := inference.CheckSampling(temp, topP); err != nil {
+		return errf(400, "%v", err)
 	}
 	return nil
 }
@@ -366,18 +364,11 @@ type oaLogprobs struct {
 	Content []oaTokenLogprob `json:"content"`
 }
 
-type oaTokenLogprob struct {
-	Token       string       `json:"token"`
-	Logprob     float64      `json:"logprob"`
-	Bytes       []int        `json:"bytes"`
-	TopLogprobs []oaTopEntry `json:"top_logprobs"`
-}
-
-type oaTopEntry struct {
-	Token   string  `json:"token"`
-	Logprob float64 `json:"logprob"`
-	Bytes   []int   `json:"bytes"`
-}
+// A token's logprob has one shape in Chat Completions and Responses.
+type (
+	oaTokenLogprob = responses.Logprob
+	oaTopEntry     = responses.TopLogprob
+)
 
 type oaUsage struct {
 	PromptTokens     int `json:"prompt_tokens"`
@@ -399,6 +390,21 @@ func bytesOf(s string) []int {
 	out := make([]int, len(s))
 	for i := 0; i < len(s); i++ {
 		out[i] = int(s[i])
+	}
+	return out
+}
+
+// deltaLogprobs renders a streamed increment's logprobs.
+func deltaLogprobs(d inference.Delta) []oaTokenLogprob {
+	out := make([]oaTokenLogprob, 0, len(d.Logprobs))
+	for i, l := range d.Logprobs {
+		tok := ""
+		if i < len(d.Tokens) {
+			tok = d.Tokens[i]
+		} else if i < len(d.TokenIDs) {
+			tok = tokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
+		}
+		out = append(out, oaTokenLogprob{Token: tok, Logprob: float64(l), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}})
 	}
 	return out
 }

@@ -97,6 +97,17 @@ type Request struct {
 	Version string `json:"version,omitempty"`
 }
 
+// CheckSampling checks the sampling settings every protocol shares.
+func CheckSampling(temperature, topP *float64) error {
+	if t := temperature; t != nil && (*t < 0 || *t > 2 || *t != *t) {
+		return fmt.Errorf("temperature: want 0..2")
+	}
+	if p := topP; p != nil && (*p <= 0 || *p > 1 || *p != *p) {
+		return fmt.Errorf("top_p: want (0, 1]")
+	}
+	return nil
+}
+
 // Usage counts tokens.
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`

@@ -28,10 +28,10 @@ type ForgetResult struct {
 }
 
 // Forget deletes a tenant's session (scope "session") or every session of
-// an end user (scope "end_user"): interactions, rewards, trajectories,
-// steps and queued samples go; the session rows stay, emptied and marked
-// forgotten, and a forget_requests row records what was done and which
-// model versions trained on the data. What the sessions taught playbooks
+// an end user (scope "end_user"): interactions, stored Responses API
+// responses, rewards, trajectories, steps and queued samples go; the
+// session rows stay, emptied and marked forgotten, and a forget_requests
+// row records what was done and which model versions trained on the data. What the sessions taught playbooks
 // and tool schemas is removed from every version, and a clean version of
 // each serving one serves. ErrNotFound when nothing matches.
 func Forget(ctx context.Context, db Beginner, tenantID, scope, subject string) (*ForgetResult, error) {
@@ -67,7 +67,7 @@ func Forget(ctx context.Context, db Beginner, tenantID, scope, subject string) (
 			return fmt.Errorf("forget: lineage: %w", err)
 		}
 		// Children first, so each count is what this request removed.
-		for _, t := range []string{"training_samples", "atdp_steps", "trajectories", "rewards", "interactions"} {
+		for _, t := range []string{"training_samples", "atdp_steps", "trajectories", "rewards", "responses", "interactions"} {
 			var tag string
 			switch t {
 			case "training_samples":
