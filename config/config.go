@@ -70,6 +70,8 @@ type GatewayConfig struct {
 
 	RateLimitRPS   float64 `yaml:"rate_limit_rps" help:"requests per second allowed per API key, over it answers 429 with Retry-After; 0 disables (default 100)"`
 	RateLimitBurst int     `yaml:"rate_limit_burst" help:"requests an API key may burst above its rate (default 200)"`
+	RateLimitTPM   int64   `yaml:"rate_limit_tpm" help:"prompt and completion tokens per minute allowed per API key, charged after each model call; over it the next call answers 429 with Retry-After; a key's own tpm overrides it; 0 disables (default 0)"`
+	Replicas       int     `yaml:"replicas" help:"gateway replicas sharing the rate limits: each enforces rate_limit_rps, rate_limit_burst and every tokens-per-minute limit divided by this (default 1)"`
 
 	CaptureBatchMax  int           `yaml:"capture_batch_max" help:"most interactions committed in one capture transaction (default 512)"`
 	CaptureBatchWait time.Duration `yaml:"capture_batch_wait" help:"how long the capture committer waits to fill a batch; 0 commits as soon as the previous commit is done (default 0s)"`
@@ -152,6 +154,7 @@ func Default() Config {
 
 			RateLimitRPS:    100,
 			RateLimitBurst:  200,
+			Replicas:        1,
 			CaptureBatchMax: 512,
 			RewardMin:       -1,
 			RewardMax:       1,
@@ -261,6 +264,12 @@ func (g *GatewayConfig) validate(bad func(flag, format string, args ...any)) {
 	}
 	if g.RateLimitRPS > 0 && g.RateLimitBurst < 1 {
 		bad("gateway-rate-limit-burst", "want at least 1, got %d", g.RateLimitBurst)
+	}
+	if g.RateLimitTPM < 0 {
+		bad("gateway-rate-limit-tpm", "want 0 (off) or a positive number of tokens per minute, got %d", g.RateLimitTPM)
+	}
+	if g.Replicas < 1 || g.Replicas > 1000 {
+		bad("gateway-replicas", "want 1..1000 gateway replicas, got %d", g.Replicas)
 	}
 	if g.CaptureBatchMax < 1 || g.CaptureBatchMax > 10000 {
 		bad("gateway-capture-batch-max", "want 1..10000, got %d", g.CaptureBatchMax)

@@ -94,3 +94,14 @@ func TestDefaultAdminKeyRefusedOffLoopback(t *testing.T) {
 	cfg.Gateway.AdminKey = "a-long-production-admin-key"
 	require.NoError(t, cfg.Validate())
 }
+
+func TestRateLimitSettingsAreValidated(t *testing.T) {
+	cfg := Default()
+	require.Equal(t, 1, cfg.Gateway.Replicas)
+	require.Zero(t, cfg.Gateway.RateLimitTPM, "no token rate limit unless configured")
+	cfg.Gateway.RateLimitTPM = -5
+	cfg.Gateway.Replicas = 0
+	err := cfg.Validate()
+	require.ErrorContains(t, err, "--gateway-rate-limit-tpm: want 0 (off) or a positive number of tokens per minute, got -5")
+	require.ErrorContains(t, err, "--gateway-replicas: want 1..1000 gateway replicas, got 0")
+}

@@ -27,6 +27,9 @@ type adminKeyRequest struct {
 	// BudgetPeriod ("day", the default, or "month"; UTC).
 	TokenBudget  int64  `json:"token_budget"`
 	BudgetPeriod string `json:"budget_period"`
+	// TPM is the key's tokens-per-minute rate limit (0: none); omitted,
+	// the gateway's rate_limit_tpm applies.
+	TPM *int64 `json:"tpm"`
 }
 
 // maxKeyModels bounds a key's model list.
@@ -47,7 +50,10 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 	if err := store.ValidBudget(r.TokenBudget, r.BudgetPeriod); err != nil {
 		return store.KeySpec{}, errf(422, "%v", err)
 	}
-	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models, TokenBudget: r.TokenBudget, BudgetPeriod: r.BudgetPeriod}
+	if err := store.ValidTPM(r.TPM); err != nil {
+		return store.KeySpec{}, errf(422, "%v", err)
+	}
+	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models, TokenBudget: r.TokenBudget, BudgetPeriod: r.BudgetPeriod, TPM: r.TPM}
 	switch {
 	case r.ExpiresAt != nil && r.ExpiresIn != "":
 		return store.KeySpec{}, errf(422, "give expires_at or expires_in, not both")
@@ -67,8 +73,8 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 }
 
 // adminCreateKey is POST /admin/v1/keys {tenant, name, models,
-// expires_at | expires_in, token_budget, budget_period}: the tenant is created if new; the key is shown
-// once and stored hashed.
+// expires_at | expires_in, token_budget, budget_period, tpm}: the tenant is
+// created if new; the key is shown once and stored hashed.
 func (s *Server) adminCreateKey(c *gin.Context) {
 	var r adminKeyRequest
 	if err := bindJSON(c, &r); err != nil {
@@ -152,7 +158,7 @@ type adminRotateRequest struct {
 }
 
 // adminRotateKey is POST /admin/v1/keys/{id}/rotate {grace}: a new key
-// with the old one's tenant, name, models and expiry, shown once.
+// with the old one's tenant, name, models, expiry and limits, shown once.
 func (s *Server) adminRotateKey(c *gin.Context) {
 	id, aerr := keyID(c)
 	if aerr != nil {

@@ -90,6 +90,9 @@ func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request
 	if err := s.checkBudget(c.Request.Context(), p); err != nil {
 		return nil, err
 	}
+	if err := s.limitTokens(c, p); err != nil {
+		return nil, err
+	}
 	if err := s.resolveSession(c, cl); err != nil {
 		return nil, err
 	}
@@ -303,6 +306,8 @@ func (s *Server) row(c *gin.Context, cl *call, resp *inference.Response, genErr 
 // session notices. Its error is what the client must see instead of 2xx.
 func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (err error) {
 	defer func() { endSpan(cl, row, err) }()
+	// The tokens were spent, whether or not the capture succeeds.
+	s.chargeTokens(cl.p, row.PromptTokens+row.CompletionTokens)
 	// A client that went away still gets its call recorded (as cancelled):
 	// the capture must not depend on the connection staying open.
 	captured, err := s.capture.Submit(context.WithoutCancel(c.Request.Context()), row)

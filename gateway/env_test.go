@@ -44,6 +44,7 @@ type envOpts struct {
 	notifier gateway.Notifier
 	forgets  gateway.ForgetStarter
 	tracer   trace.TracerProvider
+	now      func() time.Time
 }
 
 func newEnv(t *testing.T, o envOpts) *env { return newEnvTB(t, o) }
@@ -65,7 +66,7 @@ func newEnvTB(t testing.TB, o envOpts) *env {
 		o.cfg(&cfg)
 	}
 	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier, Forgets: o.forgets,
-		TracerProvider: o.tracer})
+		TracerProvider: o.tracer, Now: o.now})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"golang.org/x/time/rate"
 
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -162,7 +161,7 @@ func (s *Server) auth(c *gin.Context) {
 		return
 	}
 	hash := string(store.HashKey(key))
-	now := time.Now()
+	now := s.now()
 	owner, ok := s.keys.get(hash, now)
 	if !ok {
 		var err error
@@ -179,8 +178,8 @@ func (s *Server) auth(c *gin.Context) {
 	}
 	p := &principal{KeyOwner: owner, keyHash: hash}
 	c.Set(ctxPrincipal, p)
-	if !s.limiter.allow(hash, now) {
-		abort(c, &apiError{Status: http.StatusTooManyRequests, Message: "rate limit exceeded for this API key", RetryAfter: s.limiter.retryAfter()})
+	if err := s.limitRequests(c, hash, now); err != nil {
+		abort(c, err)
 		return
 	}
 	c.Next()
@@ -199,41 +198,6 @@ func (s *Server) admin(c *gin.Context) {
 		return
 	}
 	c.Next()
-}
-
-// rateLimiter is a token bucket per API key.
-type rateLimiter struct {
-	rps   float64
-	burst int
-	mu    sync.Mutex
-	m     map[string]*rateLimiterEntry
-}
-
-func (r *rateLimiter) allow(key string, now time.Time) bool {
-	if r.rps <= 0 {
-		return true
-	}
-	r.mu.Lock()
-	e, ok := r.m[key]
-	if !ok {
-		if len(r.m) > 100000 {
-			clear(r.m)
-		}
-		e = &rateLimiterEntry{rate.NewLimiter(rate.Limit(r.rps), r.burst)}
-		r.m[key] = e
-	}
-	r.mu.Unlock()
-	return e.l.AllowN(now, 1)
-}
-
-type rateLimiterEntry struct{ l *rate.Limiter }
-
-func (r *rateLimiter) retryAfter() time.Duration {
-	d := time.Duration(float64(time.Second) / r.rps)
-	if d < time.Second {
-		d = time.Second
-	}
-	return d
 }
 
 // withProtocol tags the route's protocol so errors take its shape.

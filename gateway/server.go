@@ -52,6 +52,8 @@ type Deps struct {
 	// Tokenizers are the tokenizers Flywheel holds, by deployment, so the
 	// ids of redacted steps can be rebuilt (trajectory.Rules).
 	Tokenizers map[string]trajectory.Tokenizer
+	// Now is the clock of the rate limits; nil: time.Now.
+	Now func() time.Time
 	// TracerProvider makes the model calls' spans; nil: OpenTelemetry's
 	// global provider.
 	TracerProvider trace.TracerProvider
@@ -66,7 +68,8 @@ type Server struct {
 	capture   *committer
 	metrics   *metrics
 	keys      *keyCache
-	limiter   *rateLimiter
+	requests  *requestLimiter
+	tokens    *tokenLimiter
 	rules     trajectory.Rules
 	notifier  Notifier
 	tails     *tails
@@ -87,6 +90,9 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
 	}
 	if deps.Registry == nil {
 		// The process's own figures (goroutines, heap, RSS, open files)
@@ -112,7 +118,8 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, deps: deps, router: rt, metrics: m, rules: rules,
 		keys:     &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
-		limiter:  &rateLimiter{rps: cfg.RateLimitRPS, burst: cfg.RateLimitBurst, m: map[string]*rateLimiterEntry{}},
+		requests: newRequestLimiter(cfg.RateLimitRPS, cfg.RateLimitBurst, max(1, cfg.Replicas)),
+		tokens:   newTokenLimiter(max(1, cfg.Replicas)),
 		notifier: deps.Notifier,
 		tails:    newTails(defaultTailBytes),
 	}
@@ -197,6 +204,9 @@ func (s *Server) routes() {
 	})
 	s.engine = e
 }
+
+// now is the rate limits' clock.
+func (s *Server) now() time.Time { return s.deps.Now() }
 
 // Handler is the gateway as an http.Handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.engine }

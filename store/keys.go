@@ -79,6 +79,9 @@ type KeySpec struct {
 	// in UTC; default "day"); 0 is no budget.
 	TokenBudget  int64
 	BudgetPeriod string
+	// TPM is the key's own tokens-per-minute rate limit (0: none); nil
+	// leaves it to the gateway's rate_limit_tpm.
+	TPM *int64
 }
 
 // Budget periods.
@@ -94,6 +97,14 @@ func ValidBudget(budget int64, period string) error {
 	}
 	if period != "" && period != BudgetDay && period != BudgetMonth {
 		return fmt.Errorf("budget_period: want %q or %q, got %q", BudgetDay, BudgetMonth, period)
+	}
+	return nil
+}
+
+// ValidTPM checks a key's tokens-per-minute limit (nil: the gateway's).
+func ValidTPM(tpm *int64) error {
+	if tpm != nil && *tpm < 0 {
+		return fmt.Errorf("tpm: want 0 (no token rate limit) or a positive number of tokens per minute, got %d", *tpm)
 	}
 	return nil
 }
@@ -139,6 +150,9 @@ type Key struct {
 	// TokenBudget per BudgetPeriod; both omitted when the key has none.
 	TokenBudget  int64  `json:"token_budget,omitempty"`
 	BudgetPeriod string `json:"budget_period,omitempty"`
+	// TPM is the key's tokens-per-minute limit; omitted when the
+	// gateway's rate_limit_tpm applies.
+	TPM *int64 `json:"tpm,omitempty"`
 }
 
 // Live reports whether the key still authenticates at now.
@@ -150,12 +164,12 @@ func (k Key) Live(now time.Time) bool {
 var ErrKeyNotLive = errors.New("the key is revoked or expired")
 
 const keyColumns = `id, tenant_id, kind, coalesce(session_id, ''), name, prefix, models, created_at,
-	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0), token_budget, budget_period`
+	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0), token_budget, budget_period, tpm`
 
 func scanKey(row pgx.Row) (Key, error) {
 	var k Key
 	err := row.Scan(&k.ID, &k.TenantID, &k.Kind, &k.SessionID, &k.Name, &k.Prefix, &k.Models, &k.CreatedAt,
-		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom, &k.TokenBudget, &k.BudgetPeriod)
+		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom, &k.TokenBudget, &k.BudgetPeriod, &k.TPM)
 	if k.TokenBudget == 0 {
 		k.BudgetPeriod = ""
 	}
@@ -185,15 +199,18 @@ func IssueKey(ctx context.Context, db DBTX, spec KeySpec) (string, Key, error) {
 	if err := ValidBudget(spec.TokenBudget, spec.BudgetPeriod); err != nil {
 		return "", Key{}, err
 	}
+	if err := ValidTPM(spec.TPM); err != nil {
+		return "", Key{}, err
+	}
 	period := spec.BudgetPeriod
 	if period == "" {
 		period = BudgetDay
 	}
 	k, err := scanKey(db.QueryRow(ctx, `INSERT INTO api_keys
-		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from, token_budget, budget_period)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint), $11, $12)
+		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from, token_budget, budget_period, tpm)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint), $11, $12, $13)
 		RETURNING `+keyColumns, spec.TenantID, HashKey(key), key[:len(KeyPrefix)+6], kind, sid, spec.Name,
-		models, expires, spec.ParentID, spec.RotatedFrom, spec.TokenBudget, period))
+		models, expires, spec.ParentID, spec.RotatedFrom, spec.TokenBudget, period, spec.TPM))
 	if err != nil {
 		return "", Key{}, fmt.Errorf("store api key: %w", err)
 	}
@@ -271,7 +288,7 @@ func RotateKey(ctx context.Context, db Beginner, id int64, grace time.Duration) 
 			return ErrKeyNotLive
 		}
 		spec := KeySpec{TenantID: old.TenantID, SessionID: old.SessionID, Name: old.Name, Models: old.Models,
-			ParentID: old.ParentID, RotatedFrom: old.ID, TokenBudget: old.TokenBudget, BudgetPeriod: old.BudgetPeriod}
+			ParentID: old.ParentID, RotatedFrom: old.ID, TokenBudget: old.TokenBudget, BudgetPeriod: old.BudgetPeriod, TPM: old.TPM}
 		if old.ExpiresAt != nil {
 			spec.ExpiresAt = *old.ExpiresAt
 		}
@@ -308,6 +325,9 @@ type KeyOwner struct {
 	// accounted to (AccountTo); 0: none.
 	TokenBudget  int64
 	BudgetPeriod string
+	// TPM is the tokens-per-minute limit of the key calls are accounted
+	// to; nil: the gateway's rate_limit_tpm.
+	TPM *int64
 }
 
 // AccountTo is the tenant key the owner's calls are accounted to: a
@@ -330,10 +350,11 @@ func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
 	var o KeyOwner
 	var expires *time.Time
 	err := db.QueryRow(ctx, `SELECT k.tenant_id, coalesce(k.session_id, ''), k.id, coalesce(k.parent_id, 0), k.models, k.expires_at,
-			coalesce(p.token_budget, k.token_budget), coalesce(p.budget_period, k.budget_period)
+			coalesce(p.token_budget, k.token_budget), coalesce(p.budget_period, k.budget_period),
+			CASE WHEN p.id IS NULL THEN k.tpm ELSE p.tpm END
 		FROM api_keys k LEFT JOIN api_keys p ON p.id = k.parent_id
 		WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`,
-		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires, &o.TokenBudget, &o.BudgetPeriod)
+		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires, &o.TokenBudget, &o.BudgetPeriod, &o.TPM)
 	if err != nil {
 		return KeyOwner{}, notFound(err)
 	}

@@ -51,7 +51,7 @@ func TestKeysCLI(t *testing.T) {
 	pool, db := cliDatabase(t)
 
 	out, err := stdout(t, func() error {
-		return run(ctx, append([]string{"keys", "create", "--tenant", "acme", "--name", "ci", "--models", "m1, m2", "--expires", "720h"}, db...))
+		return run(ctx, append([]string{"keys", "create", "--tenant", "acme", "--name", "ci", "--models", "m1, m2", "--expires", "720h", "--tpm", "5000"}, db...))
 	})
 	require.NoError(t, err)
 	key := strings.TrimSpace(out)
@@ -59,6 +59,8 @@ func TestKeysCLI(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"m1", "m2"}, owner.Models)
 	require.False(t, owner.ExpiresAt.IsZero())
+	require.NotNil(t, owner.TPM)
+	require.Equal(t, int64(5000), *owner.TPM)
 	id := strconv.FormatInt(owner.KeyID, 10)
 
 	out, err = stdout(t, func() error { return run(ctx, append([]string{"usage", "--tenant", "acme", "--by-day"}, db...)) })
@@ -70,6 +72,8 @@ func TestKeysCLI(t *testing.T) {
 	out, err = stdout(t, func() error { return run(ctx, append([]string{"keys", "list", "--tenant", "acme"}, db...)) })
 	require.NoError(t, err)
 	require.Contains(t, out, "m1,m2")
+	require.Contains(t, out, "TPM")
+	require.Contains(t, out, "5000")
 	require.Contains(t, out, key[:len(store.KeyPrefix)+6])
 
 	// The flag after the id is parsed.
@@ -81,6 +85,7 @@ func TestKeysCLI(t *testing.T) {
 	fo, err := store.LookupKey(ctx, pool, fresh)
 	require.NoError(t, err)
 	require.Equal(t, owner.Models, fo.Models)
+	require.Equal(t, owner.TPM, fo.TPM, "a rotated key keeps its limits")
 
 	_, err = stdout(t, func() error {
 		return run(ctx, append([]string{"keys", "revoke", strconv.FormatInt(fo.KeyID, 10)}, db...))
@@ -91,6 +96,8 @@ func TestKeysCLI(t *testing.T) {
 
 	for _, bad := range [][]string{
 		{"keys", "create"},
+		{"keys", "create", "--tenant", "acme", "--tpm", "-1"},
+		{"keys", "create", "--tenant", "acme", "--tpm", "many"},
 		{"keys", "revoke"},
 		{"keys", "revoke", "x"},
 		{"keys", "revoke", "999999999"},

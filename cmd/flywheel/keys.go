@@ -14,7 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const keysUsage = `flywheel keys create --tenant NAME [--name LABEL] [--models M1,M2] [--expires 720h] [--token-budget N [--budget-period day|month]]
+const keysUsage = `flywheel keys create --tenant NAME [--name LABEL] [--models M1,M2] [--expires 720h] [--token-budget N [--budget-period day|month]] [--tpm N]
        flywheel keys list [--tenant NAME] [--all] [--sessions]
        flywheel keys revoke ID
        flywheel keys rotate ID [--grace 24h]`
@@ -27,6 +27,7 @@ func runKeys(ctx context.Context, args []string) error {
 	}
 	var tenant, name, models, period string
 	var budget int64
+	var tpm *int64
 	var expires, grace time.Duration
 	var all, sessions bool
 	cfg, fs, err := subcommand("keys", v, rest, keysUsage, map[string]func(fs *flag.FlagSet){
@@ -37,6 +38,14 @@ func runKeys(ctx context.Context, args []string) error {
 			fs.DurationVar(&expires, "expires", 0, "the key ends after this long (default: never)")
 			fs.Int64Var(&budget, "token-budget", 0, "prompt and completion tokens the key (and its session keys) may use per --budget-period; over it calls get 429 (default: no budget)")
 			fs.StringVar(&period, "budget-period", store.BudgetDay, "the budget's period, in UTC: day or month")
+			fs.Func("tpm", "prompt and completion tokens per minute the key (and its session keys) may use; 0: no token rate limit (default: the gateway's gateway.rate_limit_tpm)", func(v string) error {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return errors.New("want a number of tokens per minute")
+				}
+				tpm = &n
+				return nil
+			})
 		},
 		"list": func(fs *flag.FlagSet) {
 			fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
@@ -66,6 +75,9 @@ func runKeys(ctx context.Context, args []string) error {
 		if err := store.ValidBudget(budget, period); err != nil {
 			return fmt.Errorf("keys create: %w", err)
 		}
+		if err := store.ValidTPM(tpm); err != nil {
+			return fmt.Errorf("keys create: --%w", err)
+		}
 	case "revoke", "rotate":
 		s, err := one(fs.Args(), "key id")
 		if err != nil {
@@ -88,7 +100,7 @@ func runKeys(ctx context.Context, args []string) error {
 		if err := store.EnsureTenant(ctx, pool, tenant); err != nil {
 			return err
 		}
-		spec := store.KeySpec{TenantID: tenant, Name: name, Models: splitList(models), TokenBudget: budget, BudgetPeriod: period}
+		spec := store.KeySpec{TenantID: tenant, Name: name, Models: splitList(models), TokenBudget: budget, BudgetPeriod: period, TPM: tpm}
 		if expires > 0 {
 			spec.ExpiresAt = time.Now().Add(expires)
 		}
@@ -143,7 +155,7 @@ func splitList(s string) []string {
 
 func printKeys(keys []store.Key) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tMODELS\tBUDGET\tCREATED\tEXPIRES\tSTATE")
+	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tMODELS\tBUDGET\tTPM\tCREATED\tEXPIRES\tSTATE")
 	now := time.Now()
 	for _, k := range keys {
 		models := "all"
@@ -158,6 +170,13 @@ func printKeys(keys []store.Key) {
 		if k.TokenBudget > 0 {
 			budget = fmt.Sprintf("%d/%s", k.TokenBudget, k.BudgetPeriod)
 		}
+		tpm := "default"
+		if k.TPM != nil {
+			tpm = strconv.FormatInt(*k.TPM, 10)
+			if *k.TPM == 0 {
+				tpm = "none"
+			}
+		}
 		state := "live"
 		switch {
 		case k.RevokedAt != nil:
@@ -165,7 +184,7 @@ func printKeys(keys []store.Key) {
 		case !k.Live(now):
 			state = "expired"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, models, budget,
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, models, budget, tpm,
 			k.CreatedAt.Format(time.RFC3339), expires, state)
 	}
 	w.Flush()
