@@ -339,7 +339,7 @@ func (b *Backend) readGenerateStream(r io.Reader, ids []int, emit func(inference
 			return resp, err
 		}
 		n, lps, top := len(resp.CompletionTokenIDs), g.MetaInfo.OutputTokenLogprobs, g.MetaInfo.OutputTopLogprobs
-		cumulative := n > 0 && len(lps) == g.MetaInfo.CompletionTokens
+		cumulative := n > 0 && len(lps) == g.MetaInfo.CompletionTokens && len(lps) >= n
 		var d inference.Delta
 		switch {
 		case cumulative:
