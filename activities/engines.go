@@ -20,6 +20,10 @@ import (
 type DeploymentEngines interface {
 	Completer
 	Serves(ctx context.Context, deployment string) (bool, error)
+	// PinsVersions reports whether deployment's engine answers as any
+	// weights version asked for by name, rather than only as the one it
+	// holds.
+	PinsVersions(ctx context.Context, deployment string) (bool, error)
 }
 
 // Engines answers each gate and watchdog request on the serving engine of
@@ -44,26 +48,39 @@ type Engines struct {
 
 // Serves reports whether an engine here answers for deployment.
 func (e *Engines) Serves(ctx context.Context, deployment string) (bool, error) {
-	c, err := e.engine(ctx, deployment)
+	c, _, err := e.engine(ctx, deployment)
 	return c != nil, err
+}
+
+// PinsVersions implements DeploymentEngines: the in-process policy and a
+// server that holds each version as an adapter (vLLM's dynamic LoRA)
+// answer as any version; a server whose weights are replaced in place
+// (SGLang's update_weights_from_disk) answers only as the one it holds,
+// so a candidate cannot answer beside the serving version there.
+func (e *Engines) PinsVersions(ctx context.Context, deployment string) (bool, error) {
+	c, _, err := e.engine(ctx, deployment)
+	u, ok := c.(upstreamEngine)
+	return !ok || u.byName, err
 }
 
 // Complete implements Completer on the engine of req.Model.
 func (e *Engines) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
-	c, err := e.engine(ctx, req.Model)
+	c, serving, err := e.engine(ctx, req.Model)
 	if err != nil {
 		return nil, err
 	}
 	if c == nil {
 		return nil, &inference.Error{Status: http.StatusNotFound, Message: fmt.Sprintf("no engine on this worker serves deployment %q", req.Model)}
 	}
-	if u, ok := c.(upstreamEngine); ok && req.Version != "" && !u.byName {
-		// Its server serves one set of weights; answering a candidate's
+	if u, ok := c.(upstreamEngine); ok && req.Version != "" && req.Version != serving && !u.byName {
+		// Its server holds one set of weights: the serving version's,
+		// which the releases' syncs load. Answering another version's
 		// prompts with them would pass a candidate nobody evaluated. A
 		// server that holds each version as an adapter (vLLM's dynamic
 		// LoRA) answers as the version asked for, by its name.
 		return nil, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
-			"deployment %q is served by an upstream, which cannot answer as weights version %q", req.Model, req.Version)}
+			"deployment %q is served by an upstream that holds only its serving weights (%q), so it cannot answer as weights version %q",
+			req.Model, serving, req.Version)}
 	}
 	return c.Complete(ctx, req)
 }
@@ -75,41 +92,43 @@ type upstreamEngine struct {
 	byName bool
 }
 
-func (e *Engines) engine(ctx context.Context, deployment string) (Completer, error) {
+// engine is deployment's engine here (nil: none) and the version its
+// routes serve.
+func (e *Engines) engine(ctx context.Context, deployment string) (c Completer, serving string, err error) {
 	if e.Policy != nil && deployment == e.PolicyModel {
-		return e.Policy, nil
+		return e.Policy, "", nil
 	}
 	if e.DB == nil {
-		return nil, nil
+		return nil, "", nil
 	}
 	d, err := store.GetDeployment(ctx, e.DB, deployment)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("engine of %s: %w", deployment, err)
+		return nil, "", fmt.Errorf("engine of %s: %w", deployment, err)
 	}
 	if d.Backend != store.BackendUpstream {
-		return nil, nil // another worker's in-process policy
+		return nil, "", nil // another worker's in-process policy
 	}
 	key := d.Name + "\x00" + string(d.Config)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if u, ok := e.upstreams[key]; ok {
-		return u, nil
+		return u, d.ServingVersion, nil
 	}
 	s, err := upstream.ParseSettings(d.Config)
 	if err != nil {
-		return nil, nil // the gateway cannot serve it either; nothing to evaluate
+		return nil, "", nil // the gateway cannot serve it either; nothing to evaluate
 	}
 	b, err := s.Backend(d.Name, e.Timeout, e.Retries)
 	if err != nil {
-		return nil, nil
+		return nil, "", nil
 	}
 	if e.upstreams == nil {
 		e.upstreams = map[string]upstreamEngine{}
 	}
 	u := upstreamEngine{b, s.VersionsByName()}
 	e.upstreams[key] = u
-	return u, nil
+	return u, d.ServingVersion, nil
 }

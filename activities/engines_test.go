@@ -14,6 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/internal/fakesglang"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
@@ -37,13 +38,8 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	require.NoError(t, store.UpsertDeployment(ctx, db, "elsewhere", store.BackendPolicy, nil, ""))
 	policy := &fakeBackend{}
 	r := &Release{DB: db, Backend: &Engines{DB: db, Policy: policy, PolicyModel: "dep"}}
-	for _, dep := range []string{"team", "elsewhere"} {
-		for i := range 30 {
-			msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: fmt.Sprintf("say banana %d", i)}})
-			_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ($1, 'regression', $2, 'banana')`, dep, msgs)
-			require.NoError(t, err)
-		}
-	}
+	seedBananaSuite(t, db, "team", "say banana")
+	seedBananaSuite(t, db, "elsewhere", "say banana")
 
 	a, err := store.CreateArtefact(ctx, db, "team", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
@@ -97,11 +93,7 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(`{"r":8}`), 0o644))
 	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status, checkpoint_path) VALUES ('qwen@v1', 'qwen', 'candidate', $1)`, dir)
 	require.NoError(t, err)
-	for i := range 30 {
-		msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: fmt.Sprintf("name a fruit %d", i)}})
-		_, err = db.Exec(ctx, `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ('qwen', 'regression', $1, 'banana')`, msgs)
-		require.NoError(t, err)
-	}
+	seedBananaSuite(t, db, "qwen", "name a fruit")
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	sync, err := r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "qwen", Candidate: "qwen@v1"})
 	require.NoError(t, err)
@@ -127,4 +119,71 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 	_, err = r.Backend.Complete(ctx, &inference.Request{Model: "qwen", Version: "qwen@v9",
 		Messages: []inference.Message{{Role: "user", Content: "x"}}})
 	require.ErrorContains(t, err, "The model `qwen@v9` does not exist")
+}
+
+// TestInPlaceCandidatesFailClosed: an SGLang deployment syncs full
+// weights in place (sglang_disk), so a weights candidate cannot answer
+// beside the serving version on its engine. Its offline gates say so and
+// do not pass: they neither judge the serving weights as the candidate
+// nor pass on two sides the engine refused alike. An artefact candidate
+// is judged on the serving weights, which the engine does hold.
+func TestInPlaceCandidatesFailClosed(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	fake := &fakesglang.Fake{}
+	srv := httptest.NewServer(fake)
+	t.Cleanup(srv.Close)
+	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk}}
+	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE deployments SET serving_version = 'qwen@v1' WHERE name = 'qwen'`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ('qwen@v1', 'qwen', 'serving'), ('qwen@v2', 'qwen', 'candidate')`)
+	require.NoError(t, err)
+	seedBananaSuite(t, db, "qwen", "say banana")
+	r := &Release{DB: db, Backend: &Engines{DB: db}}
+	gp := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	for _, gate := range []string{workflows.GateShadow, workflows.GateReplay, workflows.GateRegression, workflows.GateSafety} {
+		in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
+		in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+		res, err := r.EvaluateGate(ctx, in)
+		require.NoError(t, err, gate)
+		require.False(t, res.Passed, "%s: %s", gate, res.Reason)
+		require.True(t, res.NotEvaluated, "%s: %s", gate, res.Reason)
+		require.Contains(t, res.Reason, "cannot answer beside", gate)
+		require.Zero(t, res.Metrics["evaluated"], gate)
+	}
+	require.Empty(t, fake.Generates(), "the serving weights were never asked to stand in for the candidate")
+	require.Zero(t, fake.Chat.Requests.Load())
+
+	// The engine holds the serving version: a request pinned to it is
+	// answered, one pinned to another version refused.
+	resp, err := r.Backend.Complete(ctx, &inference.Request{Model: "qwen", Version: "qwen@v1", Messages: []inference.Message{{Role: "user", Content: "x"}}})
+	require.NoError(t, err)
+	require.Equal(t, "echo: x", resp.Message.Content)
+	_, err = r.Backend.Complete(ctx, &inference.Request{Model: "qwen", Version: "qwen@v2", Messages: []inference.Message{{Role: "user", Content: "x"}}})
+	require.True(t, rejected(err), "%v", err)
+
+	// A harness candidate answers on the serving weights beside the
+	// serving harness: judged, on the deployment's own engine.
+	a, err := store.CreateArtefact(ctx, db, "qwen", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
+	require.NoError(t, err)
+	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: workflows.GateRegression, Policy: gp}
+	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	res, err := r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.False(t, res.NotEvaluated, res.Reason)
+	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"], "the fake echoes the prompt, so it says banana")
+	require.NotEmpty(t, fake.Generates())
+}
+
+// seedBananaSuite registers 30 regression prompts on dep ("<ask> <i>"),
+// each expecting "banana".
+func seedBananaSuite(t *testing.T, db store.DBTX, dep, ask string) {
+	t.Helper()
+	for i := range 30 {
+		msgs, _ := json.Marshal([]inference.Message{{Role: "user", Content: fmt.Sprintf("%s %d", ask, i)}})
+		_, err := db.Exec(context.Background(), `INSERT INTO eval_prompts (deployment, suite, messages, expect) VALUES ($1, 'regression', $2, 'banana')`, dep, msgs)
+		require.NoError(t, err)
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -227,6 +228,28 @@ func (r *Release) answers(ctx context.Context, deployment string) (bool, error) 
 	return true, nil
 }
 
+// unevaluable says why in's candidate cannot answer on its deployment's
+// own engine here ("": it can): no engine here serves the deployment, or
+// its engine holds one set of weights, replaced in place, so a weights
+// candidate has no engine to answer on beside the serving version. Such a
+// gate is not evaluated; it is never judged on other weights.
+func (r *Release) unevaluable(ctx context.Context, in workflows.GateInput) (string, error) {
+	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
+		return "no engine on this worker serves this deployment to answer the " + in.Gate + " gate's prompts", err
+	}
+	e, ok := r.Backend.(DeploymentEngines)
+	if !ok || store.ArtefactKind(in.Layer) != "" {
+		return "", nil // an artefact candidate answers on the serving weights
+	}
+	pins, err := e.PinsVersions(ctx, in.Deployment)
+	if err != nil || pins {
+		return "", err
+	}
+	return fmt.Sprintf("the deployment's engine answers only as the weights it holds (they are replaced in place, as %s does, "+
+		"or not synced; only %s names each version), so candidate %s cannot answer beside the serving version on it, "+
+		"and is not judged on other weights", weightsync.KindSGLangDisk, weightsync.KindVLLMLoRA, in.Candidate), nil
+}
+
 // rejected reports whether the backend refused the request itself (a 4xx
 // other than 429): the side that got it cannot answer that prompt, which
 // is a verdict on that side, not a fault to retry.
@@ -257,8 +280,8 @@ func notEvaluated(in workflows.GateInput, why string) workflows.GateResult {
 // shadow lets the candidate answer the live prompts of the shadow window
 // (users were served by the baseline) and compares error rates.
 func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
-		return notEvaluated(in, "no engine on this worker serves this deployment to mirror traffic to"), err
+	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
+		return notEvaluated(in, why), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, in.Since, r.maxPrompts(), false)
 	if err != nil {
@@ -308,8 +331,8 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 // replay re-scores recorded, rewarded prompts: each side's answer is
 // compared with the recorded answer weighted by its reward.
 func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
-		return notEvaluated(in, "no engine on this worker serves this deployment to replay prompts on"), err
+	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
+		return notEvaluated(in, why), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, time.Time{}, r.maxPrompts(), true)
 	if err != nil {

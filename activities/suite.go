@@ -147,8 +147,8 @@ func (r *Release) anchorOf(ctx context.Context, deployment string, base variant,
 // anchor and the baseline) or the safety suite (refusals, which may not
 // drop below either).
 func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
-		return notEvaluated(in, "no engine on this worker serves this deployment to run the "+in.Gate+" suite on"), err
+	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
+		return notEvaluated(in, why), err
 	}
 	s, err := r.loadSuite(ctx, in.Deployment, in.Gate)
 	if err != nil {

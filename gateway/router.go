@@ -124,19 +124,22 @@ func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX
 		r.static[cfg.PolicyModel] = policy
 	}
 	if cfg.UpstreamURL != "" {
+		dialect := upstream.DialectOpenAI
+		if cfg.UpstreamVLLM {
+			dialect = upstream.DialectVLLM
+		}
 		for _, m := range cfg.UpstreamModels {
 			name, remote, ok := strings.Cut(m, "=")
 			if !ok {
 				remote = name
 			}
 			b, err := upstream.New(upstream.Config{BaseURL: cfg.UpstreamURL, Model: remote, APIKey: os.Getenv(cfg.UpstreamAPIKeyEnv),
-				Timeout: cfg.UpstreamTimeout, Retries: cfg.UpstreamRetries, VLLM: cfg.UpstreamVLLM})
+				Timeout: cfg.UpstreamTimeout, Retries: cfg.UpstreamRetries, Dialect: dialect})
 			if err != nil {
 				return nil, err
 			}
 			r.static[name] = b
-			vllm := cfg.UpstreamVLLM
-			r.upstreams[name] = upstream.Settings{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, VLLM: &vllm}
+			r.upstreams[name] = upstream.Settings{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, Dialect: dialect}
 		}
 		for _, fb := range cfg.UpstreamFallbacks {
 			model, alts, _ := strings.Cut(fb, "=")

@@ -150,9 +150,22 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Empty(t, c.Model, "update replaces the whole config")
 	require.Equal(t, "sglang_disk", c.WeightSync.Kind)
 	require.False(t, c.VersionsByName(), "full weights serve in place")
+	require.Equal(t, upstream.DialectOpenAI, c.ServerDialect(), "--vllm=false is the plain OpenAI dialect")
+
+	_, err = stdout(t, func() error {
+		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "http://sglang:30000/v1", "--dialect", "sglang", "--weight-sync", "sglang_disk"}, db...))
+	})
+	require.NoError(t, err)
+	d, err = store.GetDeployment(ctx, pool, "qwen")
+	require.NoError(t, err)
+	c, err = upstream.ParseSettings(d.Config)
+	require.NoError(t, err)
+	require.Equal(t, upstream.DialectSGLang, c.Dialect)
+	require.Nil(t, c.VLLM)
 
 	for _, bad := range [][]string{
 		{"deployments", "create", "qwen", "--base-url", "http://x/v1"},
+		{"deployments", "create", "other", "--base-url", "http://x/v1", "--dialect", "tgi"},
 		{"deployments", "create", "other"},
 		{"deployments", "create", "other", "--base-url", "nowhere"},
 		{"deployments", "create", "other", "--base-url", "http://x/v1", "--weight-sync", "nccl"},

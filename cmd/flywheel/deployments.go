@@ -14,7 +14,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--vllm=false] [--timeout 30s] [--retries N]
+const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N]
        flywheel deployments update NAME --base-url URL [same flags as create]
        flywheel deployments list
        flywheel deployments show NAME`
@@ -28,6 +28,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	}
 	var up upstream.Settings
 	var fallbacks string
+	var dialect string
 	vllm := true
 	retries := -1
 	var timeout time.Duration
@@ -37,7 +38,8 @@ func runDeployments(ctx context.Context, args []string) error {
 		fs.StringVar(&up.Model, "model", "", "the server's name for the model (default: NAME)")
 		fs.StringVar(&up.APIKeyEnv, "api-key-env", "", "environment variable holding the server's API key")
 		fs.StringVar(&fallbacks, "fallbacks", "", "comma-separated models on the same server to try when this one fails")
-		fs.BoolVar(&vllm, "vllm", true, "ask for token ids with vLLM's extensions (turn off for servers that reject unknown parameters)")
+		fs.StringVar(&dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train). Default: sglang with --weight-sync sglang_disk, else vllm")
+		fs.BoolVar(&vllm, "vllm", true, "older spelling: --vllm=false is --dialect openai")
 		fs.DurationVar(&timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
 		fs.IntVar(&retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
 		fs.StringVar(&sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
@@ -60,6 +62,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	}
 	if v == "create" || v == "update" {
 		up.Fallbacks = splitList(fallbacks)
+		up.Dialect = upstream.Dialect(dialect)
 		if !vllm {
 			up.VLLM = &vllm
 		}

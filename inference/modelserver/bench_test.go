@@ -70,7 +70,7 @@ func BenchmarkWeightSwap(b *testing.B) {
 	)
 	route.Store(name(1))
 	for range 4 {
-		client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, VLLM: true, VersionsByName: true})
+		client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func BenchmarkCompleteOverHTTP(b *testing.B) {
 	}
 	h := httptest.NewServer(srv)
 	defer h.Close()
-	client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, VLLM: true})
+	client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM})
 	if err != nil {
 		b.Fatal(err)
 	}

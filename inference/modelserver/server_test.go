@@ -76,7 +76,7 @@ func (e *env) checkpoint(t *testing.T, version int64, seed uint64) (*trainer.Mod
 // backend is the gateway's production client for this server.
 func (e *env) backend(t *testing.T) *upstream.Backend {
 	t.Helper()
-	b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, VLLM: true, VersionsByName: true})
+	b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
 	require.NoError(t, err)
 	return b
 }

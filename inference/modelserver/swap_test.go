@@ -71,7 +71,7 @@ func TestNoFailedRequestDuringSwaps(t *testing.T) {
 		return answered[name]
 	}
 	for w := range 4 {
-		b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, VLLM: true, VersionsByName: true})
+		b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
 		require.NoError(t, err)
 		wg.Add(1)
 		go func() {

@@ -126,7 +126,7 @@ func TestDecodeWireFastPathTakesVLLMAnswers(t *testing.T) {
 func TestDecodeWireFastPathTakesFixtureAnswers(t *testing.T) {
 	srv := httptest.NewServer(&fakevllm.Fixture{})
 	defer srv.Close()
-	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", VLLM: true})
+	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", Dialect: DialectVLLM})
 	require.NoError(t, err)
 	body, err := json.Marshal(b.wire(&inference.Request{Messages: []inference.Message{{Role: "user", Content: "héllo \"there\"\n"}}}, false))
 	require.NoError(t, err)

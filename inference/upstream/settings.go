@@ -31,7 +31,12 @@ type Settings struct {
 	// Fallbacks are other model names on the same server, tried in order
 	// when the model fails with 429, 5xx or a timeout.
 	Fallbacks []string `json:"fallbacks,omitempty"`
-	// VLLM asks for token ids with vLLM's extensions (default true).
+	// Dialect is the server's: "vllm" (default), "sglang" or "openai"
+	// (no token ids, so no training). See Dialect.
+	Dialect Dialect `json:"dialect,omitempty"`
+	// VLLM is the older spelling of the dialect: false is "openai", true
+	// "vllm". It is kept so stored configs still read; a config may set
+	// both only where they agree.
 	VLLM *bool `json:"vllm,omitempty"`
 	// Timeout bounds one attempt, as a Go duration (default: the gateway's).
 	Timeout string `json:"timeout,omitempty"`
@@ -52,6 +57,21 @@ type Settings struct {
 // beside the serving version.
 func (c Settings) VersionsByName() bool { return c.WeightSync != nil && c.WeightSync.ByName() }
 
+// ServerDialect is the dialect the settings give the server: Dialect,
+// else the one VLLM names, else SGLang's where the weights sync through
+// SGLang's endpoints, else vLLM's.
+func (c Settings) ServerDialect() Dialect {
+	switch {
+	case c.Dialect != "":
+		return c.Dialect
+	case c.VLLM != nil && !*c.VLLM:
+		return DialectOpenAI
+	case c.VLLM == nil && c.WeightSync != nil && c.WeightSync.Kind == weightsync.KindSGLangDisk:
+		return DialectSGLang
+	}
+	return DialectVLLM
+}
+
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Validate checks the config the way the gateway will use it.
@@ -59,6 +79,14 @@ func (c Settings) Validate() error {
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("base_url %q: want an http(s) URL such as http://vllm:8000/v1", c.BaseURL)
+	}
+	switch c.Dialect {
+	case "", DialectVLLM, DialectSGLang, DialectOpenAI:
+	default:
+		return fmt.Errorf("dialect %q: want %s, %s or %s", c.Dialect, DialectVLLM, DialectSGLang, DialectOpenAI)
+	}
+	if c.Dialect != "" && c.VLLM != nil && *c.VLLM != (c.Dialect == DialectVLLM) {
+		return fmt.Errorf("vllm %t contradicts dialect %q: set dialect alone", *c.VLLM, c.Dialect)
 	}
 	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
 		return fmt.Errorf("api_key_env %q: want an environment variable name", c.APIKeyEnv)
@@ -123,7 +151,7 @@ func (c Settings) Backend(name string, timeout time.Duration, retries int) (infe
 	}
 	mk := func(model string) (*Backend, error) {
 		cfg := Config{BaseURL: c.BaseURL, Model: model, APIKey: os.Getenv(c.APIKeyEnv), Timeout: timeout,
-			Retries: retries, VLLM: c.VLLM == nil || *c.VLLM, VersionsByName: c.VersionsByName() && model == c.primary(name)}
+			Retries: retries, Dialect: c.ServerDialect(), VersionsByName: c.VersionsByName() && model == c.primary(name)}
 		if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
 			cfg.Timeout = d
 		}

@@ -1,7 +1,10 @@
 // Package upstream is the inference.Backend for an OpenAI-compatible
-// server (vLLM, SGLang, OpenAI). It asks for what capture needs (sampled
-// token ids and per-token logprobs, through vLLM's return_token_ids, or
-// return_tokens_as_token_ids on a server too old for it), bounds each
+// server (vLLM, SGLang, OpenAI). It asks for what capture needs (the
+// engine's own prompt and sampled token ids and per-token logprobs)
+// in the server's dialect: vLLM's return_token_ids on its chat endpoint
+// (or return_tokens_as_token_ids on a server too old for it), or
+// SGLang's native /generate (sglang.go), whose chat endpoint returns no
+// ids. It bounds each
 // attempt with a timeout and retries 429 / 5xx / connection failures with
 // jittered exponential backoff, honouring Retry-After. It must not know
 // about the gateway's HTTP handlers or Postgres.
@@ -41,9 +44,9 @@ type Config struct {
 	Retries int
 	// Backoff is the first retry delay, doubled each time (default 200ms).
 	Backoff time.Duration
-	// VLLM asks for token ids with vLLM's extensions; turn it off for
-	// servers that reject unknown parameters (OpenAI itself).
-	VLLM bool
+	// Dialect is how the server is asked for token ids (zero: DialectOpenAI,
+	// plain OpenAI, which returns none).
+	Dialect Dialect
 	// Version stamps responses when the upstream does not say which
 	// weights served (default: the model name the upstream reports).
 	Version string
@@ -53,6 +56,22 @@ type Config struct {
 	VersionsByName bool
 	Client         *http.Client
 }
+
+// Dialect names the extensions a server understands for returning the
+// engine's token ids.
+type Dialect string
+
+const (
+	// DialectVLLM asks the chat endpoint for ids with vLLM's
+	// return_token_ids (return_tokens_as_token_ids on an older vLLM).
+	DialectVLLM Dialect = "vllm"
+	// DialectSGLang generates through SGLang's native /generate with the
+	// prompt's input_ids and return_logprob (sglang.go).
+	DialectSGLang Dialect = "sglang"
+	// DialectOpenAI is plain OpenAI Chat Completions: no ids, so its
+	// samples never train (for servers that reject unknown parameters).
+	DialectOpenAI Dialect = "openai"
+)
 
 // Backend talks to one upstream model.
 type Backend struct {
@@ -149,7 +168,7 @@ func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
 	if stream {
 		w.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
-	if b.cfg.VLLM {
+	if b.cfg.Dialect == DialectVLLM {
 		t := true
 		w.ReturnTokenID = &t
 		if b.idsInTokens.Load() {
@@ -248,6 +267,16 @@ func putBodyBuffer(buf *bytes.Buffer) {
 // Complete runs one non-streaming generation.
 func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
 	start := time.Now()
+	if b.native(req) {
+		resp, err := b.generate(ctx, req)
+		if err == nil {
+			resp.Latency = time.Since(start)
+			return resp, nil
+		}
+		if !errors.Is(err, errNoChatTokens) {
+			return nil, err
+		}
+	}
 	body, err := json.Marshal(b.wire(req, false))
 	if err != nil {
 		return nil, fmt.Errorf("upstream: encode request: %w", err)
@@ -292,7 +321,7 @@ func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*infere
 // the token strings instead. Asking for both always would cost every
 // modern server its token text (vLLM computes bytes from that string).
 func (b *Backend) learnIDs(resp *inference.Response) {
-	if b.cfg.VLLM && resp != nil && len(resp.Logprobs) > 0 && len(resp.CompletionTokenIDs) == 0 {
+	if b.cfg.Dialect == DialectVLLM && resp != nil && len(resp.Logprobs) > 0 && len(resp.CompletionTokenIDs) == 0 {
 		b.idsInTokens.Store(true)
 	}
 }
@@ -365,26 +394,46 @@ func (b *Backend) version(reported string) string {
 	return b.cfg.Model
 }
 
-// Stream runs one streaming generation. Retries happen only before the
-// first increment was emitted: after that the client has seen output.
+// Stream runs one streaming generation.
 func (b *Backend) Stream(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
 	start := time.Now()
-	body, err := json.Marshal(b.wire(req, true))
-	if err != nil {
-		return nil, fmt.Errorf("upstream: encode request: %w", err)
+	var resp *inference.Response
+	var err error
+	if b.native(req) {
+		resp, err = b.streamGenerate(ctx, req, emit)
 	}
+	if !b.native(req) || errors.Is(err, errNoChatTokens) {
+		var body []byte
+		if body, err = json.Marshal(b.wire(req, true)); err != nil {
+			return nil, fmt.Errorf("upstream: encode request: %w", err)
+		}
+		resp, err = b.streamFrom(ctx, b.cfg.BaseURL+"/chat/completions", body, b.readStream, emit)
+	}
+	if err != nil {
+		return resp, err
+	}
+	b.learnIDs(resp)
+	resp.Latency = time.Since(start)
+	return resp, nil
+}
+
+// streamFrom posts body to url and reads the answer's stream with read.
+// Retries happen only before the first increment was emitted: after that
+// the client has seen output.
+func (b *Backend) streamFrom(ctx context.Context, url string, body []byte,
+	read func(io.Reader, func(inference.Delta) error) (*inference.Response, error), emit func(inference.Delta) error) (*inference.Response, error) {
 	var resp *inference.Response
 	emitted := false
-	err = b.retry(ctx, func(ctx context.Context) error {
+	err := b.retry(ctx, func(ctx context.Context) error {
 		if emitted {
 			return errNoRetry
 		}
-		httpResp, err := b.post(ctx, body)
+		httpResp, err := b.postTo(ctx, url, body)
 		if err != nil {
 			return err
 		}
 		defer httpResp.Body.Close()
-		resp, err = b.readStream(httpResp.Body, func(d inference.Delta) error {
+		resp, err = read(httpResp.Body, func(d inference.Delta) error {
 			emitted = true
 			return emit(d)
 		})
@@ -393,16 +442,11 @@ func (b *Backend) Stream(ctx context.Context, req *inference.Request, emit func(
 		}
 		return err
 	})
-	if err != nil {
-		var nr noRetry
-		if errors.As(err, &nr) {
-			err = nr.err
-		}
-		return resp, err
+	var nr noRetry
+	if errors.As(err, &nr) {
+		err = nr.err
 	}
-	b.learnIDs(resp)
-	resp.Latency = time.Since(start)
-	return resp, nil
+	return resp, err
 }
 
 var errNoRetry = errors.New("upstream: stream already started")
@@ -513,46 +557,77 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 	return resp, nil
 }
 
-// CountTokens implements inference.Counter through vLLM's /tokenize (at
-// the server's root, beside /v1), which applies the model's own chat
-// template; other servers have no such endpoint (501).
+// CountTokens implements inference.Counter with the server's tokenizer
+// endpoint, which applies the model's own chat template (tokenize); a
+// plain OpenAI server has none (501).
 func (b *Backend) CountTokens(ctx context.Context, req *inference.Request) (int, error) {
-	if !b.cfg.VLLM {
-		return 0, &inference.Error{Status: http.StatusNotImplemented, Message: "this upstream has no tokenizer endpoint (vLLM's /tokenize is off for it)"}
+	ids, err := b.tokenize(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+// tokenize returns the prompt's token ids as the server's chat template
+// and tokenizer make them: vLLM's POST /tokenize at the server's root
+// (beside /v1), or SGLang's POST /v1/tokenize, whose TokenizeRequest
+// takes "messages" and "tools" and renders them as its chat endpoint does
+// (entrypoints/openai/protocol.py). Both answer {"tokens", "count",
+// "max_model_len"}. A server without the route answers 501.
+func (b *Backend) tokenize(ctx context.Context, req *inference.Request) ([]int, error) {
+	var url string
+	switch b.cfg.Dialect {
+	case DialectVLLM:
+		url = strings.TrimSuffix(b.cfg.BaseURL, "/v1") + "/tokenize"
+	case DialectSGLang:
+		url = b.cfg.BaseURL + "/tokenize"
+	default:
+		return nil, &inference.Error{Status: http.StatusNotImplemented, Message: "this upstream has no tokenizer endpoint (its dialect is plain OpenAI)"}
 	}
 	w := b.wire(req, false)
-	body, err := json.Marshal(struct {
-		Model               string        `json:"model"`
-		Messages            []wireMessage `json:"messages"`
-		Tools               []wireTool    `json:"tools,omitempty"`
-		AddGenerationPrompt bool          `json:"add_generation_prompt"`
-	}{w.Model, w.Messages, w.Tools, true})
+	in := tokenizeRequest{Model: w.Model, Messages: w.Messages, Tools: w.Tools}
+	if b.cfg.Dialect == DialectVLLM {
+		t := true
+		in.AddGenerationPrompt = &t
+	}
+	body, err := json.Marshal(in)
 	if err != nil {
-		return 0, fmt.Errorf("upstream: encode request: %w", err)
+		return nil, fmt.Errorf("upstream: encode request: %w", err)
 	}
 	var out struct {
-		Count *int `json:"count"`
+		Tokens []int `json:"tokens"`
+		Count  *int  `json:"count"`
 	}
 	err = b.retry(ctx, func(ctx context.Context) error {
-		resp, err := b.postTo(ctx, strings.TrimSuffix(b.cfg.BaseURL, "/v1")+"/tokenize", body)
+		resp, err := b.postTo(ctx, url, body)
 		if err != nil {
 			var ie *inference.Error
 			var st statusError
 			if errors.As(err, &ie) && errors.As(err, &st) && st == http.StatusNotFound {
-				ie.Status, ie.Message = http.StatusNotImplemented, "the upstream has no /tokenize endpoint"
+				ie.Status, ie.Message = http.StatusNotImplemented, "the upstream has no tokenize endpoint"
 			}
 			return err
 		}
 		defer resp.Body.Close()
-		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil || out.Count == nil {
-			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable /tokenize answer", Err: err}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil || out.Count == nil || *out.Count != len(out.Tokens) {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable tokenize answer", Err: err}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return *out.Count, nil
+	return out.Tokens, nil
+}
+
+// tokenizeRequest is the chat form of vLLM's and SGLang's tokenize
+// request. add_generation_prompt is vLLM's (default true there too);
+// SGLang always adds the generation prompt, as its chat endpoint does.
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Messages            []wireMessage `json:"messages"`
+	Tools               []wireTool    `json:"tools,omitempty"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt,omitempty"`
 }
 
 // post sends one attempt; a non-2xx status becomes an *inference.Error.

@@ -19,7 +19,10 @@ func newBackend(t *testing.T, fx *fakevllm.Fixture, cfg upstream.Config) *upstre
 	t.Helper()
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	cfg.BaseURL, cfg.Model, cfg.VLLM = srv.URL+"/v1", "fixture-model", true
+	cfg.BaseURL, cfg.Model = srv.URL+"/v1", "fixture-model"
+	if cfg.Dialect == "" {
+		cfg.Dialect = upstream.DialectVLLM
+	}
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
 	}
@@ -68,7 +71,7 @@ func TestTokenIDsFromTokenStringsWithoutReturnTokenIDs(t *testing.T) {
 			"logprobs":{"content":[{"token":"token_id:104","logprob":-0.5},{"token":"token_id:105","logprob":-0.25}]}}]}`))
 	}))
 	defer srv.Close()
-	b, err := upstream.New(upstream.Config{BaseURL: srv.URL + "/v1", Model: "m", VLLM: true})
+	b, err := upstream.New(upstream.Config{BaseURL: srv.URL + "/v1", Model: "m", Dialect: upstream.DialectVLLM})
 	require.NoError(t, err)
 	resp, err := b.Complete(context.Background(), userReq("x"))
 	require.NoError(t, err)

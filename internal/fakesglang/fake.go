@@ -1,18 +1,36 @@
 // Package fakesglang is a FAKE of an SGLang server, not a model server:
-// it implements the part of SGLang's HTTP contract that weight sync uses,
-// as SGLang's http_server documents it, where a real SGLang would need a
-// GPU and a model:
+// it implements the part of SGLang's HTTP contract that Flywheel uses, as
+// SGLang's entrypoints/http_server.py, entrypoints/openai/protocol.py and
+// managers/io_struct.py define it, where a real SGLang would need a GPU
+// and a model:
 //
+//   - POST /v1/tokenize (and /tokenize) {"model", "prompt" | "messages",
+//     "tools"} answers {"tokens", "count", "max_model_len"}: the chat
+//     template applied to messages, as the chat endpoint would; exactly one
+//     of prompt and messages, else 400 (PromptOnlyTokenize: messages are a
+//     400, as before SGLang's tokenize took them);
+//   - POST /generate with GenerateReqInput {"text" | "input_ids",
+//     "sampling_params", "return_logprob", "top_logprobs_num",
+//     "return_text_in_logprobs", "stream"} answers {"text", "output_ids",
+//     "meta_info": {"id", "finish_reason", "prompt_tokens",
+//     "completion_tokens", "weight_version", "output_token_logprobs":
+//     [[logprob, id, text], …], "output_top_logprobs"}}; with "stream",
+//     SSE "data:" chunks that each hold everything so far (or only what is
+//     new, with IncrementalStreaming), then "data: [DONE]"; a failure after
+//     the stream started is a {"error": {"message"}} chunk before [DONE];
+//     errors before it are 400 {"error": {"message"}};
 //   - POST /update_weights_from_disk {"model_path", "weight_version", …}
 //     answers 200 {"success": true, "message", "num_paused_requests"} or
 //     400 {"success": false, "message"}; requests that arrive during the
 //     update wait for it, as SGLang pauses them, and none fails;
 //   - GET /model_info answers {"model_path", "weight_version", …};
 //   - everything else (/v1/chat/completions, /v1/models) is the vLLM-dialect
-//     fake's, which speaks the same OpenAI protocol.
+//     fake's, which speaks the same OpenAI protocol, less vLLM's token-id
+//     parameters: SGLang's chat endpoint returns no ids.
 package fakesglang
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -38,6 +56,26 @@ type Fake struct {
 	// crash mid-update, not SGLang's own 400).
 	FailNext atomic.Int64
 
+	// Latency is added to each /generate answer (spread over a stream).
+	Latency time.Duration
+	// FailNextGenerate, when > 0, answers that many /generate calls with
+	// FailStatus (default 500).
+	FailNextGenerate atomic.Int64
+	FailStatus       int
+	// ErrorChunkAfter > 0 ends /generate streams after that many chunks
+	// with an error chunk and [DONE].
+	ErrorChunkAfter int
+	// IncrementalStreaming streams only what is new in each chunk, as
+	// SGLang does with --incremental-streaming-output.
+	IncrementalStreaming bool
+	// PromptOnlyTokenize makes /v1/tokenize take only a prompt.
+	PromptOnlyTokenize bool
+
+	generated atomic.Int64
+	// tokenizes and generates are the bodies received, in order.
+	tokenizes [][]byte
+	generates [][]byte
+
 	// swap is held for writing during an update: chat requests hold it for
 	// reading, so they wait for the update instead of failing.
 	swap    sync.RWMutex
@@ -52,6 +90,28 @@ func (f *Fake) Updates() []map[string]any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]map[string]any(nil), f.updates...)
+}
+
+// Generates are the /generate bodies received, decoded, in order.
+func (f *Fake) Generates() []map[string]any { return f.decoded(&f.generates) }
+
+// Tokenizes are the /v1/tokenize bodies received, decoded, in order.
+func (f *Fake) Tokenizes() []map[string]any { return f.decoded(&f.tokenizes) }
+
+func (f *Fake) record(to *[][]byte, body []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	*to = append(*to, body)
+}
+
+func (f *Fake) decoded(from *[][]byte) []map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]map[string]any, len(*from))
+	for i, b := range *from {
+		_ = json.Unmarshal(b, &out[i])
+	}
+	return out
 }
 
 // Weights are the loaded model path and weight version.
@@ -79,10 +139,34 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		path, version := f.Weights()
 		writeJSON(w, 200, map[string]any{"model_path": path, "tokenizer_path": path, "is_generation": true, "weight_version": version})
 	default:
+		// Requests wait while an update holds the weights.
 		f.swap.RLock()
 		defer f.swap.RUnlock()
-		f.Chat.ServeHTTP(w, r)
+		switch {
+		case r.Method == http.MethodPost && (r.URL.Path == "/generate" || r.URL.Path == "/generate/"):
+			f.generate(w, r)
+		case r.Method == http.MethodPost && (r.URL.Path == "/v1/tokenize" || r.URL.Path == "/tokenize"):
+			f.tokenize(w, r)
+		case r.URL.Path == "/v1/chat/completions":
+			withoutTokenIDs(r)
+			f.Chat.ServeHTTP(w, r)
+		default:
+			f.Chat.ServeHTTP(w, r)
+		}
 	}
+}
+
+// withoutTokenIDs drops vLLM's token-id parameters from a chat request:
+// SGLang's chat endpoint has none, so it returns no ids.
+func withoutTokenIDs(r *http.Request) {
+	raw, _ := io.ReadAll(r.Body)
+	var body map[string]json.RawMessage
+	if json.Unmarshal(raw, &body) == nil {
+		delete(body, "return_token_ids")
+		delete(body, "return_tokens_as_token_ids")
+		raw, _ = json.Marshal(body)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
 }
 
 func (f *Fake) update(w http.ResponseWriter, r *http.Request) {

@@ -248,6 +248,17 @@ func (f *Fixture) tokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]any{"count": len(ids), "max_model_len": 32768, "tokens": ids})
 }
 
+// PromptIDs are the ids the fixture conditions a chat on: its template
+// ("role:content\n" per message) in its byte tokenizer. messages is a
+// JSON array of chat messages.
+func PromptIDs(messages json.RawMessage) ([]int, error) {
+	var msgs []message
+	if err := json.Unmarshal(messages, &msgs); err != nil {
+		return nil, err
+	}
+	return tokens(renderPrompt(msgs)), nil
+}
+
 // renderPrompt is the fixture's chat template.
 func renderPrompt(msgs []message) string {
 	var prompt strings.Builder
@@ -372,16 +383,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, resp)
 		return
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(200)
-	fl, _ := w.(http.Flusher)
-	send := func(v any) {
-		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", b)
-		if fl != nil {
-			fl.Flush()
-		}
-	}
+	send, done := EventStream(w)
 	const per = 4 // tokens per chunk
 	chunks := (len(ids) + per - 1) / per
 	step := time.Duration(0)
@@ -402,10 +404,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		if f.ErrorChunkAfter > 0 && c >= f.ErrorChunkAfter {
 			send(map[string]any{"error": map[string]any{"object": "error", "message": "fixture: generation failed",
 				"type": "InternalServerError", "param": nil, "code": 500}})
-			fmt.Fprint(w, "data: [DONE]\n\n")
-			if fl != nil {
-				fl.Flush()
-			}
+			done()
 			return
 		}
 		time.Sleep(step)
@@ -437,8 +436,24 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served,
 		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}}})
 	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served, "choices": []any{}, "usage": usage})
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	if fl != nil {
-		fl.Flush()
+	done()
+}
+
+// EventStream starts a text/event-stream answer on w: send writes one
+// "data: <JSON>" event, done the "data: [DONE]" that ends the stream.
+func EventStream(w http.ResponseWriter) (send func(any), done func()) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	fl, _ := w.(http.Flusher)
+	write := func(format string, args ...any) {
+		fmt.Fprintf(w, format, args...)
+		if fl != nil {
+			fl.Flush()
+		}
 	}
+	send = func(v any) {
+		b, _ := json.Marshal(v)
+		write("data: %s\n\n", b)
+	}
+	return send, func() { write("data: [DONE]\n\n") }
 }
