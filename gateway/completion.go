@@ -75,6 +75,10 @@ type call struct {
 	// chained is the session of the stored response this call continues
 	// (Responses API previous_response_id).
 	chained string
+	// group and groupSize are the GRPO group of the call's session, when
+	// the call made it (one choice of n, group.go).
+	group     string
+	groupSize int
 }
 
 // prepare resolves the session, the route and the reusable prompt ids.
@@ -323,7 +327,8 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (er
 	}
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "prompt").Add(float64(row.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
-	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment, GroupSize: 1}
+	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment,
+		GroupID: cl.group, GroupSize: max(cl.groupSize, 1)}
 	s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()})
 	if cl.done {
 		s.tails.forget(tailKey{cl.p.TenantID, cl.sessionID})

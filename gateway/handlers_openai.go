@@ -29,6 +29,15 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		s.streamOpenAI(c, cl, wire)
 		return
 	}
+	if n := wire.choices(); n > 1 {
+		resps, err := s.generateGroup(c, cl, n)
+		if err != nil {
+			abort(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, s.oaCompletion(cl, wire, resps...))
+		return
+	}
 	resp, err := s.generate(c, cl)
 	if err != nil {
 		abort(c, err)
@@ -37,7 +46,24 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	c.JSON(http.StatusOK, s.oaCompletion(cl, wire, resp))
 }
 
-func (s *Server) oaCompletion(cl *call, wire *oaRequest, resp *inference.Response) oaCompletion {
+// oaCompletion renders one response per choice; usage counts the prompt
+// once and every choice's completion.
+func (s *Server) oaCompletion(cl *call, wire *oaRequest, resps ...*inference.Response) oaCompletion {
+	out := oaCompletion{
+		ID: cl.completionID, Object: "chat.completion", Created: cl.started.Unix(), Model: wire.Model,
+		SystemFingerprint: resps[0].ModelVersion, Usage: &oaUsage{PromptTokens: resps[0].Usage.PromptTokens},
+	}
+	for i, resp := range resps {
+		ch := oaChoiceFor(wire, resp)
+		ch.Index = i
+		out.Choices = append(out.Choices, ch)
+		out.Usage.CompletionTokens += resp.Usage.CompletionTokens
+	}
+	out.Usage.TotalTokens = out.Usage.PromptTokens + out.Usage.CompletionTokens
+	return out
+}
+
+func oaChoiceFor(wire *oaRequest, resp *inference.Response) oaChoice {
 	content := resp.Message.Content
 	msg := &oaRespMsg{Role: inference.RoleAssistant, Content: &content, ReasoningContent: resp.Message.Reasoning}
 	if len(resp.Message.ToolCalls) > 0 {
@@ -51,12 +77,7 @@ func (s *Server) oaCompletion(cl *call, wire *oaRequest, resp *inference.Respons
 	if wire.Logprobs {
 		ch.Logprobs = oaLogprobsFor(resp, 0, len(resp.Logprobs))
 	}
-	return oaCompletion{
-		ID: cl.completionID, Object: "chat.completion", Created: cl.started.Unix(), Model: wire.Model,
-		SystemFingerprint: resp.ModelVersion, Choices: []oaChoice{ch},
-		Usage: &oaUsage{PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens,
-			TotalTokens: resp.Usage.PromptTokens + resp.Usage.CompletionTokens},
-	}
+	return ch
 }
 
 // streamOpenAI serves a Chat Completions stream. Nothing is sent until the

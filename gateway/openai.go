@@ -40,6 +40,14 @@ type oaRequest struct {
 	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
 }
 
+// choices is how many samples the request asks for (n).
+func (r *oaRequest) choices() int {
+	if r.N == nil {
+		return 1
+	}
+	return *r.N
+}
+
 type oaMessage struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content,omitempty"`
@@ -71,6 +79,7 @@ type oaTool struct {
 
 // Limits on what one request may ask for.
 const (
+	maxChoices     = 16
 	maxMessages    = 10000
 	maxTools       = 512
 	maxTopLogprobs = 20
@@ -93,8 +102,11 @@ func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
 	if len(r.Messages) > maxMessages {
 		return nil, nil, errf(400, "messages: at most %d", maxMessages)
 	}
-	if r.N != nil && *r.N != 1 {
-		return nil, nil, errf(400, "n: only 1 is supported")
+	if r.N != nil && (*r.N < 1 || *r.N > maxChoices) {
+		return nil, nil, errf(400, "n: want 1..%d", maxChoices)
+	}
+	if r.choices() > 1 && r.Stream {
+		return nil, nil, errf(400, "n: a stream carries one choice here; ask for n > 1 without stream, or open n streams")
 	}
 	req := &inference.Request{Model: r.Model, Temperature: r.Temperature, TopP: r.TopP, Seed: r.Seed}
 	if err := checkSampling(r.Temperature, r.TopP); err != nil {

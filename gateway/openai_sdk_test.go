@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,4 +172,60 @@ func TestClientGoneMidStreamIsCapturedAsCancelled(t *testing.T) {
 		return e.pool.QueryRow(context.Background(), `SELECT status FROM interactions`).Scan(&status) == nil
 	}, "the abandoned call is still recorded")
 	require.Equal(t, "client_cancelled", status)
+}
+
+// TestChoicesAreOneGRPOGroup: n samples of one prompt are n sessions of one
+// group, each captured with its own token ids and rewarded on its own.
+func TestChoicesAreOneGRPOGroup(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	c := e.openai(e.keyA)
+	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: fixtureModel, N: openai.Int(4),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("sample me")}, Logprobs: openai.Bool(true)})
+	require.NoError(t, err)
+	require.Len(t, resp.Choices, 4)
+	for i, ch := range resp.Choices {
+		require.EqualValues(t, i, ch.Index)
+		require.Equal(t, "echo: sample me", ch.Message.Content)
+		require.Len(t, ch.Logprobs.Content, len("echo: sample me"))
+	}
+	require.Equal(t, 4*int64(len("echo: sample me")), resp.Usage.CompletionTokens, "every choice's tokens count, the prompt once")
+	require.EqualValues(t, 4, e.fixture.Requests.Load(), "one generation per sample")
+	for i := range 4 {
+		id := resp.ID + "." + strconv.Itoa(i)
+		row := e.captured(id)
+		require.Equal(t, id, row.SessionID)
+		require.Equal(t, "ok", row.Status)
+		require.NotEmpty(t, row.CompletionIDs)
+		var group string
+		var size int
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT group_id, group_size FROM sessions WHERE tenant_id = 'acme' AND id = $1`, id).Scan(&group, &size))
+		require.Equal(t, resp.ID, group)
+		require.Equal(t, 4, size)
+	}
+	st, _ := e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": resp.ID + ".2", "value": 1, "source": "judge"})
+	require.Equal(t, 201, st, "each choice is rewarded by its own completion id")
+
+	// The next turn, continuing a choice, joins that choice's session by
+	// stitching (the fake's choices are identical, so any of them).
+	next, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: fixtureModel, Messages: []openai.ChatCompletionMessageParamUnion{
+		openai.UserMessage("sample me"), resp.Choices[2].Message.ToParam(), openai.UserMessage("and then?")}})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(e.captured(next.ID).SessionID, resp.ID+"."), e.captured(next.ID).SessionID)
+
+	for name, params := range map[string]openai.ChatCompletionNewParams{
+		"n: want 1..16": {Model: fixtureModel, N: openai.Int(17), Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}},
+	} {
+		_, err := c.Chat.Completions.New(ctx, params)
+		var apiErr *openai.Error
+		require.ErrorAs(t, err, &apiErr)
+		require.Equal(t, 400, apiErr.StatusCode)
+		require.Contains(t, apiErr.Message, name)
+	}
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: fixtureModel, N: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}, option.WithHeader("X-Session-Id", "named"))
+	requireStatus(t, err, 400)
+	st, body := e.doJSON("POST", "/v1/chat/completions", e.keyA, map[string]any{"model": fixtureModel, "n": 2, "stream": true,
+		"messages": []map[string]any{{"role": "user", "content": "x"}}})
+	require.Equal(t, 400, st, body)
 }
