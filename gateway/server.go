@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/gateway/capture"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/trajectory"
 )
@@ -65,7 +66,7 @@ type Server struct {
 	deps      Deps
 	engine    *gin.Engine
 	router    *router
-	capture   *committer
+	capture   *capture.Committer
 	metrics   *metrics
 	keys      *keyCache
 	requests  *requestLimiter
@@ -130,7 +131,8 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 		tn.metrics = m
 		tn.UseOutbox(deps.DB)
 	}
-	if s.capture, err = newCommitter(context.Background(), deps.DB, cfg.CaptureBatchMax, cfg.CaptureBatchWait, deps.Logger, m); err != nil {
+	if s.capture, err = capture.New(context.Background(), deps.DB, capture.Options{MaxBatch: cfg.CaptureBatchMax, Wait: cfg.CaptureBatchWait,
+		Logger: deps.Logger, Batch: m.captureBatch, Commit: m.captureCommit}); err != nil {
 		return nil, err
 	}
 	s.routes()

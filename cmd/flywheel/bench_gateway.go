@@ -12,13 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/gateway/gatewaybench"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
 func init() {
 	benchCommands["gateway"] = func(ctx context.Context, args []string) error {
-		bc := gateway.BenchConfig{Out: os.Stdout}
+		bc := gatewaybench.BenchConfig{Out: os.Stdout}
 		var cpuProfile string
 		cfg, _, err := loadConfig("bench gateway", args, func(fs *flag.FlagSet) {
 			fs.DurationVar(&bc.UpstreamLatency, "upstream-latency", 5*time.Millisecond, "fixed latency of the local vLLM-like upstream")
@@ -60,7 +60,7 @@ func init() {
 			}
 			defer pprof.StopCPUProfile()
 		}
-		res, err := gateway.RunBench(ctx, bc)
+		res, err := gatewaybench.RunBench(ctx, bc)
 		if err != nil {
 			return fmt.Errorf("bench gateway: %w", err)
 		}

@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/gateway/gatewaybench"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
 func init() {
 	benchCommands["session-growth"] = func(ctx context.Context, args []string) error {
-		gc := gateway.GrowthConfig{Out: os.Stdout}
+		gc := gatewaybench.GrowthConfig{Out: os.Stdout}
 		cfg, _, err := loadConfig("bench session-growth", args, func(fs *flag.FlagSet) {
 			fs.IntVar(&gc.Turns, "turns", 50, "turns of the agent session")
 			fs.IntVar(&gc.TurnKB, "turn-kb", 30, "tool output added to the conversation each turn, in kB")
@@ -32,7 +32,7 @@ func init() {
 		}
 		defer pool.Close()
 		gc.Pool = pool
-		res, err := gateway.RunGrowth(ctx, gc)
+		res, err := gatewaybench.RunGrowth(ctx, gc)
 		if err != nil {
 			return fmt.Errorf("bench session-growth: %w", err)
 		}

@@ -1,4 +1,8 @@
-package gateway
+// Package capture is the gateway's group commit: request handlers submit
+// interaction rows and wait; a few background goroutines insert everything
+// queued in one statement and release every waiter when it commits. So a
+// 2xx still means "in Postgres", while one WAL flush serves a whole batch.
+package capture
 
 import (
 	"context"
@@ -9,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -18,20 +23,31 @@ const (
 	msgCaptureRowFailed   = "capture row failed"
 )
 
-// errCaptureClosed is returned for rows submitted after shutdown began.
-var errCaptureClosed = errors.New("capture is shut down")
+// ErrClosed is returned for rows submitted after shutdown began.
+var ErrClosed = errors.New("capture is shut down")
 
-// committer is the group commit: request handlers submit rows and wait;
-// a few background goroutines take everything queued, insert it in one
-// statement (one transaction) and release every waiter when it commits. So a 2xx
-// still means "in Postgres", while one WAL flush serves a whole batch.
-type committer struct {
+// Options configure a Committer.
+type Options struct {
+	// MaxBatch bounds the rows of one transaction.
+	MaxBatch int
+	// Wait is how long a transaction waits for more rows after its first
+	// (0: it takes what is queued and goes).
+	Wait   time.Duration
+	Logger *slog.Logger
+	// Batch observes the rows of each transaction, Commit its seconds
+	// (nil: not observed).
+	Batch, Commit prometheus.Observer
+}
+
+// Committer is the group commit.
+type Committer struct {
 	pool     *pgxpool.Pool
 	in       chan *pendingRow
 	maxBatch int
 	wait     time.Duration
 	logger   *slog.Logger
-	metrics  *metrics
+	batch    prometheus.Observer
+	commitS  prometheus.Observer
 
 	mu     sync.RWMutex
 	closed bool
@@ -48,28 +64,35 @@ type captureResult struct {
 	err error
 }
 
-// committerWorkers is how many transactions may be in flight at once: a
+// workers is how many transactions may be in flight at once: a
 // second one fills while the first flushes, which halves the queueing
 // delay at no cost in batch size.
-const committerWorkers = 2
+const workers = 2
 
-// newCommitter opens the committer's own connections next to db's: one
+// New opens the committer's own connections next to db's: one
 // per worker, so capture never queues behind other queries for a
 // connection, and each running the capture statement with a generic plan.
 // The statement's plan does not depend on its values (arrays unnested and
 // joined on the session id), but Postgres would otherwise re-plan it on
 // every call: about 70 µs of server CPU per commit, measured.
-func newCommitter(ctx context.Context, db *pgxpool.Pool, maxBatch int, wait time.Duration, logger *slog.Logger, m *metrics) (*committer, error) {
+func New(ctx context.Context, db *pgxpool.Pool, o Options) (*Committer, error) {
 	cfg := db.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = committerWorkers, committerWorkers
+	cfg.MaxConns, cfg.MinConns = workers, workers
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "flywheel-capture"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("capture connections: %w", err)
 	}
-	c := &committer{pool: pool, in: make(chan *pendingRow, maxBatch*4), maxBatch: maxBatch, wait: wait, logger: logger, metrics: m}
-	for range committerWorkers {
+	if o.Batch == nil {
+		o.Batch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "unobserved"})
+	}
+	if o.Commit == nil {
+		o.Commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "unobserved"})
+	}
+	c := &Committer{pool: pool, in: make(chan *pendingRow, o.MaxBatch*4), maxBatch: o.MaxBatch, wait: o.Wait, logger: o.Logger,
+		batch: o.Batch, commitS: o.Commit}
+	for range workers {
 		c.wg.Add(1)
 		go c.run()
 	}
@@ -78,12 +101,12 @@ func newCommitter(ctx context.Context, db *pgxpool.Pool, maxBatch int, wait time
 
 // Submit queues row and waits until its batch commits. A cancelled ctx
 // stops the wait, not the commit: the row may still land.
-func (c *committer) Submit(ctx context.Context, row *store.NewInteraction) (store.Captured, error) {
+func (c *Committer) Submit(ctx context.Context, row *store.NewInteraction) (store.Captured, error) {
 	p := &pendingRow{row: row, done: make(chan captureResult, 1)}
 	c.mu.RLock()
 	if c.closed {
 		c.mu.RUnlock()
-		return store.Captured{}, errCaptureClosed
+		return store.Captured{}, ErrClosed
 	}
 	select {
 	case c.in <- p:
@@ -101,7 +124,7 @@ func (c *committer) Submit(ctx context.Context, row *store.NewInteraction) (stor
 }
 
 // Close stops accepting rows, commits what is queued and returns.
-func (c *committer) Close() {
+func (c *Committer) Close() {
 	c.mu.Lock()
 	if !c.closed {
 		c.closed = true
@@ -112,7 +135,7 @@ func (c *committer) Close() {
 	c.pool.Close()
 }
 
-func (c *committer) run() {
+func (c *Committer) run() {
 	defer c.wg.Done()
 	batch := make([]*pendingRow, 0, c.maxBatch)
 	for first := range c.in {
@@ -151,7 +174,7 @@ func (c *committer) run() {
 
 // commit writes batch in one transaction; if the transaction fails as a
 // whole (one poisonous row), each row is retried alone so the others land.
-func (c *committer) commit(batch []*pendingRow) {
+func (c *Committer) commit(batch []*pendingRow) {
 	start := time.Now()
 	rows := make([]*store.NewInteraction, len(batch))
 	for i, p := range batch {
@@ -166,8 +189,8 @@ func (c *committer) commit(batch []*pendingRow) {
 	// ReadyForQuery, which pgx waits for, so this is as durable as
 	// BEGIN/INSERT/COMMIT with one round trip instead of three.
 	out, rowErrs, err := store.InsertInteractions(ctx, c.pool, rows)
-	c.metrics.captureBatch.Observe(float64(len(batch)))
-	c.metrics.captureCommit.Observe(time.Since(start).Seconds())
+	c.batch.Observe(float64(len(batch)))
+	c.commitS.Observe(time.Since(start).Seconds())
 	if err == nil {
 		for i, p := range batch {
 			p.done <- captureResult{Captured: out[i], err: rowErrs[i]}

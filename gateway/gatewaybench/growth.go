@@ -1,4 +1,4 @@
-package gateway
+package gatewaybench
 
 import (
 	"bytes"
@@ -119,13 +119,13 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 			messages = append(messages, map[string]any{"role": "user", "content": toolOutput(rng, turn, gc.TurnKB<<10)})
 		}
 		body, _ := json.Marshal(map[string]any{"model": "fixture-model", "messages": messages, "max_tokens": 48})
-		before, pgBefore := captureSnapshot(srv.metrics), postgresCPU()
+		before, pgBefore := captureSnapshot(srv.reg), postgresCPU()
 		reply, completionID, err := growthTurn(ctx, gwURL, key, session, body)
 		if err != nil {
 			return nil, fmt.Errorf("turn %d: %w", turn, err)
 		}
 		pgAfter := postgresCPU()
-		_, commit := captureSnapshot(srv.metrics).since(before)
+		_, commit := captureSnapshot(srv.reg).since(before)
 		messages = append(messages, map[string]any{"role": "assistant", "content": reply})
 
 		t := GrowthTurn{Turn: turn, CommitMS: commit, PostgresCPUMS: -1}
@@ -189,7 +189,11 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 
 // assembledBytes is the size of the session's ATDP steps as assembly
 // builds them.
-func assembledBytes(ctx context.Context, pool *pgxpool.Pool, srv *Server, session string) (float64, error) {
+func assembledBytes(ctx context.Context, pool *pgxpool.Pool, srv *benchServer, session string) (float64, error) {
+	rules, err := trajectory.NewRules(srv.cfg, nil)
+	if err != nil {
+		return 0, err
+	}
 	info, err := store.SessionForAssembly(ctx, pool, "bench", session)
 	if err != nil {
 		return 0, err
@@ -198,7 +202,7 @@ func assembledBytes(ctx context.Context, pool *pgxpool.Pool, srv *Server, sessio
 	if err != nil {
 		return 0, err
 	}
-	steps, _, err := trajectory.Build(info, rows, nil, srv.rules, nil)
+	steps, _, err := trajectory.Build(info, rows, nil, rules, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,10 @@
-package gateway
+// Package gatewaybench holds the gateway's whole-system benchmarks
+// (`flywheel bench gateway`, `flywheel bench session-growth`): a real
+// gateway on loopback, in front of the vLLM-dialect fake, capturing into a
+// real Postgres, measured against a baseline run in the same process. It
+// reads the gateway only through its exported API and its Prometheus
+// registry, so none of it ships in the gateway package.
+package gatewaybench
 
 import (
 	"bytes"
@@ -21,8 +27,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/gateway/capture"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -170,7 +179,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	// Interleave the two systems in short rounds so drift in machine load
 	// hits both equally.
 	var baseLat, gwLat []time.Duration
-	capBefore := captureSnapshot(srv.metrics)
+	capBefore := captureSnapshot(srv.reg)
 	rounds := 4
 	for r := 0; r < rounds; r++ {
 		d := bc.Duration / time.Duration(rounds)
@@ -182,14 +191,14 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	res.BaselineP50ms, res.BaselineP99ms = pct(baseLat, 0.50), pct(baseLat, 0.99)
 	res.GatewayP50ms, res.GatewayP99ms = pct(gwLat, 0.50), pct(gwLat, 0.99)
 	res.AddedP50ms, res.AddedP99ms = res.GatewayP50ms-res.BaselineP50ms, res.GatewayP99ms-res.BaselineP99ms
-	meanBatch, meanCommit := captureSnapshot(srv.metrics).since(capBefore)
+	meanBatch, meanCommit := captureSnapshot(srv.reg).since(capBefore)
 	logf("fixed %d rps: baseline p50 %.3f ms p99 %.3f ms (%d errors); gateway p50 %.3f ms p99 %.3f ms (%d errors), its capture commits %.3f ms mean for %.1f rows mean",
 		bc.RPS, res.BaselineP50ms, res.BaselineP99ms, res.BaselineErrors, res.GatewayP50ms, res.GatewayP99ms, res.GatewayErrors, meanCommit, meanBatch)
 
 	// Alternate the systems round by round and keep medians: on a shared
 	// machine one round can be hit by someone else's build.
 	var baseMax, gwMax []float64
-	capBefore = captureSnapshot(srv.metrics)
+	capBefore = captureSnapshot(srv.reg)
 	for range bc.Rounds {
 		baseMax = append(baseMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(baseURL); return ok }))
 		gwMax = append(gwMax, closedLoop(ctx, bc.Concurrency, bc.MaxDuration, func() bool { _, ok := send(gwURL); return ok }))
@@ -197,7 +206,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 	res.BaselineMaxRPS, res.GatewayMaxRPS = median(baseMax), median(gwMax)
 	res.ThroughputRatios = pairedRatios(gwMax, baseMax)
 	res.ThroughputRatio = median(res.ThroughputRatios)
-	meanBatch, meanCommit = captureSnapshot(srv.metrics).since(capBefore)
+	meanBatch, meanCommit = captureSnapshot(srv.reg).since(capBefore)
 	logf("max throughput (%d concurrent, median of %d rounds): baseline %.0f rps %v, gateway %.0f rps %v (capture commits %.3f ms mean for %.1f rows mean); per-round ratios %v",
 		bc.Concurrency, bc.Rounds, res.BaselineMaxRPS, rounded(baseMax), res.GatewayMaxRPS, rounded(gwMax), meanCommit, meanBatch, twoDecimals(res.ThroughputRatios))
 	return nil
@@ -206,7 +215,7 @@ func benchHTTP(ctx context.Context, bc BenchConfig, res *BenchResult, logf func(
 // benchGateway serves, on loopback, a gateway capturing into pool in
 // front of the upstream at upURL (serving "fixture-model"), and makes it
 // a key of the bench tenant named name.
-func benchGateway(ctx context.Context, pool *pgxpool.Pool, upURL, name string) (*Server, string, string, func(), error) {
+func benchGateway(ctx context.Context, pool *pgxpool.Pool, upURL, name string) (*benchServer, string, string, func(), error) {
 	key, err := store.CreateKey(ctx, pool, "bench", "", name)
 	if err != nil {
 		return nil, "", "", nil, err
@@ -215,7 +224,8 @@ func benchGateway(ctx context.Context, pool *pgxpool.Pool, upURL, name string) (
 	cfg.UpstreamURL = upURL + "/v1"
 	cfg.UpstreamModels = []string{"fixture-model"}
 	cfg.RateLimitRPS = 0
-	srv, err := New(cfg, Deps{DB: pool, Logger: slog.New(slog.DiscardHandler)})
+	reg := prometheus.NewRegistry()
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Registry: reg})
 	if err != nil {
 		return nil, "", "", nil, err
 	}
@@ -224,7 +234,14 @@ func benchGateway(ctx context.Context, pool *pgxpool.Pool, upURL, name string) (
 		srv.Close()
 		return nil, "", "", nil, err
 	}
-	return srv, gwURL, key, func() { stopGW(); srv.Close() }, nil
+	return &benchServer{Server: srv, reg: reg, cfg: cfg}, gwURL, key, func() { stopGW(); srv.Close() }, nil
+}
+
+// benchServer is a gateway under measurement, with its registry.
+type benchServer struct {
+	*gateway.Server
+	reg prometheus.Gatherer
+	cfg config.GatewayConfig
 }
 
 // benchCapture compares the committer with one autocommitted INSERT per
@@ -238,15 +255,15 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	// batches rarely wait on each other's session row locks.
 	row := func() *store.NewInteraction {
 		n := seq.Add(1)
-		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n), IdentityMode: modeHeader,
-			CompletionID: fmt.Sprintf("bench-cap-%d-%d", time.Now().UnixNano(), n), Protocol: protoOpenAI, Deployment: "fixture-model",
+		return &store.NewInteraction{TenantID: "bench", SessionID: fmt.Sprintf("bench-cap-%d", n), IdentityMode: "header",
+			CompletionID: fmt.Sprintf("bench-cap-%d-%d", time.Now().UnixNano(), n), Protocol: "openai", Deployment: "fixture-model",
 			ModelVersion: "fixture-model", Request: request,
 			Response:       json.RawMessage(`{"message":{"role":"assistant","content":"echo: hello"},"finish_reason":"stop"}`),
 			PromptTokenIDs: promptIDs, CompletionTokenIDs: []int32{9, 10, 11, 12}, Logprobs: []float32{-.1, -.2, -.3, -.4},
-			PromptTokens: len(promptIDs), CompletionTokens: 4, FinishReason: "stop", Status: statusOK}
+			PromptTokens: len(promptIDs), CompletionTokens: 4, FinishReason: "stop", Status: "ok"}
 	}
 	var failed atomic.Int64
-	insert := func(c *committer) func() bool {
+	insert := func(c *capture.Committer) func() bool {
 		return func() bool {
 			var err error
 			if c != nil {
@@ -264,12 +281,13 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	// transaction, the same writers on the same pool as group commit gets
 	// (so Postgres may still merge concurrent WAL flushes for it). The
 	// three methods alternate round by round; figures are medians.
-	m := newMetrics(prometheusRegistry())
+	batchRows := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "bench_capture_batch_size", Buckets: prometheus.LinearBuckets(1, 8, 32)})
 	var serials, perRows, batches []float64
 	for range bc.Rounds {
 		serials = append(serials, closedLoop(ctx, 1, bc.CaptureDuration, insert(nil)))
 		perRows = append(perRows, closedLoop(ctx, bc.CaptureWriters, bc.CaptureDuration, insert(nil)))
-		c, err := newCommitter(ctx, bc.Pool, config.Default().Gateway.CaptureBatchMax, 0, slog.New(slog.DiscardHandler), m)
+		c, err := capture.New(ctx, bc.Pool, capture.Options{MaxBatch: config.Default().Gateway.CaptureBatchMax,
+			Logger: slog.New(slog.DiscardHandler), Batch: batchRows})
 		if err != nil {
 			return err
 		}
@@ -285,7 +303,7 @@ func benchCapture(ctx context.Context, bc BenchConfig, res *BenchResult, logf fu
 	res.CaptureWriters = bc.CaptureWriters
 	res.CaptureRatio = median(pairedRatios(batches, perRows))
 	res.CaptureRatioSerial = median(pairedRatios(batches, serials))
-	res.CaptureMeanBatch = histogramMean(m)
+	res.CaptureMeanBatch = histogramMean(batchRows)
 	return nil
 }
 
