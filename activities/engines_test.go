@@ -177,6 +177,40 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	require.NotEmpty(t, fake.Generates())
 }
 
+// TestDeploymentGatesWin: a deployment's own gate thresholds (its
+// settings' gates) judge its releases in place of the release's: here it
+// allows unevaluated gates, which an SGLang deployment needs to promote.
+func TestDeploymentGatesWin(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	srv := httptest.NewServer(&fakesglang.Fake{})
+	t.Cleanup(srv.Close)
+	allow, drop := true, 0.0
+	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk},
+		BaseModel: "Qwen/Qwen3-8B", Gates: &upstream.Gates{AllowUnevaluated: &allow, MaxRewardDrop: &drop}}
+	require.NoError(t, settings.Validate())
+	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ('qwen@v1', 'qwen', 'serving'), ('qwen@v2', 'qwen', 'candidate')`)
+	require.NoError(t, err)
+	r := &Release{DB: db, Backend: &Engines{DB: db}}
+	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
+		Gate: workflows.GateShadow, Policy: workflows.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
+	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	res, err := r.EvaluateGate(ctx, in)
+	require.NoError(t, err)
+	require.True(t, res.NotEvaluated)
+	require.True(t, res.Passed, "the deployment allows unevaluated gates: %s", res.Reason)
+	p, err := gatePolicy(ctx, db, "qwen", in.Policy)
+	require.NoError(t, err)
+	require.Zero(t, p.MaxRewardDrop, "an explicit 0 is kept, not defaulted")
+	require.Equal(t, 0.05, p.AnchorBudget, "what the deployment does not set stays the release's, with defaults")
+
+	bad := 2.0
+	settings.Gates = &upstream.Gates{MaxSafetyDrop: &bad}
+	require.ErrorContains(t, settings.Validate(), "gates.max_safety_drop")
+}
+
 // seedBananaSuite registers 30 regression prompts on dep ("<ask> <i>"),
 // each expecting "banana".
 func seedBananaSuite(t *testing.T, db store.DBTX, dep, ask string) {

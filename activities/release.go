@@ -85,14 +85,16 @@ func (r *Release) FinishRelease(ctx context.Context, in workflows.FinishReleaseI
 // EvaluateGate computes one gate's numbers, records them in gate_results
 // and returns the verdict.
 func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
-	in.Policy = in.Policy.WithDefaults()
+	var err error
+	if in.Policy, err = gatePolicy(ctx, r.DB, in.Deployment, in.Policy); err != nil {
+		return workflows.GateResult{}, err
+	}
 	if in.SetPhase {
 		if err := store.SetReleasePhase(ctx, r.DB, in.ReleaseID, in.Gate, 0); err != nil {
 			return workflows.GateResult{}, err
 		}
 	}
 	var res workflows.GateResult
-	var err error
 	switch in.Gate {
 	case workflows.GateShadow:
 		res, err = r.shadow(ctx, in)

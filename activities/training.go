@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
@@ -163,6 +164,9 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 		return workflows.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
 	base := workflows.CheckpointRef{Version: in.Base}
+	if base.Model, base.Tokenizer, err = baseModel(ctx, t.DB, in.Deployment); err != nil {
+		return workflows.TrainBatchInput{}, err
+	}
 	if in.Base != "" {
 		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{in.Base})
 		if err != nil {
@@ -684,4 +688,24 @@ func (t *Training) logger() *slog.Logger {
 		return slog.Default()
 	}
 	return t.Logger
+}
+
+// baseModel is the deployment's base model and tokenizer, as its settings
+// name them ("" for a deployment without settings, or none set).
+func baseModel(ctx context.Context, db store.DBTX, deployment string) (model, tokenizer string, err error) {
+	d, err := store.GetDeployment(ctx, db, deployment)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("base model of %s: %w", deployment, err)
+	}
+	if d.Backend != store.BackendUpstream {
+		return "", "", nil
+	}
+	up, err := upstream.ParseSettings(d.Config)
+	if err != nil {
+		return "", "", nil
+	}
+	return up.BaseModel, up.ModelTokenizer(), nil
 }

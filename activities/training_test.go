@@ -364,6 +364,11 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	seedVersions(t, db, "dep", "dep@v1")
 	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 1)
 	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 0)
+	// The deployment names its base model: the trainer is told what to
+	// load when no checkpoint of it is stored.
+	_, err := db.Exec(ctx, `UPDATE deployments SET backend = 'upstream',
+		config = '{"base_url": "http://vllm:8000/v1", "base_model": "Qwen/Qwen3-8B", "tokenizer": "Qwen/Qwen3-8B-tok"}' WHERE name = 'dep'`)
+	require.NoError(t, err)
 	dir := t.TempDir()
 	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches"),
 		Advantage: trainer.AdvantageConfig{Estimator: trainer.AdvMean}}
@@ -377,7 +382,8 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "dep@v2", tb.Output.Version)
 	require.Equal(t, filepath.Join(dir, "ckpt", "dep"), tb.Output.Dir)
 	require.Equal(t, "grpo", tb.Algo.Objective)
-	require.Equal(t, workflows.CheckpointRef{Version: "dep@v1"}, tb.Base, "v1 has no stored checkpoint: the trainer's own base")
+	require.Equal(t, workflows.CheckpointRef{Version: "dep@v1", Model: "Qwen/Qwen3-8B", Tokenizer: "Qwen/Qwen3-8B-tok"}, tb.Base,
+		"v1 has no stored checkpoint: the deployment's base model")
 	path, err := localPath(tb.Batch.URI)
 	require.NoError(t, err)
 	meta, rows, err := parquetbatch.Read(path)

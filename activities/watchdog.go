@@ -24,7 +24,10 @@ const minLiveRewards = 30
 // reward, against the anchor. A significant drop rolls the deployment back
 // to the anchor. Every check is recorded (watchdog_checks).
 func (r *Release) WatchServing(ctx context.Context, in workflows.WatchdogInput) (workflows.WatchdogResult, error) {
-	in.Policy = in.Policy.WithDefaults()
+	var err error
+	if in.Policy, err = gatePolicy(ctx, r.DB, in.Deployment, in.Policy); err != nil {
+		return workflows.WatchdogResult{}, err
+	}
 	serving, err := store.ServingOf(ctx, r.DB, in.Deployment, workflows.LayerWeights)
 	if err != nil {
 		return workflows.WatchdogResult{}, err

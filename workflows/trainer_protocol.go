@@ -86,6 +86,12 @@ type CheckpointRef struct {
 	// own base model).
 	URI    string `json:"uri,omitempty"`
 	Format string `json:"format,omitempty"`
+	// Model and Tokenizer are the deployment's base model and its
+	// tokenizer (a hub id or a path; the deployment's base_model and
+	// tokenizer settings), set on a step's base: what a trainer loads when
+	// URI is empty, and what every checkpoint of the deployment extends.
+	Model     string `json:"model,omitempty"`
+	Tokenizer string `json:"tokenizer,omitempty"`
 }
 
 // OutputRef says what a step produces: Version, written under Dir (a

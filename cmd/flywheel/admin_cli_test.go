@@ -116,9 +116,14 @@ func TestDeploymentsCLI(t *testing.T) {
 
 	_, err := stdout(t, func() error {
 		return run(ctx, append([]string{"deployments", "create", "qwen", "--base-url", "http://vllm:8000/v1", "--model", "Qwen/Qwen3-8B",
-			"--timeout", "30s", "--retries", "2", "--fallbacks", "Qwen/Qwen3-4B"}, db...))
+			"--timeout", "30s", "--retries", "2", "--fallbacks", "Qwen/Qwen3-4B", "--base-model", "Qwen/Qwen3-8B",
+			"--gates", `{"allow_unevaluated": true, "max_reward_drop": 0.02}`}, db...))
 	})
 	require.NoError(t, err)
+	_, err = stdout(t, func() error {
+		return run(ctx, append([]string{"deployments", "create", "bad", "--base-url", "http://vllm:8000/v1", "--gates", `{"max_reward_dorp": 0.02}`}, db...))
+	})
+	require.ErrorContains(t, err, "max_reward_dorp", "a misspelt threshold is refused, not ignored")
 	d, err := store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
 	require.Equal(t, store.BackendUpstream, d.Backend)
@@ -129,6 +134,9 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Equal(t, 2, *c.Retries)
 	require.Equal(t, []string{"Qwen/Qwen3-4B"}, c.Fallbacks)
 	require.Nil(t, c.VLLM, "vLLM's extensions are the default")
+	require.Equal(t, "Qwen/Qwen3-8B", c.ModelTokenizer(), "the tokenizer is the base model's own")
+	require.True(t, *c.Gates.AllowUnevaluated)
+	require.Equal(t, 0.02, *c.Gates.MaxRewardDrop)
 
 	out, err := stdout(t, func() error { return run(ctx, append([]string{"deployments", "list"}, db...)) })
 	require.NoError(t, err)

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,7 +16,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N]
+const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
        flywheel deployments update NAME --base-url URL [same flags as create]
        flywheel deployments list
        flywheel deployments show NAME`
@@ -33,6 +35,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	retries := -1
 	var timeout time.Duration
 	var sync weightsync.Settings
+	var gates string
 	upstreamFlags := func(fs *flag.FlagSet) {
 		fs.StringVar(&up.BaseURL, "base-url", "", "the server's OpenAI-compatible base URL, ending in /v1; required")
 		fs.StringVar(&up.Model, "model", "", "the server's name for the model (default: NAME)")
@@ -45,6 +48,9 @@ func runDeployments(ctx context.Context, args []string) error {
 		fs.StringVar(&sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
 		fs.StringVar(&sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
 		fs.StringVar(&up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
+		fs.StringVar(&up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
+		fs.StringVar(&up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
+		fs.StringVar(&gates, "gates", "", `this deployment's release-gate thresholds as JSON, e.g. '{"allow_unevaluated": true, "max_reward_drop": 0.02}' (allow_unevaluated, max_reward_drop, anchor_budget, max_safety_drop, max_error_rise, alpha, min_canary_samples); each wins over its release's`)
 	}
 	cfg, fs, err := subcommand("deployments", v, rest, deploymentsUsage, map[string]func(fs *flag.FlagSet){
 		"create": upstreamFlags, "update": upstreamFlags, "list": nil, "show": nil})
@@ -74,6 +80,14 @@ func runDeployments(ctx context.Context, args []string) error {
 		}
 		if sync.Kind != "" || sync.URL != "" {
 			up.WeightSync = &sync
+		}
+		if gates != "" {
+			dec := json.NewDecoder(strings.NewReader(gates))
+			dec.DisallowUnknownFields()
+			up.Gates = &upstream.Gates{}
+			if err := dec.Decode(up.Gates); err != nil {
+				return fmt.Errorf("deployments %s: --gates: %w", v, err)
+			}
 		}
 		if err := up.Validate(); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)

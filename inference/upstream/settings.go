@@ -15,8 +15,12 @@ import (
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 )
 
-// maxModelName bounds a model name in Settings.
-const maxModelName = 200
+// maxModelName bounds a model name in Settings, maxModelRef a base model
+// or tokenizer (a path may be long).
+const (
+	maxModelName = 200
+	maxModelRef  = 1024
+)
 
 // Settings are an upstream deployment's stored config (its
 // deployments.config JSON): where its OpenAI-compatible server is and how
@@ -50,6 +54,63 @@ type Settings struct {
 	// this deployment (the trainer protocol's TrainBatch; default: the
 	// built-in trainer's queue, flywheel-trainer).
 	TrainerQueue string `json:"trainer_queue,omitempty"`
+	// BaseModel is what the deployment's weights start from: a model hub
+	// id or a path on the trainer's storage. A trainer that holds no
+	// checkpoint of the deployment yet loads it (the trainer protocol's
+	// base.model); "" leaves it to the trainer's own configuration.
+	BaseModel string `json:"base_model,omitempty"`
+	// Tokenizer is the base model's tokenizer, where it is not the base
+	// model's own (default: BaseModel).
+	Tokenizer string `json:"tokenizer,omitempty"`
+	// Gates are this deployment's release-gate thresholds; each one set
+	// here wins over the one its release was started with (nil: none).
+	Gates *Gates `json:"gates,omitempty"`
+}
+
+// Gates are a deployment's release-gate thresholds: what the gates
+// compute, not when they run (the release's durations and shares stay the
+// release's). Unset fields leave the release's own.
+type Gates struct {
+	// AllowUnevaluated lets a gate that could not evaluate pass (recorded
+	// as not evaluated either way): for an engine whose candidates cannot
+	// answer beside the serving version (SGLang's in-place weights).
+	AllowUnevaluated *bool `json:"allow_unevaluated,omitempty"`
+	// MaxRewardDrop, AnchorBudget, MaxSafetyDrop and MaxErrorRise are
+	// fractions in [0, 1]; Alpha the tests' error rate in (0, 0.5].
+	MaxRewardDrop *float64 `json:"max_reward_drop,omitempty"`
+	AnchorBudget  *float64 `json:"anchor_budget,omitempty"`
+	MaxSafetyDrop *float64 `json:"max_safety_drop,omitempty"`
+	MaxErrorRise  *float64 `json:"max_error_rise,omitempty"`
+	Alpha         *float64 `json:"alpha,omitempty"`
+	// MinCanarySamples is how many rewarded candidate calls a canary
+	// verdict needs (at least 1).
+	MinCanarySamples *int `json:"min_canary_samples,omitempty"`
+}
+
+// Validate checks each threshold's range.
+func (g Gates) Validate() error {
+	for name, f := range map[string]*float64{"max_reward_drop": g.MaxRewardDrop, "anchor_budget": g.AnchorBudget,
+		"max_safety_drop": g.MaxSafetyDrop, "max_error_rise": g.MaxErrorRise} {
+		if f != nil && !(*f >= 0 && *f <= 1) {
+			return fmt.Errorf("gates.%s %v: want a fraction in [0, 1]", name, *f)
+		}
+	}
+	if g.Alpha != nil && !(*g.Alpha > 0 && *g.Alpha <= 0.5) {
+		return fmt.Errorf("gates.alpha %v: want (0, 0.5]", *g.Alpha)
+	}
+	if g.MinCanarySamples != nil && (*g.MinCanarySamples < 1 || *g.MinCanarySamples > 1_000_000) {
+		return fmt.Errorf("gates.min_canary_samples %d: want 1..1000000", *g.MinCanarySamples)
+	}
+	return nil
+}
+
+// ModelTokenizer is the tokenizer the settings name: Tokenizer, else the
+// base model's own.
+func (c Settings) ModelTokenizer() string {
+	if c.Tokenizer != "" {
+		return c.Tokenizer
+	}
+	return c.BaseModel
 }
 
 // VersionsByName reports whether the server answers each weights version
@@ -111,6 +172,16 @@ func (c Settings) Validate() error {
 	}
 	if c.TrainerQueue != "" && (len(c.TrainerQueue) > maxModelName || strings.ContainsFunc(c.TrainerQueue, func(r rune) bool { return r <= ' ' })) {
 		return fmt.Errorf("trainer_queue %q: want a task queue name: at most %d printable characters, no spaces", c.TrainerQueue, maxModelName)
+	}
+	for name, v := range map[string]string{"base_model": c.BaseModel, "tokenizer": c.Tokenizer} {
+		if len(v) > maxModelRef || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' }) {
+			return fmt.Errorf("%s %q: want a model hub id or a path, at most %d printable characters", name, v, maxModelRef)
+		}
+	}
+	if c.Gates != nil {
+		if err := c.Gates.Validate(); err != nil {
+			return err
+		}
 	}
 	if c.WeightSync != nil {
 		return c.WeightSync.Validate()
