@@ -7,6 +7,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/anthropic"
 )
 
 // anthropicVersion checks the anthropic-version header, which Anthropic's
@@ -33,9 +34,9 @@ func (s *Server) countTokens(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	_, req, err := decodeAnthropicBody(body, false)
+	_, req, err := anthropic.DecodeBody(body, false)
 	if err != nil {
-		abort(c, err)
+		abort(c, errf(http.StatusBadRequest, "%v", err))
 		return
 	}
 	p := principalOf(c)
@@ -74,9 +75,9 @@ func (s *Server) messages(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	wire, req, err := decodeAnthropic(body)
+	wire, req, err := anthropic.Decode(body)
 	if err != nil {
-		abort(c, err)
+		abort(c, errf(http.StatusBadRequest, "%v", err))
 		return
 	}
 	endUser := ""
@@ -97,11 +98,11 @@ func (s *Server) messages(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	stop := anStopReason(resp.FinishReason)
-	c.JSON(http.StatusOK, anResponse{
+	stop := anthropic.StopReason(resp.FinishReason)
+	c.JSON(http.StatusOK, anthropic.Response{
 		ID: cl.completionID, Type: "message", Role: inference.RoleAssistant, Model: wire.Model,
-		Content: anContent(resp.Message), StopReason: &stop,
-		Usage: anUsage{InputTokens: resp.Usage.PromptTokens, OutputTokens: resp.Usage.CompletionTokens},
+		Content: anthropic.Content(resp.Message), StopReason: &stop,
+		Usage: anthropic.Usage{InputTokens: resp.Usage.PromptTokens, OutputTokens: resp.Usage.CompletionTokens},
 	})
 }
 
@@ -109,7 +110,7 @@ func (s *Server) messages(c *gin.Context) {
 // (opened on the first text), tool_use blocks once the call is complete,
 // message_delta, message_stop; an error event if generation or capture
 // fails after the stream started.
-func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
+func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Request) {
 	s.checkReuse(cl)
 	w := &sseWriter{c: c}
 	index := 0
@@ -119,8 +120,8 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 		if w.started {
 			return nil
 		}
-		return w.event("message_start", gin.H{"type": "message_start", "message": anResponse{
-			ID: cl.completionID, Type: "message", Role: inference.RoleAssistant, Model: wire.Model, Content: []anBlock{},
+		return w.event("message_start", gin.H{"type": "message_start", "message": anthropic.Response{
+			ID: cl.completionID, Type: "message", Role: inference.RoleAssistant, Model: wire.Model, Content: []anthropic.Block{},
 		}})
 	}
 	openText := func() error {
@@ -183,7 +184,7 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 			return
 		}
 		if w.event("content_block_delta", gin.H{"type": "content_block_delta", "index": index,
-			"delta": gin.H{"type": "input_json_delta", "partial_json": string(toolInput(tc.Arguments))}}) != nil {
+			"delta": gin.H{"type": "input_json_delta", "partial_json": string(anthropic.ToolInput(tc.Arguments))}}) != nil {
 			return
 		}
 		if w.event("content_block_stop", gin.H{"type": "content_block_stop", "index": index}) != nil {
@@ -192,7 +193,7 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anRequest) {
 		index++
 	}
 	if w.event("message_delta", gin.H{"type": "message_delta",
-		"delta": gin.H{"stop_reason": anStopReason(resp.FinishReason), "stop_sequence": nil},
+		"delta": gin.H{"stop_reason": anthropic.StopReason(resp.FinishReason), "stop_sequence": nil},
 		"usage": gin.H{"input_tokens": resp.Usage.PromptTokens, "output_tokens": resp.Usage.CompletionTokens}}) != nil {
 		return
 	}

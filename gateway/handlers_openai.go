@@ -6,6 +6,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // chatCompletions is POST /v1/chat/completions.
@@ -15,9 +16,9 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	wire, req, err := decodeOpenAI(body)
+	wire, req, err := openai.Decode(body)
 	if err != nil {
-		abort(c, err)
+		abort(c, errf(http.StatusBadRequest, "%v", err))
 		return
 	}
 	cl, err := s.prepare(c, protoOpenAI, req, wire.Stream, wire.User, "")
@@ -29,13 +30,13 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		s.streamOpenAI(c, cl, wire)
 		return
 	}
-	if n := wire.choices(); n > 1 {
+	if n := wire.Choices(); n > 1 {
 		resps, err := s.generateGroup(c, cl, n)
 		if err != nil {
 			abort(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, s.oaCompletion(cl, wire, resps...))
+		c.JSON(http.StatusOK, s.completion(cl, wire, resps...))
 		return
 	}
 	resp, err := s.generate(c, cl)
@@ -43,15 +44,15 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, s.oaCompletion(cl, wire, resp))
+	c.JSON(http.StatusOK, s.completion(cl, wire, resp))
 }
 
-// oaCompletion renders one response per choice; usage counts the prompt
+// completion renders one response per choice; usage counts the prompt
 // once and every choice's completion.
-func (s *Server) oaCompletion(cl *call, wire *oaRequest, resps ...*inference.Response) oaCompletion {
-	out := oaCompletion{
+func (s *Server) completion(cl *call, wire *openai.Request, resps ...*inference.Response) openai.Completion {
+	out := openai.Completion{
 		ID: cl.completionID, Object: "chat.completion", Created: cl.started.Unix(), Model: wire.Model,
-		SystemFingerprint: resps[0].ModelVersion, Usage: &oaUsage{PromptTokens: resps[0].Usage.PromptTokens},
+		SystemFingerprint: resps[0].ModelVersion, Usage: &openai.Usage{PromptTokens: resps[0].Usage.PromptTokens},
 	}
 	for i, resp := range resps {
 		ch := oaChoiceFor(wire, resp)
@@ -63,19 +64,19 @@ func (s *Server) oaCompletion(cl *call, wire *oaRequest, resps ...*inference.Res
 	return out
 }
 
-func oaChoiceFor(wire *oaRequest, resp *inference.Response) oaChoice {
+func oaChoiceFor(wire *openai.Request, resp *inference.Response) openai.Choice {
 	content := resp.Message.Content
-	msg := &oaRespMsg{Role: inference.RoleAssistant, Content: &content, ReasoningContent: resp.Message.Reasoning}
+	msg := &openai.RespMessage{Role: inference.RoleAssistant, Content: &content, ReasoningContent: resp.Message.Reasoning}
 	if len(resp.Message.ToolCalls) > 0 {
-		msg.ToolCalls = oaToolCalls(resp.Message.ToolCalls, false)
+		msg.ToolCalls = openai.RenderToolCalls(resp.Message.ToolCalls, false)
 		if content == "" {
 			msg.Content = nil
 		}
 	}
-	finish := oaFinish(resp.FinishReason)
-	ch := oaChoice{Message: msg, FinishReason: &finish}
+	finish := openai.FinishReason(resp.FinishReason)
+	ch := openai.Choice{Message: msg, FinishReason: &finish}
 	if wire.Logprobs {
-		ch.Logprobs = oaLogprobsFor(resp, 0, len(resp.Logprobs))
+		ch.Logprobs = openai.LogprobsFor(resp, 0, len(resp.Logprobs))
 	}
 	return ch
 }
@@ -83,19 +84,19 @@ func oaChoiceFor(wire *oaRequest, resp *inference.Response) oaChoice {
 // streamOpenAI serves a Chat Completions stream. Nothing is sent until the
 // backend produces its first increment, so a failure before that is a
 // plain HTTP error; after it, failures are an error chunk and [DONE].
-func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
+func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *openai.Request) {
 	s.checkReuse(cl)
 	w := &sseWriter{c: c}
-	chunk := func(delta *oaRespMsg, finish *string, lp *oaLogprobs) oaCompletion {
-		return oaCompletion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
-			Choices: []oaChoice{{Delta: delta, FinishReason: finish, Logprobs: lp}}}
+	chunk := func(delta *openai.RespMessage, finish *string, lp *openai.Logprobs) openai.Completion {
+		return openai.Completion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
+			Choices: []openai.Choice{{Delta: delta, FinishReason: finish, Logprobs: lp}}}
 	}
 	empty := ""
 	begin := func() error {
 		if w.started {
 			return nil
 		}
-		return w.event("", chunk(&oaRespMsg{Role: inference.RoleAssistant, Content: &empty}, nil, nil))
+		return w.event("", chunk(&openai.RespMessage{Role: inference.RoleAssistant, Content: &empty}, nil, nil))
 	}
 	clientGone := false
 	var textCarry, reasonCarry utf8Carry
@@ -112,7 +113,7 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		if d.Text == "" && d.Reasoning == "" && len(d.ToolCalls) == 0 {
 			return nil
 		}
-		delta := &oaRespMsg{ReasoningContent: d.Reasoning}
+		delta := &openai.RespMessage{ReasoningContent: d.Reasoning}
 		if d.Text != "" || d.Reasoning != "" {
 			text := d.Text
 			delta.Content = &text
@@ -120,9 +121,9 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		for _, tc := range d.ToolCalls {
 			delta.ToolCalls = append(delta.ToolCalls, streamCall(&calls, tc))
 		}
-		var lp *oaLogprobs
+		var lp *openai.Logprobs
 		if wire.Logprobs && len(d.Logprobs) > 0 {
-			lp = &oaLogprobs{Content: deltaLogprobs(d)}
+			lp = &openai.Logprobs{Content: openai.DeltaLogprobs(d)}
 		}
 		if err := w.event("", chunk(delta, nil, lp)); err != nil {
 			clientGone = true
@@ -151,24 +152,24 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *oaRequest) {
 		return
 	}
 	if rest, r := textCarry.flush(), reasonCarry.flush(); rest != "" || r != "" {
-		if err := w.event("", chunk(&oaRespMsg{Content: &rest, ReasoningContent: r}, nil, nil)); err != nil {
+		if err := w.event("", chunk(&openai.RespMessage{Content: &rest, ReasoningContent: r}, nil, nil)); err != nil {
 			return
 		}
 	}
 	if len(resp.Message.ToolCalls) > 0 && len(calls) == 0 {
 		// A backend that does not stream its tool calls (the in-process
 		// policy holds them back) sends them whole at the end.
-		if err := w.event("", chunk(&oaRespMsg{ToolCalls: oaToolCalls(resp.Message.ToolCalls, true)}, nil, nil)); err != nil {
+		if err := w.event("", chunk(&openai.RespMessage{ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, true)}, nil, nil)); err != nil {
 			return
 		}
 	}
-	finish := oaFinish(resp.FinishReason)
-	if err := w.event("", chunk(&oaRespMsg{}, &finish, nil)); err != nil {
+	finish := openai.FinishReason(resp.FinishReason)
+	if err := w.event("", chunk(&openai.RespMessage{}, &finish, nil)); err != nil {
 		return
 	}
 	if wire.StreamOptions != nil && wire.StreamOptions.IncludeUsage {
-		u := oaCompletion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
-			Choices: []oaChoice{}, Usage: &oaUsage{PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens,
+		u := openai.Completion{ID: cl.completionID, Object: "chat.completion.chunk", Created: cl.started.Unix(), Model: wire.Model,
+			Choices: []openai.Choice{}, Usage: &openai.Usage{PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens,
 				TotalTokens: resp.Usage.PromptTokens + resp.Usage.CompletionTokens}}
 		if err := w.event("", u); err != nil {
 			return
@@ -241,14 +242,14 @@ type streamedCall struct {
 // streamCall renders one tool-call increment as a Chat Completions delta:
 // the call's first chunk has its id, type and name, later ones only more
 // arguments; indexes are the calls' order of arrival.
-func streamCall(calls *[]streamedCall, d inference.ToolCallDelta) oaToolCall {
+func streamCall(calls *[]streamedCall, d inference.ToolCallDelta) openai.ToolCall {
 	pos := -1
 	for i, c := range *calls {
 		if c.index == d.Index {
 			pos = i
 		}
 	}
-	var tc oaToolCall
+	var tc openai.ToolCall
 	if pos < 0 {
 		pos = len(*calls)
 		id := d.ID

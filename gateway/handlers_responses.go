@@ -10,6 +10,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 	"github.com/flywheel-ai/flywheel/protocol/responses"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -84,7 +85,7 @@ func (s *Server) streamResponse(c *gin.Context, cl *call, wire *responses.Reques
 		d.Text, d.Reasoning = textCarry.next(d.Text), reasonCarry.next(d.Reasoning)
 		var lp []responses.Logprob
 		if wire.WantLogprobs() && d.Text != "" {
-			lp = deltaLogprobs(d)
+			lp = openai.DeltaLogprobs(d)
 		}
 		err := begin()
 		if err == nil {
@@ -124,7 +125,7 @@ func responseLogprobs(wire *responses.Request, resp *inference.Response) []respo
 	if !wire.WantLogprobs() {
 		return nil
 	}
-	return oaLogprobsFor(resp, 0, len(resp.Logprobs)).Content
+	return openai.LogprobsFor(resp, 0, len(resp.Logprobs)).Content
 }
 
 // keepResponse stores a finished response for GET and chaining, unless

@@ -97,6 +97,16 @@ type Request struct {
 	Version string `json:"version,omitempty"`
 }
 
+// ToolNamed reports whether tools offers one called name.
+func ToolNamed(tools []Tool, name string) bool {
+	for _, t := range tools {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckSampling checks the sampling settings every protocol shares.
 func CheckSampling(temperature, topP *float64) error {
 	if t := temperature; t != nil && (*t < 0 || *t > 2 || *t != *t) {

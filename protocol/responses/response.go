@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // Response statuses.
@@ -92,19 +93,10 @@ type Item struct {
 
 // Logprob is one sampled token's log probability, with alternatives: the
 // same shape as Chat Completions'.
-type Logprob struct {
-	Token       string       `json:"token"`
-	Logprob     float64      `json:"logprob"`
-	Bytes       []int        `json:"bytes"`
-	TopLogprobs []TopLogprob `json:"top_logprobs"`
-}
-
-// TopLogprob is one alternative at a position.
-type TopLogprob struct {
-	Token   string  `json:"token"`
-	Logprob float64 `json:"logprob"`
-	Bytes   []int   `json:"bytes"`
-}
+type (
+	Logprob    = openai.TokenLogprob
+	TopLogprob = openai.TopLogprob
+)
 
 // IDs are the output items' ids, given when the items are first shown
 // (streamed) so the final response repeats them; an empty one is made.

@@ -3,6 +3,7 @@ package responses
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -118,7 +119,9 @@ func TestStreamerMatchesFinal(t *testing.T) {
 	require.Equal(t, EventCompleted, events[len(events)-1]["type"])
 }
 
-// FuzzDecode: no body makes Decode or Neutral panic.
+// FuzzDecode: no body makes Decode or Neutral panic, and what Decode
+// accepts is stored and read back (a chained conversation) as the same
+// messages.
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","input":"hi"}`,
@@ -136,6 +139,21 @@ func FuzzDecode(f *testing.F) {
 		req := r.Neutral(nil)
 		if len(req.Messages) == 0 {
 			t.Fatalf("decoded input %s converted to no message", r.Input)
+		}
+		stored, err := json.Marshal(r.Items())
+		if err != nil {
+			t.Fatalf("store items: %v", err)
+		}
+		var back []InputItem
+		if err := json.Unmarshal(stored, &back); err != nil {
+			t.Fatalf("read stored items %s: %v", stored, err)
+		}
+		again, err := Messages(back)
+		if err != nil {
+			t.Fatalf("stored items %s no longer convert: %v", stored, err)
+		}
+		if !reflect.DeepEqual(again, r.input) {
+			t.Fatalf("stored items read back as %+v, not %+v", again, r.input)
 		}
 	})
 }

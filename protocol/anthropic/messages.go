@@ -1,4 +1,9 @@
-package gateway
+// Package anthropic is Anthropic's Messages wire format, as far as the
+// gateway speaks it: the request and its content blocks, tools and
+// options, the message response, with converters to and from the
+// protocol-neutral inference types. Decode's errors name the field and are
+// the client's fault (400).
+package anthropic
 
 import (
 	"bytes"
@@ -9,16 +14,23 @@ import (
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
+// Limits on what one request may carry.
+const (
+	maxMessages = 10000
+	maxTools    = 512
+	maxStops    = 16
+)
+
 // Anthropic Messages wire types: only the fields the gateway reads or
 // writes.
 
-type anRequest struct {
+type Request struct {
 	Model         string          `json:"model"`
 	MaxTokens     *int            `json:"max_tokens"`
 	System        json.RawMessage `json:"system,omitempty"`
-	Messages      []anMessage     `json:"messages"`
-	Tools         []anTool        `json:"tools,omitempty"`
-	ToolChoice    *anToolChoice   `json:"tool_choice,omitempty"`
+	Messages      []Message       `json:"messages"`
+	Tools         []Tool          `json:"tools,omitempty"`
+	ToolChoice    *ToolChoice     `json:"tool_choice,omitempty"`
 	Stream        bool            `json:"stream,omitempty"`
 	Temperature   *float64        `json:"temperature,omitempty"`
 	TopP          *float64        `json:"top_p,omitempty"`
@@ -28,12 +40,12 @@ type anRequest struct {
 	} `json:"metadata,omitempty"`
 }
 
-type anMessage struct {
+type Message struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 }
 
-type anBlock struct {
+type Block struct {
 	Type      string          `json:"type"`
 	Text      string          `json:"text,omitempty"`
 	ID        string          `json:"id,omitempty"`
@@ -46,56 +58,56 @@ type anBlock struct {
 	Signature string          `json:"signature,omitempty"`
 }
 
-type anTool struct {
+type Tool struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	InputSchema json.RawMessage `json:"input_schema"`
 }
 
-type anToolChoice struct {
+type ToolChoice struct {
 	Type string `json:"type"`
 	Name string `json:"name,omitempty"`
 }
 
-// decodeAnthropic parses and validates a Messages body into the neutral
+// Decode parses and validates a Messages body into the neutral
 // request. The system prompt becomes the first message.
-func decodeAnthropic(body []byte) (*anRequest, *inference.Request, error) {
-	return decodeAnthropicBody(body, true)
+func Decode(body []byte) (*Request, *inference.Request, error) {
+	return DecodeBody(body, true)
 }
 
-// decodeAnthropicBody is decodeAnthropic; count_tokens has no max_tokens.
-func decodeAnthropicBody(body []byte, generate bool) (*anRequest, *inference.Request, error) {
-	var r anRequest
+// DecodeBody is Decode; count_tokens has no max_tokens.
+func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error) {
+	var r Request
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, nil, errf(400, "invalid JSON body: %v", err)
+		return nil, nil, fmt.Errorf("invalid JSON body: %v", err)
 	}
 	if r.Model == "" {
-		return nil, nil, errf(400, "model: Field required")
+		return nil, nil, fmt.Errorf("model: Field required")
 	}
 	if generate && r.MaxTokens == nil {
-		return nil, nil, errf(400, "max_tokens: Field required")
+		return nil, nil, fmt.Errorf("max_tokens: Field required")
 	}
 	if r.MaxTokens == nil {
 		r.MaxTokens = new(int)
 	} else if *r.MaxTokens < 1 {
-		return nil, nil, errf(400, "max_tokens: must be at least 1")
+		return nil, nil, fmt.Errorf("max_tokens: must be at least 1")
 	}
 	if len(r.Messages) == 0 {
-		return nil, nil, errf(400, "messages: at least one message is required")
+		return nil, nil, fmt.Errorf("messages: at least one message is required")
 	}
 	if len(r.Messages) > maxMessages {
-		return nil, nil, errf(400, "messages: at most %d", maxMessages)
+		return nil, nil, fmt.Errorf("messages: at most %d", maxMessages)
 	}
-	if err := checkSampling(r.Temperature, r.TopP); err != nil {
+	if err := inference.CheckSampling(r.Temperature, r.TopP); err != nil {
 		return nil, nil, err
 	}
 	if len(r.StopSequences) > maxStops {
-		return nil, nil, errf(400, "stop_sequences: at most %d", maxStops)
+		return nil, nil, fmt.Errorf("stop_sequences: at most %d", maxStops)
 	}
 	req := &inference.Request{Model: r.Model, MaxTokens: *r.MaxTokens, Temperature: r.Temperature, TopP: r.TopP, Stop: r.StopSequences}
-	sys, err := anText(r.System)
+	sys, err := blocksText(r.System)
 	if err != nil {
-		return nil, nil, errf(400, "system: %v", err)
+		return nil, nil, fmt.Errorf("system: %v", err)
 	}
 	if sys != "" {
 		req.Messages = append(req.Messages, inference.Message{Role: inference.RoleSystem, Content: sys})
@@ -103,19 +115,19 @@ func decodeAnthropicBody(body []byte, generate bool) (*anRequest, *inference.Req
 	for i, m := range r.Messages {
 		msgs, err := m.neutral()
 		if err != nil {
-			return nil, nil, errf(400, "messages.%d: %v", i, err)
+			return nil, nil, fmt.Errorf("messages.%d: %v", i, err)
 		}
 		req.Messages = append(req.Messages, msgs...)
 	}
 	if len(r.Tools) > maxTools {
-		return nil, nil, errf(400, "tools: at most %d", maxTools)
+		return nil, nil, fmt.Errorf("tools: at most %d", maxTools)
 	}
 	for i, t := range r.Tools {
 		if t.Name == "" {
-			return nil, nil, errf(400, "tools.%d.name: Field required", i)
+			return nil, nil, fmt.Errorf("tools.%d.name: Field required", i)
 		}
 		if len(t.InputSchema) > 0 && !json.Valid(t.InputSchema) {
-			return nil, nil, errf(400, "tools.%d.input_schema: invalid JSON", i)
+			return nil, nil, fmt.Errorf("tools.%d.input_schema: invalid JSON", i)
 		}
 		req.Tools = append(req.Tools, inference.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
 	}
@@ -126,19 +138,19 @@ func decodeAnthropicBody(body []byte, generate bool) (*anRequest, *inference.Req
 		case "any":
 			req.ToolChoice = "required"
 		case "tool":
-			if !hasTool(req.Tools, tc.Name) {
-				return nil, nil, errf(400, "tool_choice.name: no tool named %q", tc.Name)
+			if !inference.ToolNamed(req.Tools, tc.Name) {
+				return nil, nil, fmt.Errorf("tool_choice.name: no tool named %q", tc.Name)
 			}
 			req.ToolChoice = tc.Name
 		default:
-			return nil, nil, errf(400, "tool_choice.type: want auto, any, tool or none")
+			return nil, nil, fmt.Errorf("tool_choice.type: want auto, any, tool or none")
 		}
 	}
 	return &r, req, nil
 }
 
-// anText reads a string or an array of text blocks.
-func anText(raw json.RawMessage) (string, error) {
+// blocksText reads a string or an array of text blocks.
+func blocksText(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -147,7 +159,7 @@ func anText(raw json.RawMessage) (string, error) {
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil
 	}
-	var blocks []anBlock
+	var blocks []Block
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return "", fmt.Errorf("want a string or an array of content blocks")
 	}
@@ -163,7 +175,7 @@ func anText(raw json.RawMessage) (string, error) {
 
 // neutral converts one Anthropic message; a user message's tool_result
 // blocks become tool messages (OpenAI's shape), in order.
-func (m anMessage) neutral() ([]inference.Message, error) {
+func (m Message) neutral() ([]inference.Message, error) {
 	if m.Role != inference.RoleUser && m.Role != inference.RoleAssistant {
 		return nil, fmt.Errorf("role: want user or assistant, got %q", m.Role)
 	}
@@ -172,7 +184,7 @@ func (m anMessage) neutral() ([]inference.Message, error) {
 	if json.Unmarshal(raw, &s) == nil {
 		return []inference.Message{{Role: m.Role, Content: s}}, nil
 	}
-	var blocks []anBlock
+	var blocks []Block
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return nil, fmt.Errorf("content: want a string or an array of content blocks")
 	}
@@ -208,7 +220,7 @@ func (m anMessage) neutral() ([]inference.Message, error) {
 			if len(input) == 0 {
 				input = []byte("{}")
 			}
-			// An object, as Anthropic requires: anContent renders anything
+			// An object, as Anthropic requires: Content renders anything
 			// else wrapped, so the client's echo of this turn would no
 			// longer hash like the turn itself.
 			if !json.Valid(input) || input[0] != '{' {
@@ -223,7 +235,7 @@ func (m anMessage) neutral() ([]inference.Message, error) {
 				return nil, fmt.Errorf("content.%d.tool_use_id: Field required", i)
 			}
 			flush()
-			res, err := anText(b.Content)
+			res, err := blocksText(b.Content)
 			if err != nil {
 				return nil, fmt.Errorf("content.%d.content: %v", i, err)
 			}
@@ -245,23 +257,23 @@ func (m anMessage) neutral() ([]inference.Message, error) {
 
 // Anthropic responses.
 
-type anResponse struct {
-	ID           string    `json:"id"`
-	Type         string    `json:"type"`
-	Role         string    `json:"role"`
-	Model        string    `json:"model"`
-	Content      []anBlock `json:"content"`
-	StopReason   *string   `json:"stop_reason"`
-	StopSequence *string   `json:"stop_sequence"`
-	Usage        anUsage   `json:"usage"`
+type Response struct {
+	ID           string  `json:"id"`
+	Type         string  `json:"type"`
+	Role         string  `json:"role"`
+	Model        string  `json:"model"`
+	Content      []Block `json:"content"`
+	StopReason   *string `json:"stop_reason"`
+	StopSequence *string `json:"stop_sequence"`
+	Usage        Usage   `json:"usage"`
 }
 
-type anUsage struct {
+type Usage struct {
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`
 }
 
-func anStopReason(finish string) string {
+func StopReason(finish string) string {
 	switch finish {
 	case inference.FinishLength:
 		return "max_tokens"
@@ -272,24 +284,24 @@ func anStopReason(finish string) string {
 	}
 }
 
-// anContent renders the assistant message as content blocks.
-func anContent(m inference.Message) []anBlock {
-	blocks := []anBlock{}
+// Content renders the assistant message as content blocks.
+func Content(m inference.Message) []Block {
+	blocks := []Block{}
 	if m.Reasoning != "" {
-		blocks = append(blocks, anBlock{Type: "thinking", Thinking: m.Reasoning, Signature: ""})
+		blocks = append(blocks, Block{Type: "thinking", Thinking: m.Reasoning, Signature: ""})
 	}
 	if m.Content != "" || len(m.ToolCalls) == 0 {
-		blocks = append(blocks, anBlock{Type: "text", Text: m.Content})
+		blocks = append(blocks, Block{Type: "text", Text: m.Content})
 	}
 	for _, tc := range m.ToolCalls {
-		blocks = append(blocks, anBlock{Type: "tool_use", ID: tc.ID, Name: tc.Name, Input: toolInput(tc.Arguments)})
+		blocks = append(blocks, Block{Type: "tool_use", ID: tc.ID, Name: tc.Name, Input: ToolInput(tc.Arguments)})
 	}
 	return blocks
 }
 
-// toolInput is the call's arguments as a JSON object; a model that
+// ToolInput is the call's arguments as a JSON object; a model that
 // produced invalid JSON has its text wrapped so the client still parses.
-func toolInput(args string) json.RawMessage {
+func ToolInput(args string) json.RawMessage {
 	raw := bytes.TrimSpace([]byte(args))
 	if len(raw) == 0 {
 		return json.RawMessage("{}")

@@ -1,4 +1,9 @@
-package gateway
+// Package openai is OpenAI's Chat Completions wire format, as far as the
+// gateway speaks it: the request and its messages, tools and options, the
+// completion and its stream chunks, with converters to and from the
+// protocol-neutral inference types. Decode's errors name the field and are
+// the client's fault (400).
+package openai
 
 import (
 	"bytes"
@@ -8,16 +13,15 @@ import (
 	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/protocol/responses"
 )
 
 // OpenAI Chat Completions wire types: only the fields the gateway reads or
 // writes. Unknown request fields are ignored, as OpenAI's SDKs send many.
 
-type oaRequest struct {
+type Request struct {
 	Model               string          `json:"model"`
-	Messages            []oaMessage     `json:"messages"`
-	Tools               []oaTool        `json:"tools,omitempty"`
+	Messages            []Message       `json:"messages"`
+	Tools               []Tool          `json:"tools,omitempty"`
 	ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
 	MaxTokens           *int            `json:"max_tokens,omitempty"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
@@ -40,25 +44,25 @@ type oaRequest struct {
 	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
 }
 
-// choices is how many samples the request asks for (n).
-func (r *oaRequest) choices() int {
+// Choices is how many samples the request asks for (n).
+func (r *Request) Choices() int {
 	if r.N == nil {
 		return 1
 	}
 	return *r.N
 }
 
-type oaMessage struct {
+type Message struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content,omitempty"`
 	Name       string          `json:"name,omitempty"`
-	ToolCalls  []oaToolCall    `json:"tool_calls,omitempty"`
+	ToolCalls  []ToolCall      `json:"tool_calls,omitempty"`
 	ToolCallID string          `json:"tool_call_id,omitempty"`
 	// ReasoningContent is the vLLM / DeepSeek name for exposed thinking.
 	ReasoningContent string `json:"reasoning_content,omitempty"`
 }
 
-type oaToolCall struct {
+type ToolCall struct {
 	Index    *int   `json:"index,omitempty"`
 	ID       string `json:"id,omitempty"`
 	Type     string `json:"type,omitempty"`
@@ -68,7 +72,7 @@ type oaToolCall struct {
 	} `json:"function"`
 }
 
-type oaTool struct {
+type Tool struct {
 	Type     string `json:"type"`
 	Function struct {
 		Name        string          `json:"name"`
@@ -86,30 +90,30 @@ const (
 	maxStops       = 16
 )
 
-// decodeOpenAI parses and validates a Chat Completions body into the
+// Decode parses and validates a Chat Completions body into the
 // neutral request. Every error is a 400 with a message naming the field.
-func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
-	var r oaRequest
+func Decode(body []byte) (*Request, *inference.Request, error) {
+	var r Request
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, nil, errf(400, "invalid JSON body: %v", err)
+		return nil, nil, fmt.Errorf("invalid JSON body: %v", err)
 	}
 	if r.Model == "" {
-		return nil, nil, errf(400, "model: required")
+		return nil, nil, fmt.Errorf("model: required")
 	}
 	if len(r.Messages) == 0 {
-		return nil, nil, errf(400, "messages: at least one message is required")
+		return nil, nil, fmt.Errorf("messages: at least one message is required")
 	}
 	if len(r.Messages) > maxMessages {
-		return nil, nil, errf(400, "messages: at most %d", maxMessages)
+		return nil, nil, fmt.Errorf("messages: at most %d", maxMessages)
 	}
 	if r.N != nil && (*r.N < 1 || *r.N > maxChoices) {
-		return nil, nil, errf(400, "n: want 1..%d", maxChoices)
+		return nil, nil, fmt.Errorf("n: want 1..%d", maxChoices)
 	}
-	if r.choices() > 1 && r.Stream {
-		return nil, nil, errf(400, "n: a stream carries one choice here; ask for n > 1 without stream, or open n streams")
+	if r.Choices() > 1 && r.Stream {
+		return nil, nil, fmt.Errorf("n: a stream carries one choice here; ask for n > 1 without stream, or open n streams")
 	}
 	req := &inference.Request{Model: r.Model, Temperature: r.Temperature, TopP: r.TopP, Seed: r.Seed}
-	if err := checkSampling(r.Temperature, r.TopP); err != nil {
+	if err := inference.CheckSampling(r.Temperature, r.TopP); err != nil {
 		return nil, nil, err
 	}
 	switch {
@@ -119,14 +123,14 @@ func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
 		req.MaxTokens = *r.MaxTokens
 	}
 	if req.MaxTokens < 0 {
-		return nil, nil, errf(400, "max_tokens: must not be negative")
+		return nil, nil, fmt.Errorf("max_tokens: must not be negative")
 	}
 	if r.TopLogprobs != nil {
 		if *r.TopLogprobs < 0 || *r.TopLogprobs > maxTopLogprobs {
-			return nil, nil, errf(400, "top_logprobs: want 0..%d", maxTopLogprobs)
+			return nil, nil, fmt.Errorf("top_logprobs: want 0..%d", maxTopLogprobs)
 		}
 		if !r.Logprobs && *r.TopLogprobs > 0 {
-			return nil, nil, errf(400, "top_logprobs: requires logprobs: true")
+			return nil, nil, fmt.Errorf("top_logprobs: requires logprobs: true")
 		}
 		req.TopLogprobs = *r.TopLogprobs
 	}
@@ -138,32 +142,32 @@ func decodeOpenAI(body []byte) (*oaRequest, *inference.Request, error) {
 	for i, m := range r.Messages {
 		msg, err := m.neutral()
 		if err != nil {
-			return nil, nil, errf(400, "messages[%d]: %v", i, err)
+			return nil, nil, fmt.Errorf("messages[%d]: %v", i, err)
 		}
 		req.Messages = append(req.Messages, msg)
 	}
 	if len(r.Tools) > maxTools {
-		return nil, nil, errf(400, "tools: at most %d", maxTools)
+		return nil, nil, fmt.Errorf("tools: at most %d", maxTools)
 	}
 	for i, t := range r.Tools {
 		if t.Type != "" && t.Type != "function" {
-			return nil, nil, errf(400, "tools[%d].type: only function tools are supported", i)
+			return nil, nil, fmt.Errorf("tools[%d].type: only function tools are supported", i)
 		}
 		if t.Function.Name == "" {
-			return nil, nil, errf(400, "tools[%d].function.name: required", i)
+			return nil, nil, fmt.Errorf("tools[%d].function.name: required", i)
 		}
 		if len(t.Function.Parameters) > 0 && !json.Valid(t.Function.Parameters) {
-			return nil, nil, errf(400, "tools[%d].function.parameters: invalid JSON", i)
+			return nil, nil, fmt.Errorf("tools[%d].function.parameters: invalid JSON", i)
 		}
 		req.Tools = append(req.Tools, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
 	}
-	choice, err := decodeOAToolChoice(r.ToolChoice)
+	choice, err := decodeToolChoice(r.ToolChoice)
 	if err != nil {
 		return nil, nil, err
 	}
 	req.ToolChoice = choice
-	if choice != "" && choice != "none" && choice != "auto" && choice != "required" && !hasTool(req.Tools, choice) {
-		return nil, nil, errf(400, "tool_choice: no tool named %q", choice)
+	if choice != "" && choice != "none" && choice != "auto" && choice != "required" && !inference.ToolNamed(req.Tools, choice) {
+		return nil, nil, fmt.Errorf("tool_choice: no tool named %q", choice)
 	}
 	if err := r.decodeParams(req); err != nil {
 		return nil, nil, err
@@ -180,14 +184,14 @@ const (
 // decodeParams checks the parameters the gateway forwards to the backend
 // as they are (an upstream honours them; the in-process policy refuses
 // what it cannot).
-func (r *oaRequest) decodeParams(req *inference.Request) error {
+func (r *Request) decodeParams(req *inference.Request) error {
 	if f := bytes.TrimSpace(r.ResponseFormat); len(f) > 0 && string(f) != "null" {
 		var rf struct {
 			Type       string          `json:"type"`
 			JSONSchema json.RawMessage `json:"json_schema"`
 		}
 		if err := json.Unmarshal(f, &rf); err != nil {
-			return errf(400, "response_format: want an object such as {\"type\": \"json_object\"}")
+			return fmt.Errorf("response_format: want an object such as {\"type\": \"json_object\"}")
 		}
 		switch rf.Type {
 		case "text", "json_object":
@@ -197,28 +201,28 @@ func (r *oaRequest) decodeParams(req *inference.Request) error {
 				Schema json.RawMessage `json:"schema"`
 			}
 			if json.Unmarshal(rf.JSONSchema, &js) != nil || js.Name == "" {
-				return errf(400, "response_format.json_schema: want {\"name\": …, \"schema\": {…}}")
+				return fmt.Errorf("response_format.json_schema: want {\"name\": …, \"schema\": {…}}")
 			}
 		default:
-			return errf(400, "response_format.type: want text, json_object or json_schema, got %q", rf.Type)
+			return fmt.Errorf("response_format.type: want text, json_object or json_schema, got %q", rf.Type)
 		}
 		req.ResponseFormat = f
 	}
 	for name, p := range map[string]*float64{"frequency_penalty": r.FrequencyPenalty, "presence_penalty": r.PresencePenalty} {
 		if p != nil && (*p < -maxPenalty || *p > maxPenalty || *p != *p) {
-			return errf(400, "%s: want -2..2", name)
+			return fmt.Errorf("%s: want -2..2", name)
 		}
 	}
 	req.FrequencyPenalty, req.PresencePenalty = r.FrequencyPenalty, r.PresencePenalty
 	if len(r.LogitBias) > maxLogitBias {
-		return errf(400, "logit_bias: at most %d tokens", maxLogitBias)
+		return fmt.Errorf("logit_bias: at most %d tokens", maxLogitBias)
 	}
 	for tok, b := range r.LogitBias {
 		if id, err := strconv.Atoi(tok); err != nil || id < 0 {
-			return errf(400, "logit_bias: keys are token ids, got %q", tok)
+			return fmt.Errorf("logit_bias: keys are token ids, got %q", tok)
 		}
 		if b < -100 || b > 100 || b != b {
-			return errf(400, "logit_bias[%s]: want -100..100", tok)
+			return fmt.Errorf("logit_bias[%s]: want -100..100", tok)
 		}
 	}
 	if len(r.LogitBias) > 0 {
@@ -226,22 +230,6 @@ func (r *oaRequest) decodeParams(req *inference.Request) error {
 	}
 	req.ParallelToolCalls = r.ParallelToolCalls
 	return nil
-}
-
-func checkSampling(temp, topP *float64) error {
-	if err := inference.CheckSampling(temp, topP); err != nil {
-		return errf(400, "%v", err)
-	}
-	return nil
-}
-
-func hasTool(tools []inference.Tool, name string) bool {
-	for _, t := range tools {
-		if t.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 func decodeStop(raw json.RawMessage) ([]string, error) {
@@ -255,15 +243,15 @@ func decodeStop(raw json.RawMessage) ([]string, error) {
 	}
 	var many []string
 	if err := json.Unmarshal(raw, &many); err != nil {
-		return nil, errf(400, "stop: want a string or an array of strings")
+		return nil, fmt.Errorf("stop: want a string or an array of strings")
 	}
 	if len(many) > maxStops {
-		return nil, errf(400, "stop: at most %d sequences", maxStops)
+		return nil, fmt.Errorf("stop: at most %d sequences", maxStops)
 	}
 	return many, nil
 }
 
-func decodeOAToolChoice(raw json.RawMessage) (string, error) {
+func decodeToolChoice(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -274,7 +262,7 @@ func decodeOAToolChoice(raw json.RawMessage) (string, error) {
 		case "none", "auto", "required":
 			return s, nil
 		}
-		return "", errf(400, "tool_choice: want none, auto, required or a function")
+		return "", fmt.Errorf("tool_choice: want none, auto, required or a function")
 	}
 	var obj struct {
 		Type     string `json:"type"`
@@ -283,14 +271,14 @@ func decodeOAToolChoice(raw json.RawMessage) (string, error) {
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil || obj.Function.Name == "" {
-		return "", errf(400, "tool_choice: want none, auto, required or {type: function, function: {name}}")
+		return "", fmt.Errorf("tool_choice: want none, auto, required or {type: function, function: {name}}")
 	}
 	return obj.Function.Name, nil
 }
 
 // neutral converts one wire message; content may be a string, null or an
 // array of parts of which only text is supported.
-func (m oaMessage) neutral() (inference.Message, error) {
+func (m Message) neutral() (inference.Message, error) {
 	switch m.Role {
 	case "system", "developer":
 		m.Role = inference.RoleSystem
@@ -298,7 +286,7 @@ func (m oaMessage) neutral() (inference.Message, error) {
 	default:
 		return inference.Message{}, fmt.Errorf("role: want system, developer, user, assistant or tool, got %q", m.Role)
 	}
-	text, err := oaContentText(m.Content)
+	text, err := contentText(m.Content)
 	if err != nil {
 		return inference.Message{}, err
 	}
@@ -318,7 +306,7 @@ func (m oaMessage) neutral() (inference.Message, error) {
 	return out, nil
 }
 
-func oaContentText(raw json.RawMessage) (string, error) {
+func contentText(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -346,49 +334,59 @@ func oaContentText(raw json.RawMessage) (string, error) {
 
 // OpenAI responses.
 
-type oaCompletion struct {
-	ID                string     `json:"id"`
-	Object            string     `json:"object"`
-	Created           int64      `json:"created"`
-	Model             string     `json:"model"`
-	SystemFingerprint string     `json:"system_fingerprint,omitempty"`
-	Choices           []oaChoice `json:"choices"`
-	Usage             *oaUsage   `json:"usage,omitempty"`
+type Completion struct {
+	ID                string   `json:"id"`
+	Object            string   `json:"object"`
+	Created           int64    `json:"created"`
+	Model             string   `json:"model"`
+	SystemFingerprint string   `json:"system_fingerprint,omitempty"`
+	Choices           []Choice `json:"choices"`
+	Usage             *Usage   `json:"usage,omitempty"`
 }
 
-type oaChoice struct {
-	Index        int         `json:"index"`
-	Message      *oaRespMsg  `json:"message,omitempty"`
-	Delta        *oaRespMsg  `json:"delta,omitempty"`
-	FinishReason *string     `json:"finish_reason"`
-	Logprobs     *oaLogprobs `json:"logprobs"`
+type Choice struct {
+	Index        int          `json:"index"`
+	Message      *RespMessage `json:"message,omitempty"`
+	Delta        *RespMessage `json:"delta,omitempty"`
+	FinishReason *string      `json:"finish_reason"`
+	Logprobs     *Logprobs    `json:"logprobs"`
 }
 
-type oaRespMsg struct {
-	Role             string       `json:"role,omitempty"`
-	Content          *string      `json:"content"`
-	ReasoningContent string       `json:"reasoning_content,omitempty"`
-	ToolCalls        []oaToolCall `json:"tool_calls,omitempty"`
-	Refusal          *string      `json:"refusal,omitempty"`
+type RespMessage struct {
+	Role             string     `json:"role,omitempty"`
+	Content          *string    `json:"content"`
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
+	Refusal          *string    `json:"refusal,omitempty"`
 }
 
-type oaLogprobs struct {
-	Content []oaTokenLogprob `json:"content"`
+type Logprobs struct {
+	Content []TokenLogprob `json:"content"`
 }
 
-// A token's logprob has one shape in Chat Completions and Responses.
-type (
-	oaTokenLogprob = responses.Logprob
-	oaTopEntry     = responses.TopLogprob
-)
+// TokenLogprob is one sampled token's log probability, with
+// alternatives (the Responses API uses the same shape).
+type TokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
 
-type oaUsage struct {
+// TopLogprob is one alternative at a position.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
 }
 
-func tokenText(resp *inference.Response, i int) string {
+func TokenText(resp *inference.Response, i int) string {
 	if i < len(resp.CompletionTokens) {
 		return resp.CompletionTokens[i]
 	}
@@ -398,7 +396,7 @@ func tokenText(resp *inference.Response, i int) string {
 	return ""
 }
 
-func bytesOf(s string) []int {
+func Bytes(s string) []int {
 	out := make([]int, len(s))
 	for i := 0; i < len(s); i++ {
 		out[i] = int(s[i])
@@ -406,34 +404,34 @@ func bytesOf(s string) []int {
 	return out
 }
 
-// deltaLogprobs renders a streamed increment's logprobs.
-func deltaLogprobs(d inference.Delta) []oaTokenLogprob {
-	out := make([]oaTokenLogprob, 0, len(d.Logprobs))
+// DeltaLogprobs renders a streamed increment's logprobs.
+func DeltaLogprobs(d inference.Delta) []TokenLogprob {
+	out := make([]TokenLogprob, 0, len(d.Logprobs))
 	for i, l := range d.Logprobs {
 		tok := ""
 		if i < len(d.Tokens) {
 			tok = d.Tokens[i]
 		} else if i < len(d.TokenIDs) {
-			tok = tokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
+			tok = TokenText(&inference.Response{CompletionTokenIDs: d.TokenIDs}, i)
 		}
-		out = append(out, oaTokenLogprob{Token: tok, Logprob: float64(l), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}})
+		out = append(out, TokenLogprob{Token: tok, Logprob: float64(l), Bytes: Bytes(tok), TopLogprobs: []TopLogprob{}})
 	}
 	return out
 }
 
-// oaLogprobsFor renders logprobs for tokens [from, to) of resp.
-func oaLogprobsFor(resp *inference.Response, from, to int) *oaLogprobs {
-	lp := &oaLogprobs{Content: []oaTokenLogprob{}}
+// LogprobsFor renders logprobs for tokens [from, to) of resp.
+func LogprobsFor(resp *inference.Response, from, to int) *Logprobs {
+	lp := &Logprobs{Content: []TokenLogprob{}}
 	for i := from; i < to && i < len(resp.Logprobs); i++ {
-		tok := tokenText(resp, i)
-		e := oaTokenLogprob{Token: tok, Logprob: float64(resp.Logprobs[i]), Bytes: bytesOf(tok), TopLogprobs: []oaTopEntry{}}
+		tok := TokenText(resp, i)
+		e := TokenLogprob{Token: tok, Logprob: float64(resp.Logprobs[i]), Bytes: Bytes(tok), TopLogprobs: []TopLogprob{}}
 		if i < len(resp.TopLogprobs) {
 			for _, t := range resp.TopLogprobs[i] {
 				tt := t.Token
 				if tt == "" {
 					tt = fmt.Sprintf("token_id:%d", t.TokenID)
 				}
-				e.TopLogprobs = append(e.TopLogprobs, oaTopEntry{Token: tt, Logprob: float64(t.Logprob), Bytes: bytesOf(tt)})
+				e.TopLogprobs = append(e.TopLogprobs, TopLogprob{Token: tt, Logprob: float64(t.Logprob), Bytes: Bytes(tt)})
 			}
 		}
 		lp.Content = append(lp.Content, e)
@@ -441,8 +439,8 @@ func oaLogprobsFor(resp *inference.Response, from, to int) *oaLogprobs {
 	return lp
 }
 
-func oaToolCalls(calls []inference.ToolCall, withIndex bool) []oaToolCall {
-	out := make([]oaToolCall, len(calls))
+func RenderToolCalls(calls []inference.ToolCall, withIndex bool) []ToolCall {
+	out := make([]ToolCall, len(calls))
 	for i, tc := range calls {
 		out[i].ID, out[i].Type = tc.ID, "function"
 		out[i].Function.Name, out[i].Function.Arguments = tc.Name, tc.Arguments
@@ -454,7 +452,7 @@ func oaToolCalls(calls []inference.ToolCall, withIndex bool) []oaToolCall {
 	return out
 }
 
-func oaFinish(reason string) string {
+func FinishReason(reason string) string {
 	switch reason {
 	case inference.FinishLength, inference.FinishToolCalls, inference.FinishStop:
 		return reason
