@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +41,7 @@ func TestFetchStatusCountsReleases(t *testing.T) {
 		require.NoError(t, store.CommitTrainedRun(ctx, pool, store.TrainedRun{RunID: run.ID, Deployment: "dep", Version: version, Parent: parent}))
 		rel, err := store.BeginRelease(ctx, pool, store.Release{Deployment: "dep", Layer: "weights", Candidate: version, WorkflowID: "rel-" + version})
 		require.NoError(t, err)
+		require.NoError(t, store.RecordGate(ctx, pool, rel.ID, "regression", status == "promoted", map[string]any{"candidate_pass_rate": 0.75}))
 		require.NoError(t, store.FinishRelease(ctx, pool, rel.ID, status, "test"))
 	}
 	release("dep@v1", "dep@v0", "promoted")
@@ -54,6 +57,21 @@ func TestFetchStatusCountsReleases(t *testing.T) {
 	require.Equal(t, 2, rolledBack, "the refused candidate and the rolled-back serving version")
 	promoted, rolledBack = demo.WeightsMoves(nil, after, "dep")
 	require.Equal(t, []int{1, 2}, []int{promoted, rolledBack})
+
+	// The run's static page says what the control plane did, from its
+	// records, as the live page does.
+	var sum demo.Summary
+	sum.CountFrom(before, after, "dep")
+	require.Equal(t, demo.Summary{VersionsPromoted: 1, VersionsRolledBack: 2, TrainSteps: 2, ServingVersion: "dep@v0"}, sum)
+	path := filepath.Join(t.TempDir(), demo.StatusFile)
+	require.NoError(t, demo.WriteStatusPage(path, demo.StatusPage{Title: "demo", ModelName: "dep", Summary: sum, Control: after}))
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	page := string(raw)
+	for _, want := range []string{"<td>1 / 0 / 2</td>", "<td>2 · 0</td>", "✓ regression", "✗ regression", "candidate_pass_rate=0.75",
+		"<b>dep@v2</b> ← ", `<td class="rolled_back">rolled_back</td>`, `<td class="trained">trained</td>`, "a snapshot of the control plane"} {
+		require.Contains(t, page, want)
+	}
 
 	all, err := demo.FetchStatus(ctx, ts.URL, keys["a"], "")
 	require.NoError(t, err)
