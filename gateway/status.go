@@ -45,7 +45,8 @@ func (s *Server) statusPage(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	html, err := statuspage.Render(st, statuspage.Page{Selected: c.Query("deployment"), Refresh: statusRefresh})
+	html, err := statuspage.Render(st, statuspage.Page{Selected: c.Query("deployment"), Refresh: statusRefresh,
+		Logout: c.GetBool(ctxStatusLogin)})
 	if err != nil {
 		abort(c, err)
 		return
@@ -80,22 +81,8 @@ func (s *Server) loadStatus(c *gin.Context) (*store.Status, error) {
 	return st, nil
 }
 
-// statusAuth lets a browser see the page: the usual API key when one is
-// sent, else, on a development gateway, the status dev tenant (the one
-// `flywheel up` prints a key for). A browser cannot send a bearer header.
-// "Development" means all of: a status dev tenant is configured, the
-// gateway listens on a loopback address only, the request came over
-// loopback, and it names a loopback host (which a DNS-rebinding page
-// cannot).
-func (s *Server) statusAuth(c *gin.Context) {
-	if presentedKey(c) == "" && s.cfg.StatusDevTenant != "" && s.devRequest(c.Request) {
-		c.Set(ctxPrincipal, &principal{KeyOwner: store.KeyOwner{TenantID: s.cfg.StatusDevTenant}})
-		c.Next()
-		return
-	}
-	s.auth(c)
-}
-
+// devRequest says whether r may see the status dev tenant's page without
+// a key (see statusAuth).
 func (s *Server) devRequest(r *http.Request) bool {
 	listen, _, err := net.SplitHostPort(s.cfg.Listen)
 	if err != nil || !config.IsLoopback(listen) {

@@ -40,6 +40,9 @@ type Page struct {
 	// Intro is shown under the heading as it is (the demo's summary); it
 	// must be the caller's own trusted HTML.
 	Intro template.HTML
+	// Logout shows a log-out button (POST /status/logout), for a reader
+	// who logged in with the form.
+	Logout bool
 }
 
 type pageData struct {
@@ -242,6 +245,7 @@ svg{max-width:100%;height:auto}code{font-size:.95em}
 <h1>{{.Title}}</h1>
 <p class="meta">tenant <b>{{.Tenant}}</b> · generated {{clock .GeneratedAt}} UTC ·
 {{if .RefreshSeconds}}refreshes every {{.RefreshSeconds}} s · JSON: {{else}}a snapshot of the control plane's records, as read from {{end}}<code>GET /v1/status{{if .Selected}}?deployment={{.Selected}}{{end}}</code></p>
+{{if .Logout}}<form method="post" action="/status/logout"><button type="submit">Log out</button></form>{{end}}
 {{if .Intro}}{{.Intro}}{{end}}
 {{if .RefreshSeconds}}{{if .Selected}}<nav><a href="?">all deployments</a></nav>{{else if gt (len .Sections) 1}}<nav>{{range .Sections}}<a href="?deployment={{.Name}}">{{.Name}}</a>{{end}}</nav>{{end}}{{end}}
 {{range .Sections}}
