@@ -558,41 +558,56 @@ func (f *Fleet) send(ctx context.Context, method, path string, body any, out any
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
 	defer cancel()
-	// A 429 is the key's rate limit, not a verdict: wait as told and retry,
-	// so a reward is not lost to a burst (the OpenAI client does the same
-	// for model calls).
-	for attempt := 1; ; attempt++ {
+	resp, err := doRetrying(ctx, f.cfg.HTTPClient, func() (*http.Request, error) {
 		req, err := http.NewRequestWithContext(ctx, method, f.root+path, bytes.NewReader(raw))
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", method, path, err)
+			return nil, err
 		}
 		req.Header.Set("Authorization", "Bearer "+f.cfg.APIKey)
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := f.cfg.HTTPClient.Do(req)
+		return req, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	if out != nil {
+		if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// doRetrying sends the request newReq builds and answers its response. A
+// 429 is the key's rate limit, not a verdict: it waits as told and sends
+// again, up to maxSendAttempts, so a reward or a status reading is not
+// lost to the fleet's own burst (the OpenAI client does the same for
+// model calls). The last 429 is answered as it is.
+func doRetrying(ctx context.Context, client *http.Client, newReq func() (*http.Request, error)) (*http.Response, error) {
+	for attempt := 1; ; attempt++ {
+		req, err := newReq()
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", method, path, err)
+			return nil, err
 		}
-		if resp.StatusCode == http.StatusTooManyRequests && attempt < maxSendAttempts {
-			wait := retryAfter(resp.Header.Get("Retry-After"))
-			resp.Body.Close()
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%s %s: rate limited: %w", method, path, ctx.Err())
-			case <-time.After(wait):
-			}
-			continue
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, err
 		}
-		defer resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-			return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
+		if resp.StatusCode != http.StatusTooManyRequests || attempt >= maxSendAttempts {
+			return resp, nil
 		}
-		if out != nil {
-			if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
-				return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
-			}
+		wait := retryAfter(resp.Header.Get("Retry-After"))
+		resp.Body.Close()
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rate limited: %w", ctx.Err())
+		case <-time.After(wait):
 		}
-		return nil
 	}
 }
 

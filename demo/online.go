@@ -224,23 +224,20 @@ loop:
 		LiveSuccessEnd: end.Success,
 		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(start).Seconds(), Curve: curve,
 	}
-	sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
+	page := StatusPage{Title: "Flywheel demo status", ModelName: fc.Model, Sessions: fleet.recentSessions()}
 	if after, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model); err == nil {
-		sum.VersionsPromoted, sum.VersionsRolledBack = WeightsMoves(before, after, fc.Model)
-		sum.TrainSteps = trainedSteps(after, fc.Model) - stepsBefore
-		for _, d := range after.Deployments {
-			if d.Name == fc.Model && d.ServingVersion != "" {
-				sum.ServingVersion = d.ServingVersion
-			}
-		}
+		sum.CountFrom(before, after, fc.Model)
 		sum.StatusURL = fleet.root + "/status?deployment=" + url.QueryEscape(fc.Model)
+		page.Control = after
 	} else {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
+		sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
+		page.Note = "The control plane's records could not be read (" + err.Error() + "): releases are inferred from the versions the agents saw, and training steps are unknown."
 	}
 	if sum.CurvePNG, sum.CurveSVG, err = WriteCurve(cfg.OutDir, "Flywheel demo: agents' success through the gateway", curve); err != nil {
 		return sum, err
 	}
-	page := StatusPage{Title: "Flywheel demo status", Generated: time.Now().UTC(), Summary: sum, Sessions: fleet.recentSessions()}
+	page.Generated, page.Summary = time.Now().UTC(), sum
 	page.CurveSVG = inlineSVG(sum.CurveSVG)
 	sum.StatusHTML = filepath.Join(cfg.OutDir, StatusFile)
 	if err := WriteStatusPage(sum.StatusHTML, page); err != nil {
@@ -260,6 +257,24 @@ func trainedSteps(st *store.Status, deployment string) int {
 		}
 	}
 	return 0
+}
+
+// CountFrom fills the run's counts from the control plane's readings of
+// the deployment before and after it (before is nil when no session of
+// ours had touched it). Held are the versions trained in the run that no
+// release promoted or refused (a release of another version was running,
+// or theirs was aborted); a rollback of a serving version counts as
+// rolled back without a trained version of its own, so held is a lower
+// bound.
+func (s *Summary) CountFrom(before, after *store.Status, deployment string) {
+	s.VersionsPromoted, s.VersionsRolledBack = WeightsMoves(before, after, deployment)
+	s.TrainSteps = trainedSteps(after, deployment) - trainedSteps(before, deployment)
+	s.VersionsHeld = max(0, s.TrainSteps-s.VersionsPromoted-s.VersionsRolledBack)
+	for _, d := range after.Deployments {
+		if d.Name == deployment && d.ServingVersion != "" {
+			s.ServingVersion = d.ServingVersion
+		}
+	}
 }
 
 // versionMoves infers releases from what the agents saw: every version

@@ -32,12 +32,17 @@ func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*stor
 	if deployment != "" {
 		u += "?deployment=" + url.QueryEscape(deployment)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("fetch status: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	resp, err := http.DefaultClient.Do(req)
+	// The fleet shares the key and spends its rate limit: a reading taken
+	// right after an evaluation used to meet a 429 and leave the summary
+	// at zero.
+	resp, err := doRetrying(ctx, http.DefaultClient, func() (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		return req, nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("fetch status: %w", err)
 	}

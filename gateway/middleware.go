@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -162,19 +163,10 @@ func (s *Server) auth(c *gin.Context) {
 	}
 	hash := string(store.HashKey(key))
 	now := s.now()
-	owner, ok := s.keys.get(hash, now)
-	if !ok {
-		var err error
-		owner, err = store.LookupKey(c.Request.Context(), s.deps.DB, key)
-		if errors.Is(err, store.ErrNotFound) {
-			abort(c, errf(http.StatusUnauthorized, "invalid API key: unknown, revoked or expired"))
-			return
-		}
-		if err != nil {
-			abort(c, &apiError{Status: http.StatusServiceUnavailable, Message: "cannot verify the API key now", RetryAfter: time.Second})
-			return
-		}
-		s.keys.put(hash, owner, now)
+	owner, err := s.verifyKeyHash(c.Request.Context(), hash, now)
+	if err != nil {
+		abort(c, err)
+		return
 	}
 	p := &principal{KeyOwner: owner, keyHash: hash}
 	c.Set(ctxPrincipal, p)
@@ -183,6 +175,24 @@ func (s *Server) auth(c *gin.Context) {
 		return
 	}
 	c.Next()
+}
+
+// verifyKeyHash is the owner of the live key with this hash, from the key
+// cache or Postgres: a key revoked elsewhere stops working within
+// gateway.key_cache_ttl. An unknown, revoked or expired key is a 401.
+func (s *Server) verifyKeyHash(ctx context.Context, hash string, now time.Time) (store.KeyOwner, error) {
+	if owner, ok := s.keys.get(hash, now); ok {
+		return owner, nil
+	}
+	owner, err := store.LookupKeyHash(ctx, s.deps.DB, []byte(hash))
+	if errors.Is(err, store.ErrNotFound) {
+		return owner, errf(http.StatusUnauthorized, "invalid API key: unknown, revoked or expired")
+	}
+	if err != nil {
+		return owner, &apiError{Status: http.StatusServiceUnavailable, Message: "cannot verify the API key now", RetryAfter: time.Second}
+	}
+	s.keys.put(hash, owner, now)
+	return owner, nil
 }
 
 func principalOf(c *gin.Context) *principal {

@@ -101,6 +101,24 @@ func (r *requestLimiter) allow(key string, now time.Time) (ok, off bool, st limi
 	return ok, false, st, retry
 }
 
+// refused says, without taking from key's bucket, whether a request would
+// be refused now, and how long until one would pass.
+func (r *requestLimiter) refused(key string, now time.Time) (time.Duration, bool) {
+	if r.rps <= 0 {
+		return 0, false
+	}
+	r.mu.Lock()
+	l, found := r.m[key]
+	r.mu.Unlock()
+	if !found {
+		return 0, false
+	}
+	if left := l.TokensAt(now); left < 1 {
+		return seconds((1 - left) / r.rps), true
+	}
+	return 0, false
+}
+
 // tokenBucket is one key's tokens-per-minute bucket.
 type tokenBucket struct {
 	// level is the tokens left at the time at; below zero after a call

@@ -62,20 +62,24 @@ type Deps struct {
 
 // Server is the HTTP gateway.
 type Server struct {
-	cfg       config.GatewayConfig
-	deps      Deps
-	engine    *gin.Engine
-	router    *router
-	capture   *capture.Committer
-	metrics   *metrics
-	keys      *keyCache
-	requests  *requestLimiter
-	tokens    *tokenLimiter
-	rules     trajectory.Rules
-	notifier  Notifier
-	tails     *tails
-	budgets   budgets
-	closeOnce sync.Once
+	cfg      config.GatewayConfig
+	deps     Deps
+	engine   *gin.Engine
+	router   *router
+	capture  *capture.Committer
+	metrics  *metrics
+	keys     *keyCache
+	requests *requestLimiter
+	tokens   *tokenLimiter
+	rules    trajectory.Rules
+	notifier Notifier
+	tails    *tails
+	budgets  budgets
+	// logins are the status page's logins; loginFailures counts failed
+	// ones per client address.
+	logins        *statusLogins
+	loginFailures *requestLimiter
+	closeOnce     sync.Once
 }
 
 // New builds the gateway. It fails on settings that cannot serve (a
@@ -118,11 +122,13 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	m := newMetrics(deps.Registry)
 	s := &Server{
 		cfg: cfg, deps: deps, router: rt, metrics: m, rules: rules,
-		keys:     &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
-		requests: newRequestLimiter(cfg.RateLimitRPS, cfg.RateLimitBurst, max(1, cfg.Replicas)),
-		tokens:   newTokenLimiter(max(1, cfg.Replicas)),
-		notifier: deps.Notifier,
-		tails:    newTails(defaultTailBytes),
+		keys:          &keyCache{ttl: cfg.KeyCacheTTL, m: map[string]keyEntry{}},
+		requests:      newRequestLimiter(cfg.RateLimitRPS, cfg.RateLimitBurst, max(1, cfg.Replicas)),
+		tokens:        newTokenLimiter(max(1, cfg.Replicas)),
+		notifier:      deps.Notifier,
+		tails:         newTails(defaultTailBytes),
+		logins:        &statusLogins{m: map[string]statusLogin{}},
+		loginFailures: newRequestLimiter(loginFailureRate, loginFailureBurst, 1),
 	}
 	if s.notifier == nil {
 		s.notifier = nopNotifier{}
@@ -184,6 +190,8 @@ func (s *Server) routes() {
 	api.GET("/backlog", s.backlog)
 	api.GET("/usage", s.usage)
 	e.GET("/status", withProtocol(protoOpenAI), s.statusAuth, s.statusPage)
+	e.POST("/status/login", withProtocol(protoOpenAI), s.limitBody, s.statusLoginPost)
+	e.POST("/status/logout", withProtocol(protoOpenAI), s.limitBody, s.statusLogoutPost)
 
 	adm := e.Group("/admin/v1", withProtocol(protoOpenAI), s.limitBody, s.admin)
 	adm.POST("/keys", s.adminCreateKey)

@@ -347,6 +347,12 @@ func (o KeyOwner) Allows(model string) bool {
 // LookupKey finds the live key's owner, or ErrNotFound for an unknown,
 // revoked or expired key.
 func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
+	return LookupKeyHash(ctx, db, HashKey(key))
+}
+
+// LookupKeyHash is LookupKey by the key's hash (HashKey), for who holds
+// the hash of a key it verified once and not the key itself.
+func LookupKeyHash(ctx context.Context, db DBTX, hash []byte) (KeyOwner, error) {
 	var o KeyOwner
 	var expires *time.Time
 	err := db.QueryRow(ctx, `SELECT k.tenant_id, coalesce(k.session_id, ''), k.id, coalesce(k.parent_id, 0), k.models, k.expires_at,
@@ -354,7 +360,7 @@ func LookupKey(ctx context.Context, db DBTX, key string) (KeyOwner, error) {
 			CASE WHEN p.id IS NULL THEN k.tpm ELSE p.tpm END
 		FROM api_keys k LEFT JOIN api_keys p ON p.id = k.parent_id
 		WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`,
-		HashKey(key)).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires, &o.TokenBudget, &o.BudgetPeriod, &o.TPM)
+		hash).Scan(&o.TenantID, &o.SessionID, &o.KeyID, &o.ParentID, &o.Models, &expires, &o.TokenBudget, &o.BudgetPeriod, &o.TPM)
 	if err != nil {
 		return KeyOwner{}, notFound(err)
 	}

@@ -1,0 +1,34 @@
+package statuspage_test
+
+import (
+	"html/template"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/internal/statuspage"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// TestRenderLiveAndSnapshot draws one reading as the live page (reloads,
+// links between deployments) and as a snapshot file (neither, with the
+// caller's intro and title).
+func TestRenderLiveAndSnapshot(t *testing.T) {
+	st := &store.Status{Tenant: "acme", GeneratedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Deployments: []store.DeploymentStatus{
+		{Name: "a", ReleaseCounts: map[string]map[string]int{"weights": {"promoted": 3}}}, {Name: "b"}}}
+
+	live, err := statuspage.Render(st, statuspage.Page{Refresh: 5 * time.Second})
+	require.NoError(t, err)
+	for _, want := range []string{`<meta http-equiv="refresh" content="5">`, "<title>Flywheel status</title>", `<a href="?deployment=b">`, "refreshes every 5 s", "promoted 3"} {
+		require.Contains(t, string(live), want)
+	}
+
+	snap, err := statuspage.Render(st, statuspage.Page{Title: "Demo <run>", Intro: template.HTML(`<p id="intro">summary</p>`)})
+	require.NoError(t, err)
+	require.Contains(t, string(snap), "<title>Demo &lt;run&gt;</title>")
+	require.Contains(t, string(snap), `<p id="intro">summary</p>`)
+	require.Contains(t, string(snap), "a snapshot of the control plane")
+	require.NotContains(t, string(snap), "http-equiv")
+	require.NotContains(t, string(snap), `href="?deployment=`)
+}
