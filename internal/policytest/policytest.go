@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -68,6 +69,8 @@ type Policy struct {
 	Checkpoints trainer.CheckpointDir
 	// Server is the model server.
 	Server *modelserver.Server
+	// Completions counts the chat completions the server was asked for.
+	Completions atomic.Int64
 }
 
 // Start saves o.Base as version o.Version, serves it from a model server,
@@ -97,7 +100,12 @@ func Start(t testing.TB, db DB, o Options) *Policy {
 	p.Server, err = modelserver.New(o.Base, o.Version, modelserver.Config{Name: o.Name, BasePath: path,
 		DefaultMaxTokens: o.DefaultMaxTokens, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	srv := httptest.NewServer(p.Server)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/chat/completions" {
+			p.Completions.Add(1)
+		}
+		p.Server.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL + "/v1"
 	settings := upstream.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
