@@ -27,14 +27,11 @@ type DeploymentEngines interface {
 }
 
 // Engines answers each gate and watchdog request on the serving engine of
-// its deployment: the in-process policy for its model, an upstream
-// deployment's own server (its deployments row) otherwise. A candidate
-// is never judged on another model.
+// its deployment: the upstream server its deployments row names (the
+// built-in policy's is its own model server). A candidate is never judged
+// on another model.
 type Engines struct {
 	DB store.DBTX
-	// Policy serves PolicyModel (nil: no in-process policy here).
-	Policy      Completer
-	PolicyModel string
 	// Timeout and Retries apply to upstream calls whose deployment does
 	// not set its own (the gateway's upstream_timeout and retries).
 	Timeout time.Duration
@@ -52,9 +49,9 @@ func (e *Engines) Serves(ctx context.Context, deployment string) (bool, error) {
 	return c != nil, err
 }
 
-// PinsVersions implements DeploymentEngines: the in-process policy and a
-// server that holds each version as an adapter (vLLM's dynamic LoRA)
-// answer as any version; a server whose weights are replaced in place
+// PinsVersions implements DeploymentEngines: a server that holds each
+// version as an adapter (vLLM's dynamic LoRA, the policy's model server)
+// answers as any version; a server whose weights are replaced in place
 // (SGLang's update_weights_from_disk) answers only as the one it holds,
 // so a candidate cannot answer beside the serving version there.
 func (e *Engines) PinsVersions(ctx context.Context, deployment string) (bool, error) {
@@ -95,9 +92,6 @@ type upstreamEngine struct {
 // engine is deployment's engine here (nil: none) and the version its
 // routes serve.
 func (e *Engines) engine(ctx context.Context, deployment string) (c Completer, serving string, err error) {
-	if e.Policy != nil && deployment == e.PolicyModel {
-		return e.Policy, "", nil
-	}
 	if e.DB == nil {
 		return nil, "", nil
 	}
@@ -109,7 +103,7 @@ func (e *Engines) engine(ctx context.Context, deployment string) (c Completer, s
 		return nil, "", fmt.Errorf("engine of %s: %w", deployment, err)
 	}
 	if d.Backend != store.BackendUpstream {
-		return nil, "", nil // another worker's in-process policy
+		return nil, "", nil // a row from before the model server (backend 'policy'): nothing to ask
 	}
 	key := d.Name + "\x00" + string(d.Config)
 	e.mu.Lock()

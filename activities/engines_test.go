@@ -16,16 +16,16 @@ import (
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
+	"github.com/flywheel-ai/flywheel/internal/policytest"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestGatesAnswerOnTheDeploymentsOwnEngine: a release of an upstream
-// deployment is judged on that deployment's server, never on the
-// in-process policy; a deployment no engine here serves is not evaluated,
-// and an upstream is not asked to answer as a weights version it cannot
-// pin.
+// deployment is judged on that deployment's server, never on the policy's
+// model server; a deployment no engine here serves is not evaluated, and
+// an upstream is not asked to answer as a weights version it cannot pin.
 func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
@@ -34,10 +34,11 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	t.Cleanup(srv.Close)
 	_, err := store.CreateUpstreamDeployment(ctx, db, "team", upstream.Settings{BaseURL: srv.URL + "/v1", Model: "served-name"})
 	require.NoError(t, err)
-	seedVersions(t, db, "dep", "dep@v1")
+	policy := policytest.Start(t, db, policytest.Options{Name: "dep"})
+	// A row from before the model server: the policy of a process this
+	// worker cannot reach.
 	require.NoError(t, store.UpsertDeployment(ctx, db, "elsewhere", store.BackendPolicy, nil, ""))
-	policy := &fakeBackend{}
-	r := &Release{DB: db, Backend: &Engines{DB: db, Policy: policy, PolicyModel: "dep"}}
+	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	seedBananaSuite(t, db, "team", "say banana")
 	seedBananaSuite(t, db, "elsewhere", "say banana")
 
@@ -52,9 +53,9 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"], "the fixture echoes the prompt, so it says banana")
 	require.GreaterOrEqual(t, fx.Requests.Load(), int64(30), "the upstream answered the suite")
 	require.Equal(t, "served-name", fx.LastRequest()["model"])
-	require.Empty(t, policy.seen, "the in-process policy was not asked about another model")
+	require.Zero(t, policy.Completions.Load(), "the policy's model server was not asked about another model")
 
-	// Another worker's policy: nothing here can answer for it.
+	// A policy no engine here reaches: nothing can answer for it.
 	in.Deployment, in.Layer, in.Candidate = "elsewhere", workflows.LayerWeights, "elsewhere@v2"
 	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err = r.EvaluateGate(ctx, in)
@@ -62,7 +63,7 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	require.True(t, res.NotEvaluated)
 	require.False(t, res.Passed)
 	require.Contains(t, res.Reason, "no engine on this worker serves this deployment")
-	require.Empty(t, policy.seen)
+	require.Zero(t, policy.Completions.Load())
 
 	// An upstream cannot answer as a weights candidate: that is an error
 	// of the candidate's side, never the serving weights' answer.
@@ -72,7 +73,8 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	resp, err := r.Backend.Complete(ctx, &inference.Request{Model: "dep", Version: "dep@v1",
 		Messages: []inference.Message{{Role: "user", Content: "x"}}})
 	require.NoError(t, err)
-	require.Equal(t, "dep@v1", resp.ModelVersion, "the policy's model goes to the policy")
+	require.Equal(t, "dep@v1", resp.ModelVersion, "the policy's model goes to the policy's model server")
+	require.Equal(t, int64(1), policy.Completions.Load())
 }
 
 // TestWeightsCandidateAnswersAsItsAdapter: an upstream deployment whose

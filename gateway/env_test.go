@@ -17,8 +17,8 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
+	"github.com/flywheel-ai/flywheel/internal/policytest"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -36,11 +36,15 @@ type env struct {
 	keyA    string
 	keyB    string
 	cfg     config.GatewayConfig
+	// policy is the built-in policy on its model server (envOpts.policy).
+	policy *policytest.Policy
 }
 
 type envOpts struct {
-	cfg      func(*config.GatewayConfig)
-	policy   inference.Backend
+	cfg func(*config.GatewayConfig)
+	// policy serves the built-in policy as `flywheel up` does: its model
+	// server, an upstream deployment under policyModel (see withPolicy).
+	policy   bool
 	notifier gateway.Notifier
 	forgets  gateway.ForgetStarter
 	tracer   trace.TracerProvider
@@ -65,13 +69,17 @@ func newEnvTB(t testing.TB, o envOpts) *env {
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
-	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Policy: o.policy, Notifier: o.notifier, Forgets: o.forgets,
+	var policy *policytest.Policy
+	if o.policy {
+		policy = withPolicy(t, pool)
+	}
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: slog.New(slog.DiscardHandler), Notifier: o.notifier, Forgets: o.forgets,
 		TracerProvider: o.tracer, Now: o.now})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })
 	ctx := context.Background()
-	e := &env{t: t, pool: pool, fixture: fx, srv: srv, url: ts.URL, cfg: cfg}
+	e := &env{t: t, pool: pool, fixture: fx, srv: srv, url: ts.URL, cfg: cfg, policy: policy}
 	for _, tenant := range []string{"acme", "globex"} {
 		require.NoError(t, store.EnsureTenant(ctx, pool, tenant))
 		key, err := store.CreateKey(ctx, pool, tenant, "", "test")

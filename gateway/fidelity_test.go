@@ -15,7 +15,7 @@ import (
 // the in-process policy refuses what it cannot honour instead of
 // answering as if it had.
 func TestSamplingParametersReachTheUpstream(t *testing.T) {
-	e := newEnv(t, envOpts{policy: newPolicy(t)})
+	e := newEnv(t, envOpts{policy: true})
 	body := chatBody("hi")
 	body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "answer",
 		"schema": map[string]any{"type": "object"}}}
@@ -139,7 +139,7 @@ func sseChunks(t *testing.T, raw []byte) []map[string]any {
 // and echoes it; count_tokens counts with the backend's own tokenizer
 // what a call with the same body conditions on.
 func TestAnthropicVersionAndCountTokens(t *testing.T) {
-	e := newEnv(t, envOpts{policy: newPolicy(t)})
+	e := newEnv(t, envOpts{policy: true})
 	const version = "2023-06-01"
 	msg := func(model string) map[string]any {
 		return map[string]any{"model": model, "max_tokens": 4, "system": "be brief",

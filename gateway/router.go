@@ -115,14 +115,12 @@ type router struct {
 	dynamic    map[string]inference.Backend // upstream backends built from deployments rows, by config
 }
 
-// newRouter builds the static routes: the in-process policy under its
-// model name, and the configured upstream models with their fallbacks.
-func newRouter(cfg config.GatewayConfig, policy inference.Backend, db store.DBTX, logger *slog.Logger) (*router, error) {
+// newRouter builds the static routes: the configured upstream models with
+// their fallbacks. Every other model, the policy among them (its own model
+// server, an upstream deployment), is routed by its deployments row.
+func newRouter(cfg config.GatewayConfig, db store.DBTX, logger *slog.Logger) (*router, error) {
 	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]upstream.Settings{}, started: time.Now(),
 		db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
-	if policy != nil {
-		r.static[cfg.PolicyModel] = policy
-	}
 	if cfg.UpstreamURL != "" {
 		dialect := upstream.DialectOpenAI
 		if cfg.UpstreamVLLM {

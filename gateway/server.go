@@ -24,7 +24,6 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/gateway/capture"
-	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/trajectory"
 )
 
@@ -38,9 +37,6 @@ const (
 type Deps struct {
 	DB     *pgxpool.Pool
 	Logger *slog.Logger
-	// Policy is the in-process policy backend served under
-	// cfg.PolicyModel; nil when this gateway does not run one.
-	Policy inference.Backend
 	// Notifier delivers session notices; nil: none (the session workflow
 	// reconciles from Postgres).
 	Notifier Notifier
@@ -109,7 +105,7 @@ func New(cfg config.GatewayConfig, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := newRouter(cfg, deps.Policy, deps.DB, deps.Logger)
+	rt, err := newRouter(cfg, deps.DB, deps.Logger)
 	if err != nil {
 		return nil, err
 	}

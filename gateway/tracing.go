@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -57,10 +58,7 @@ const (
 // startSpan opens the call's span once its route is known; the backend
 // call and the capture run under it.
 func (s *Server) startSpan(c *gin.Context, cl *call) {
-	provider := "openai" // an OpenAI-compatible upstream
-	if cl.target.backend == s.deps.Policy && s.deps.Policy != nil {
-		provider = "flywheel"
-	}
+	provider := providerOf(s.cfg, cl.target.deployment)
 	attrs := []attribute.KeyValue{
 		attribute.String(attrOperation, "chat"), attribute.String(attrProvider, provider),
 		attribute.String(attrRequestModel, cl.req.Model), attribute.String(attrResponseID, cl.completionID),
@@ -82,6 +80,16 @@ func (s *Server) startSpan(c *gin.Context, cl *call) {
 	cl.span = span
 	// Before any byte of a stream goes out.
 	propagator.Inject(ctx, propagation.HeaderCarrier(c.Writer.Header()))
+}
+
+// providerOf names the GenAI provider of a deployment: the policy model
+// (config's policy_model, served by Flywheel's own model server) is
+// "flywheel"; every other deployment is an OpenAI-compatible upstream.
+func providerOf(cfg config.GatewayConfig, deployment string) string {
+	if deployment == cfg.PolicyModel {
+		return "flywheel"
+	}
+	return "openai"
 }
 
 // endSpan records what the call produced (and a capture that failed) and

@@ -17,7 +17,7 @@ import (
 func TestModelCallSpans(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	e := newEnv(t, envOpts{tracer: tp})
+	e := newEnv(t, envOpts{tracer: tp, policy: true})
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	parent := "00-" + traceID + "-" + parentID + "-01"
 
@@ -69,4 +69,18 @@ func TestModelCallSpans(t *testing.T) {
 		}
 	}
 	require.Equal(t, "upstream_error", errType)
+
+	// The policy deployment, on Flywheel's own model server, is Flywheel's.
+	st, _, raw = e.do("POST", "/v1/chat/completions", e.keyA, map[string]any{"model": policyModel, "max_tokens": 2,
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}})
+	require.Equal(t, 200, st, string(raw))
+	spans = rec.Ended()
+	require.Len(t, spans, 3)
+	var provider string
+	for _, a := range spans[2].Attributes() {
+		if a.Key == "gen_ai.provider.name" {
+			provider = a.Value.AsString()
+		}
+	}
+	require.Equal(t, "flywheel", provider)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/policytest"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
@@ -38,15 +39,18 @@ const policyName = "flywheel-policy"
 
 // stack is the real thing on the real services: Postgres, a Temporal dev
 // server, a worker with Flywheel's workflows and activities, and the
-// gateway serving the in-process policy.
+// gateway serving the policy from its model server, as `flywheel up` does.
 type stack struct {
-	t      *testing.T
-	pool   *pgxpool.Pool
-	tc     client.Client
-	engine *trainer.Engine
-	v1     *trainer.Model
-	url    string
-	key    string
+	t    *testing.T
+	pool *pgxpool.Pool
+	tc   client.Client
+	// policy is the policy's model server and deployment; engines are the
+	// gates' engines, which reach it over HTTP.
+	policy  *policytest.Policy
+	engines *activities.Engines
+	v1      *trainer.Model
+	url     string
+	key     string
 	// dir holds checkpoints and batch files, shared by the control plane
 	// and the trainer workers as a deployment's volume would be.
 	dir string
@@ -61,12 +65,10 @@ func newStack(t *testing.T) *stack {
 
 	m, err := trainer.NewModel(trainer.ModelConfig{Context: 512, Layers: 1, Heads: 2, DModel: 32}, 3)
 	require.NoError(t, err)
-	engine, err := trainer.NewEngine(m, 1, trainer.EngineConfig{Name: policyName, Logger: logger})
-	require.NoError(t, err)
-	v1 := store.VersionID(policyName, 1)
-	require.NoError(t, store.UpsertDeployment(ctx, pool, policyName, "policy", nil, v1))
-	_, err = pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'serving')`, v1, policyName)
-	require.NoError(t, err)
+	dir := t.TempDir()
+	// v1 serves; its checkpoint is where the trainers' go, so that a
+	// trainer can go back to it.
+	policy := policytest.Start(t, pool, policytest.Options{Name: policyName, Base: m, Version: 1, Dir: filepath.Join(dir, "checkpoints")})
 	// A held-out suite, so that releases can promote. The tiny random
 	// policy answers noise, so no version passes any of it: equal
 	// versions tie, which is all these tests need of the regression gate
@@ -83,10 +85,9 @@ func newStack(t *testing.T) *stack {
 
 	red, err := redact.New(redact.Options{})
 	require.NoError(t, err)
-	dir := t.TempDir()
 	// Gates answer on each deployment's own engine, as cmd/flywheel wires
-	// them: the policy in process, an upstream through its server.
-	engines := &activities.Engines{DB: pool, Policy: engine, PolicyModel: policyName, Timeout: 10 * time.Second}
+	// them: the policy's on its model server.
+	engines := &activities.Engines{DB: pool, Timeout: 10 * time.Second}
 	for _, q := range []string{workflows.TaskQueue, workflows.SessionTaskQueue} {
 		w := tworker.New(tc, q, tworker.Options{})
 		register(w, pool, red, engines, tc, dir)
@@ -98,14 +99,14 @@ func newStack(t *testing.T) *stack {
 	cfg.RateLimitRPS = 0
 	cfg.NotifyInterval = 50 * time.Millisecond
 	notifier := gateway.NewTemporalNotifier(tc, cfg.NotifyInterval, logger)
-	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: logger, Policy: engine, Notifier: notifier})
+	srv, err := gateway.New(cfg, gateway.Deps{DB: pool, Logger: logger, Notifier: notifier})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })
 	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
 	key, err := store.CreateKey(ctx, pool, "acme", "", "test")
 	require.NoError(t, err)
-	return &stack{t: t, pool: pool, tc: tc, engine: engine, v1: m, url: ts.URL, key: key, dir: dir}
+	return &stack{t: t, pool: pool, tc: tc, policy: policy, engines: engines, v1: m, url: ts.URL, key: key, dir: dir}
 }
 
 // trainerWorker is a trainer worker of the trainer protocol: it takes
@@ -240,10 +241,8 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	// offline gates tie), but users dislike what it serves: the steady
 	// client below rewards the candidate's sessions 0 and the serving
 	// version's 1. Only the live canary can tell them apart.
-	require.NoError(t, s.engine.Publish(s.v1.Clone(), 2))
-	v1, v2 := store.VersionID(policyName, 1), store.VersionID(policyName, 2)
-	_, err := s.pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ($1, $2, $3, 'candidate')`, v2, policyName, v1)
-	require.NoError(t, err)
+	// The release's weight sync loads it into the model server.
+	v1, v2 := s.policy.Serving, s.policy.Candidate(s.v1.Clone(), 2)
 
 	var (
 		stop             atomic.Bool
@@ -330,7 +329,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 // TestIntegrationWatchdogRollsBack runs the WatchdogWorkflow on the real
 // services: the held-out suite is what v1 answers, v2 (other weights)
 // slipped into serving without the gates, and the watchdog, measuring both
-// on the in-process policy, rolls back to v1 and records it.
+// on the policy's model server, rolls back to v1 and records it.
 func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -338,7 +337,7 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	zero := 0.0
 	for i := 0; len(items) < 60 && i < 2000; i++ {
 		q := fmt.Sprintf("question %d", i)
-		resp, err := s.engine.Complete(ctx, &inference.Request{Messages: []inference.Message{{Role: inference.RoleUser, Content: q}},
+		resp, err := s.engines.Complete(ctx, &inference.Request{Model: policyName, Messages: []inference.Message{{Role: inference.RoleUser, Content: q}},
 			Temperature: &zero, MaxTokens: 8, Version: store.VersionID(policyName, 1)})
 		require.NoError(t, err)
 		if a := store.ValidText(resp.Message.Content); strings.TrimSpace(a) != "" {
@@ -364,10 +363,8 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 
 	other, err := trainer.NewModel(s.v1.Config, 99)
 	require.NoError(t, err)
-	require.NoError(t, s.engine.Publish(other, 2))
-	v1, v2 := store.VersionID(policyName, 1), store.VersionID(policyName, 2)
-	_, err = s.pool.Exec(ctx, `INSERT INTO model_versions (id, deployment, parent_version, status) VALUES ($1, $2, $3, 'candidate')`, v2, policyName, v1)
-	require.NoError(t, err)
+	v1, v2 := s.policy.Serving, s.policy.Candidate(other, 2)
+	s.policy.Load(v2) // as a release's sync would have
 	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, WorkflowID: "forced"})
 	require.NoError(t, err)
 	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, workflows.ReleasePromoted, "forced past the gates"))
@@ -389,7 +386,7 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 func TestIntegrationTrainingLoop(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
 	require.NoError(t, err)
 	tw := s.trainerWorker(local, 200*time.Millisecond)
 	require.NoError(t, tw.Start())
@@ -435,14 +432,10 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	// v1's checkpoint is stored, as the policy's base is, so that the
-	// trainer can go back to it.
-	ckpt := trainer.CheckpointDir{Dir: filepath.Join(s.dir, "checkpoints", policyName)}
-	path, err := ckpt.Save(s.v1, 1, nil)
-	require.NoError(t, err)
-	_, err = s.pool.Exec(ctx, `UPDATE model_versions SET checkpoint_path = $1 WHERE id = $2`, path, store.VersionID(policyName, 1))
-	require.NoError(t, err)
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	// v1's checkpoint is stored (newStack), so that the trainer can go
+	// back to it.
+	ckpt := s.policy.Checkpoints
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
 	require.NoError(t, err)
 	tw := s.trainerWorker(local, 200*time.Millisecond)
 	require.NoError(t, tw.Start())
@@ -618,7 +611,7 @@ func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
 	s.queueSamples(4)
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
 	require.NoError(t, err)
 	hang := &hangingTrainer{TrainStepper: local, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(hang.release) })
