@@ -197,6 +197,12 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 	}()
 	weights := &activities.Release{DB: pool, Logger: logger}
 	out, err := weights.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: pol.name})
+	if err != nil && ctx.Err() != nil {
+		// Stopped while loading: a shutdown, not a failure. (The server
+		// answers from its saved state already, so a caller may have seen
+		// it ready and stopped it.)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("model server: load the routed versions: %w", err)
 	}
