@@ -236,6 +236,13 @@ func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput)
 		return workflows.TrainBatchOutput{}, bad("%v", err)
 	}
 	batch := &trainer.Batch{Objective: in.Algo.Objective, Version: out}
+	if eta := in.Algo.MaxStaleness; eta != 0 {
+		// The deployment's η, which the claim applied too: the trainer's
+		// own default would drop a batch the loop meant to train, and the
+		// loop would claim the same samples again for ever. 0 is an input
+		// from before η was sent (withDefaults never leaves it 0).
+		batch.MaxStaleness = &eta
+	}
 	if m := in.Algo.Masks; m != nil {
 		batch.Masks = &trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
 	}
