@@ -62,7 +62,8 @@ type Training struct {
 	// per-task running baseline of singleton samples. Default: the
 	// trainer's defaults (GRPO's (r − mean)/std, rate 0.1).
 	Advantage trainer.AdvantageConfig
-	// HeartbeatEvery is how often a running step heartbeats. Default 10s.
+	// HeartbeatEvery is how often a running step heartbeats. Default 10s,
+	// and never slower than a third of the step's heartbeat timeout.
 	HeartbeatEvery time.Duration
 	Logger         *slog.Logger
 }
@@ -249,7 +250,7 @@ func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput)
 	for _, r := range rows {
 		batch.Samples = append(batch.Samples, sampleOf(r))
 	}
-	stop := t.heartbeatWhile(ctx, in.RunID)
+	stop := heartbeatWhile(ctx, t.HeartbeatEvery, func() any { return in.RunID })
 	res, err := t.Trainer.TrainStep(ctx, batch)
 	stop()
 	if err != nil {
@@ -510,35 +511,6 @@ func (t *Training) ResetTrainer(ctx context.Context, in workflows.ResetTrainerIn
 // deployment, so a serving engine can load any version on demand.
 func (t *Training) checkpointPath(deployment string, version int64) string {
 	return trainer.CheckpointDir{Dir: filepath.Join(t.CheckpointDir, deployment)}.Path(version)
-}
-
-// heartbeatWhile heartbeats until the returned stop is called, so a long
-// step on a dead worker is noticed within the heartbeat timeout.
-func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
-	every := t.HeartbeatEvery
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	done := make(chan struct{})
-	heartbeat(ctx, runID)
-	go func() {
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				// Cancelled (the worker is stopping): heartbeats stop, so
-				// the server hands the step to another worker even if
-				// this one never returns.
-				return
-			case <-tick.C:
-				heartbeat(ctx, runID)
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // rowOf is a claimed sample as a batch row: every completion token trains,

@@ -469,3 +469,10 @@ func TestTrainBatchUsesTheStepsEta(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, out.Samples)
 }
+
+func TestHeartbeatIntervalBeatsWithinTheTimeout(t *testing.T) {
+	require.Equal(t, 10*time.Second, heartbeatInterval(0, 0), "no timeout: the default")
+	require.Equal(t, 10*time.Second, heartbeatInterval(0, time.Minute))
+	require.Equal(t, time.Second, heartbeatInterval(0, 3*time.Second), "a third of a short timeout")
+	require.Equal(t, 200*time.Millisecond, heartbeatInterval(200*time.Millisecond, time.Minute), "a shorter interval stands")
+}
