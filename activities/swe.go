@@ -80,6 +80,13 @@ func (a *SWEActivities) log() *slog.Logger {
 	return slog.Default()
 }
 
+// sandboxGone is a step or grade whose sandbox does not exist (any more):
+// retrying cannot bring it back, but the rollout can start again in a
+// new one.
+func sandboxGone(err error) error {
+	return temporal.NewNonRetryableApplicationError(err.Error(), workflows.SWESandboxGoneError, err)
+}
+
 func badInput(msg string, err error) error {
 	return temporal.NewNonRetryableApplicationError(msg, "BadInput", err)
 }
@@ -149,7 +156,7 @@ func (a *SWEActivities) Step(ctx context.Context, in workflows.SWEStepInput) (wo
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEStepOutput{}, badInput(err.Error(), err)
+		return workflows.SWEStepOutput{}, sandboxGone(err)
 	}
 	if err != nil {
 		return workflows.SWEStepOutput{}, err
@@ -194,7 +201,7 @@ func (a *SWEActivities) Grade(ctx context.Context, in workflows.SWEGradeInput) (
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEGradeOutput{}, badInput(err.Error(), err)
+		return workflows.SWEGradeOutput{}, sandboxGone(err)
 	}
 	if err != nil {
 		return workflows.SWEGradeOutput{}, err
