@@ -43,6 +43,7 @@ type stack struct {
 	gatewayAddr           string
 	modelAddr             string // up's own model server, which nothing asks
 	up                    *child
+	upPids                []int // of every up started, whose sandboxes close removes
 	// ms is `flywheel model-server` on msAddr: the policy's engine, which
 	// up's gateway and workers reach there (--model-server-url), as in
 	// docker-compose.yml, so a fault can kill it alone.
@@ -363,6 +364,7 @@ func (s *stack) startUp(ctx context.Context) error {
 		return err
 	}
 	s.up = cmd
+	s.upPids = append(s.upPids, cmd.pid())
 	// The first start builds the policy's base.
 	return cmd.await(ctx, "flywheel up", 5*time.Minute, func() bool {
 		resp, err := http.Get("http://" + s.gatewayAddr + "/readyz")
@@ -462,6 +464,7 @@ func (s *stack) close(keep bool) {
 	for _, c := range []*child{s.trainer, s.up, s.ms} {
 		c.stop()
 	}
+	removeSandboxesOf(s.upPids)
 	_ = s.temporal.kill()
 	if s.pgData != "" {
 		_ = run(s.pgCmd("pg_ctl", "-D", s.pgData, "-m", "fast", "-w", "stop"))

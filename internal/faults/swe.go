@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	enumspb "go.temporal.io/api/enums/v1"
 	tclient "go.temporal.io/sdk/client"
@@ -223,21 +224,53 @@ func rootCause(err error) string {
 	}
 }
 
+// removeSandboxesOf removes the sandbox containers processes pids own:
+// what a worker killed with no drain (or dumped by --keep's SIGQUIT) left
+// and no janitor of a later worker of the run removed. Best effort: no
+// Docker, nothing to do.
+func removeSandboxesOf(pids []int) {
+	if len(pids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli, err := sandbox.Connect(ctx, "")
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	for _, pid := range pids {
+		list, err := listSandboxesOf(ctx, cli, pid)
+		if err != nil {
+			return
+		}
+		for _, c := range list {
+			_, _ = cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		}
+	}
+}
+
 // sandboxesOf counts the sandbox containers (running or not) owned by
 // process pid on this host (sandbox.OwnerID: "host/pid/nonce").
 func sandboxesOf(ctx context.Context, cli *client.Client, pid int) (int, error) {
+	list, err := listSandboxesOf(ctx, cli, pid)
+	return len(list), err
+}
+
+// listSandboxesOf lists them.
+func listSandboxesOf(ctx context.Context, cli *client.Client, pid int) ([]container.Summary, error) {
 	host, _ := os.Hostname()
 	prefix := host + "/" + strconv.Itoa(pid) + "/"
 	list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
 		Filters: make(client.Filters).Add("label", sandbox.LabelManaged+"=1").Add("label", sandbox.LabelKind+"=sandbox")})
 	if err != nil {
-		return 0, fmt.Errorf("list sandboxes: %w", err)
+		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
-	n := 0
+	var out []container.Summary
 	for _, c := range list.Items {
 		if strings.HasPrefix(c.Labels[sandbox.LabelOwner], prefix) {
-			n++
+			out = append(out, c)
 		}
 	}
-	return n, nil
+	return out, nil
 }
