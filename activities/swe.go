@@ -57,7 +57,8 @@ type SWEActivities struct {
 	// PoolSize keeps this many warm sandboxes per task image once a task has
 	// been used; 0 disables pools.
 	PoolSize int
-	// HeartbeatEvery is how often long activities heartbeat; default 10s.
+	// HeartbeatEvery is how often long activities heartbeat; default 10s,
+	// and never slower than a third of the activity's heartbeat timeout.
 	HeartbeatEvery time.Duration
 	Logger         *slog.Logger
 }
@@ -79,34 +80,20 @@ func (a *SWEActivities) log() *slog.Logger {
 	return slog.Default()
 }
 
+// sandboxGone is a step or grade whose sandbox does not exist (any more):
+// retrying cannot bring it back, but the rollout can start again in a
+// new one.
+func sandboxGone(err error) error {
+	return temporal.NewNonRetryableApplicationError(err.Error(), workflows.SWESandboxGoneError, err)
+}
+
 func badInput(msg string, err error) error {
 	return temporal.NewNonRetryableApplicationError(msg, "BadInput", err)
 }
 
-// heartbeatWhile heartbeats every HeartbeatEvery until the returned stop is
-// called, so a long build, agent run or test run is not mistaken for a dead
-// worker.
+// heartbeatWhile heartbeats detail() until the returned stop is called.
 func (a *SWEActivities) heartbeatWhile(ctx context.Context, detail func() any) (stop func()) {
-	every := a.HeartbeatEvery
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				activity.RecordHeartbeat(ctx, detail())
-			}
-		}
-	}()
-	return func() { close(done) }
+	return heartbeatWhile(ctx, a.HeartbeatEvery, detail)
 }
 
 // CreateSessions opens the gateway sessions of a rollout or a group.
@@ -169,7 +156,7 @@ func (a *SWEActivities) Step(ctx context.Context, in workflows.SWEStepInput) (wo
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEStepOutput{}, badInput(err.Error(), err)
+		return workflows.SWEStepOutput{}, sandboxGone(err)
 	}
 	if err != nil {
 		return workflows.SWEStepOutput{}, err
@@ -214,7 +201,7 @@ func (a *SWEActivities) Grade(ctx context.Context, in workflows.SWEGradeInput) (
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEGradeOutput{}, badInput(err.Error(), err)
+		return workflows.SWEGradeOutput{}, sandboxGone(err)
 	}
 	if err != nil {
 		return workflows.SWEGradeOutput{}, err

@@ -63,7 +63,8 @@ type Training struct {
 	// per-task running baseline of singleton samples. Default: the
 	// trainer's defaults (GRPO's (r − mean)/std, rate 0.1).
 	Advantage trainer.AdvantageConfig
-	// HeartbeatEvery is how often a running step heartbeats. Default 10s.
+	// HeartbeatEvery is how often a running step heartbeats. Default 10s,
+	// and never slower than a third of the step's heartbeat timeout.
 	HeartbeatEvery time.Duration
 	Logger         *slog.Logger
 }
@@ -240,13 +241,20 @@ func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput)
 		return workflows.TrainBatchOutput{}, bad("%v", err)
 	}
 	batch := &trainer.Batch{Objective: in.Algo.Objective, Version: out}
+	if eta := in.Algo.MaxStaleness; eta != 0 {
+		// The deployment's η, which the claim applied too: the trainer's
+		// own default would drop a batch the loop meant to train, and the
+		// loop would claim the same samples again for ever. 0 is an input
+		// from before η was sent (withDefaults never leaves it 0).
+		batch.MaxStaleness = &eta
+	}
 	if m := in.Algo.Masks; m != nil {
 		batch.Masks = &trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
 	}
 	for _, r := range rows {
 		batch.Samples = append(batch.Samples, sampleOf(r))
 	}
-	stop := t.heartbeatWhile(ctx, in.RunID)
+	stop := heartbeatWhile(ctx, t.HeartbeatEvery, func() any { return in.RunID })
 	res, err := t.Trainer.TrainStep(ctx, batch)
 	stop()
 	if err != nil {
@@ -507,35 +515,6 @@ func (t *Training) ResetTrainer(ctx context.Context, in workflows.ResetTrainerIn
 // deployment, so a serving engine can load any version on demand.
 func (t *Training) checkpointPath(deployment string, version int64) string {
 	return trainer.CheckpointDir{Dir: filepath.Join(t.CheckpointDir, deployment)}.Path(version)
-}
-
-// heartbeatWhile heartbeats until the returned stop is called, so a long
-// step on a dead worker is noticed within the heartbeat timeout.
-func (t *Training) heartbeatWhile(ctx context.Context, runID int64) func() {
-	every := t.HeartbeatEvery
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	done := make(chan struct{})
-	heartbeat(ctx, runID)
-	go func() {
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				// Cancelled (the worker is stopping): heartbeats stop, so
-				// the server hands the step to another worker even if
-				// this one never returns.
-				return
-			case <-tick.C:
-				heartbeat(ctx, runID)
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // rowOf is a claimed sample as a batch row: every completion token trains,

@@ -442,3 +442,43 @@ func rowsOf(t *testing.T, tb workflows.TrainBatchInput) []parquetbatch.Row {
 	require.NoError(t, err)
 	return rows
 }
+
+// TestTrainBatchUsesTheStepsEta: a trainer holding weights steps past
+// its samples' behaviour version trains them when the step's η allows it.
+// With its own default η (4) it refused a batch the loop had claimed under
+// the deployment's η, failing that step and every later claim of the same
+// samples.
+func TestTrainBatchUsesTheStepsEta(t *testing.T) {
+	dir := t.TempDir()
+	rows := make([]parquetbatch.Row, 2)
+	for i := range rows {
+		rows[i] = parquetbatch.Row{SampleID: int64(i + 1), TenantID: "acme", SessionID: fmt.Sprint("s", i), TaskID: "t",
+			PromptIDs: []int32{'h', 'i'}, CompletionIDs: []int32{'y', 'o'}, LossMask: []uint8{1, 1},
+			Logprobs: []float32{-1, -1}, Versions: []int64{0, 0}, Reward: float64(i), Advantage: float64(2*i - 1)}
+	}
+	path := filepath.Join(dir, "batch.parquet")
+	require.NoError(t, parquetbatch.Write(path, nil, rows))
+	step := func(eta int, out string) (workflows.TrainBatchOutput, error) {
+		// The trainer holds v6: its samples, taken from v0, are 6 steps stale.
+		acts := &Training{Trainer: newLocalTrainer(t, 6)}
+		return acts.TrainBatch(context.Background(), workflows.TrainBatchInput{Protocol: workflows.TrainerProtocol, Deployment: "dep",
+			Batch:  workflows.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows)},
+			Output: workflows.OutputRef{Version: out, Dir: filepath.Join(dir, "ckpt")},
+			Algo:   workflows.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, MaxStaleness: eta}})
+	}
+	_, err := step(0, "dep@v7")
+	require.ErrorContains(t, err, "staler than η=4", "0: the trainer's own η")
+	out, err := step(-1, "dep@v8")
+	require.NoError(t, err, "the deployment's η (no bound) decides")
+	require.Equal(t, 2, out.Samples)
+	out, err = step(8, "dep@v9")
+	require.NoError(t, err)
+	require.Equal(t, 2, out.Samples)
+}
+
+func TestHeartbeatIntervalBeatsWithinTheTimeout(t *testing.T) {
+	require.Equal(t, 10*time.Second, heartbeatInterval(0, 0), "no timeout: the default")
+	require.Equal(t, 10*time.Second, heartbeatInterval(0, time.Minute))
+	require.Equal(t, time.Second, heartbeatInterval(0, 3*time.Second), "a third of a short timeout")
+	require.Equal(t, 200*time.Millisecond, heartbeatInterval(200*time.Millisecond, time.Minute), "a shorter interval stands")
+}

@@ -56,6 +56,9 @@ type Batch struct {
 	// plane reserves it); 0: the next after every id this trainer has
 	// handed out.
 	Version int64 `json:"version,omitempty"`
+	// MaxStaleness, when set, replaces the trainer's η for this batch (the
+	// deployment's training policy; negative: no bound).
+	MaxStaleness *int `json:"max_staleness,omitempty"`
 }
 
 // Masks are the token masks of the off-policy correction: IcePop drops

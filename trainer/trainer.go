@@ -210,7 +210,11 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	start := time.Now()
 	c := l.model.Config
 	cur := l.depthOf(l.version)
-	samples, res, err := PrepareStep(b, c, func(v int64) int64 { return cur - l.depthOf(v) }, l.cfg, l.base)
+	cfg := l.cfg
+	if b != nil && b.MaxStaleness != nil {
+		cfg.MaxStaleness = *b.MaxStaleness
+	}
+	samples, res, err := PrepareStep(b, c, func(v int64) int64 { return cur - l.depthOf(v) }, cfg, l.base)
 	if err != nil {
 		return res, err
 	}

@@ -652,3 +652,57 @@ func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
 	require.Equal(t, 1, trained)
 	require.Equal(t, int64(2), local.Version(), "the batch trained once")
 }
+
+// slowTrainer takes its time over every step, as a real batch does.
+type slowTrainer struct {
+	activities.TrainStepper
+	d time.Duration
+}
+
+func (s slowTrainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error) {
+	select {
+	case <-time.After(s.d):
+	case <-ctx.Done():
+		return trainer.StepResult{}, ctx.Err()
+	}
+	return s.TrainStepper.TrainStep(ctx, b)
+}
+
+// TestIntegrationTrainStepLongerThanItsHeartbeatTimeout: a live trainer
+// worker beats within the step's heartbeat timeout, however short the
+// deployment sets it. At the fixed 10 s it beat before, a 1 s timeout
+// took every step longer than that for a dead worker's: the server timed
+// the attempt out while it trained, and the retry answered with the
+// checkpoint the orphaned attempt went on to write.
+func TestIntegrationTrainStepLongerThanItsHeartbeatTimeout(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	s.queueSamples(4)
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	require.NoError(t, err)
+	w := s.trainerWorker(slowTrainer{TrainStepper: local, d: 2500 * time.Millisecond}, 0) // the default interval
+	require.NoError(t, w.Start())
+	t.Cleanup(w.Stop)
+
+	id := workflows.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
+		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+			StepHeartbeatTimeout: time.Second, NoRelease: true}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
+
+	v2 := store.VersionID(policyName, 2)
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v2).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 200*time.Millisecond, "the step trains on the worker that runs it")
+	var runs, trained int
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'trained') FROM training_runs`).Scan(&runs, &trained))
+	require.Equal(t, 1, runs)
+	require.Equal(t, 1, trained)
+	var resumed string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT metrics->>'resumed' FROM model_versions WHERE id = $1`, v2).Scan(&resumed))
+	require.Equal(t, "false", resumed, "the first attempt answered; no retry found its checkpoint after it timed out")
+}

@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,6 +28,14 @@ const (
 	SWERewardSource = "swe-grader"
 	// SWEMaxGroupSize bounds G in one group workflow.
 	SWEMaxGroupSize = 64
+
+	// SWESandboxGoneError is the error type of a step or grade whose
+	// sandbox no longer exists: its worker died and the janitor of the
+	// restarted one removed the dead process's containers. The rollout
+	// starts again in a new sandbox.
+	SWESandboxGoneError = "SandboxGone"
+	// sweMaxSandboxes bounds the sandboxes one rollout goes through.
+	sweMaxSandboxes = 3
 )
 
 // SWERolloutInput starts one rollout of one task.
@@ -200,49 +209,29 @@ func (r *sweRollout) run(ctx workflow.Context) (SWERolloutResult, error) {
 		r.res.SessionID = sess.SessionIDs[0]
 	}
 
-	// Acquiring may build the task image on a cold worker.
-	acqOpts := sweShortOptions()
-	acqOpts.StartToCloseTimeout = 15 * time.Minute
-	acqOpts.HeartbeatTimeout = time.Minute
-	var acq SWEAcquireOutput
-	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, acqOpts), SWEAcquireActivity, SWEAcquireInput{TaskID: r.in.TaskID}).Get(ctx, &acq); err != nil {
-		return r.res, fmt.Errorf("acquire sandbox: %w", err)
-	}
-	r.res.SandboxID = acq.SandboxID
 	defer func() {
 		// Release even when the workflow is cancelled or a later step failed.
-		dctx, _ := workflow.NewDisconnectedContext(ctx)
-		dctx = workflow.WithActivityOptions(dctx, sweShortOptions())
-		if err := workflow.ExecuteActivity(dctx, SWEReleaseActivity, SWEReleaseInput{SandboxID: acq.SandboxID}).Get(dctx, nil); err != nil {
-			log.Warn("sandbox release failed; the janitor will remove it", "SandboxID", acq.SandboxID, "Error", err)
-		}
+		r.release(ctx, r.res.SandboxID)
 	}()
-
-	wall := r.in.MaxWallTime
-	if wall == 0 {
-		wall = sweDefaultWallTime
-	}
-	stepOpts := sweShortOptions()
-	stepOpts.StartToCloseTimeout = wall + 2*time.Minute
-	stepOpts.HeartbeatTimeout = 2 * time.Minute
-	// The agent's edits live in the sandbox; a retried step continues from
-	// them, which is what a person would do after a crash too.
-	stepOpts.RetryPolicy.MaximumAttempts = 2
-	var step SWEStepOutput
-	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, stepOpts), SWEStepActivity, SWEStepInput{
-		TaskID: r.in.TaskID, SandboxID: acq.SandboxID, SessionID: r.res.SessionID, Model: r.in.Model,
-		MaxToolCalls: r.in.MaxToolCalls, MaxWallTime: wall,
-	}).Get(ctx, &step); err != nil {
-		return r.res, fmt.Errorf("agent step: %w", err)
-	}
-	r.res.StopReason, r.res.ToolCalls = step.StopReason, step.ToolCalls
-
-	gradeOpts := sweShortOptions()
-	gradeOpts.StartToCloseTimeout = 10 * time.Minute
-	gradeOpts.HeartbeatTimeout = time.Minute
 	var grade SWEGradeOutput
-	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, gradeOpts), SWEGradeActivity, SWEGradeInput{TaskID: r.in.TaskID, SandboxID: acq.SandboxID}).Get(ctx, &grade); err != nil {
-		return r.res, fmt.Errorf("grade: %w", err)
+	for n := 1; ; n++ {
+		var err error
+		grade, err = r.attempt(ctx)
+		var gone *temporal.ApplicationError
+		if err == nil || !errors.As(err, &gone) || gone.Type() != SWESandboxGoneError {
+			if err != nil {
+				return r.res, err
+			}
+			break
+		}
+		// Its edits went with it; the agent starts over in a new sandbox,
+		// under the same session.
+		if workflow.GetVersion(ctx, sweChangeReacquire, workflow.DefaultVersion, 1) < 1 || n >= sweMaxSandboxes {
+			return r.res, err
+		}
+		log.Warn("sandbox gone; the rollout starts again in a new one", "TaskID", r.in.TaskID, "SandboxID", r.res.SandboxID, "Error", err)
+		r.release(ctx, r.res.SandboxID)
+		r.res.SandboxID = ""
 	}
 	r.res.Reward, r.res.Passed, r.res.Total = grade.Reward, grade.Passed, grade.Total
 	r.res.FailToPass, r.res.PassToPass = grade.FailToPass, grade.PassToPass
@@ -251,8 +240,64 @@ func (r *sweRollout) run(ctx workflow.Context) (SWERolloutResult, error) {
 	if err := workflow.ExecuteActivity(short, SWERecordRewardActivity, SWERecordRewardInput{SessionID: r.res.SessionID, Reward: grade.Reward, TaskID: r.in.TaskID}).Get(ctx, nil); err != nil {
 		return r.res, fmt.Errorf("record reward: %w", err)
 	}
-	log.Info("swe rollout finished", "TaskID", r.in.TaskID, "SessionID", r.res.SessionID, "Reward", grade.Reward, "StopReason", step.StopReason)
+	log.Info("swe rollout finished", "TaskID", r.in.TaskID, "SessionID", r.res.SessionID, "Reward", grade.Reward, "StopReason", r.res.StopReason)
 	return r.res, nil
+}
+
+// release gives a sandbox back (the janitor removes what it cannot).
+func (r *sweRollout) release(ctx workflow.Context, id string) {
+	if id == "" {
+		return
+	}
+	dctx, _ := workflow.NewDisconnectedContext(ctx)
+	dctx = workflow.WithActivityOptions(dctx, sweShortOptions())
+	if err := workflow.ExecuteActivity(dctx, SWEReleaseActivity, SWEReleaseInput{SandboxID: id}).Get(dctx, nil); err != nil {
+		workflow.GetLogger(ctx).Warn("sandbox release failed; the janitor will remove it", "SandboxID", id, "Error", err)
+	}
+}
+
+// attempt acquires a sandbox (r.res.SandboxID, which run releases), lets
+// the agent work in it and grades it.
+func (r *sweRollout) attempt(ctx workflow.Context) (SWEGradeOutput, error) {
+	// Acquiring may build the task image on a cold worker.
+	acqOpts := sweShortOptions()
+	acqOpts.StartToCloseTimeout = 15 * time.Minute
+	acqOpts.HeartbeatTimeout = time.Minute
+	var acq SWEAcquireOutput
+	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, acqOpts), SWEAcquireActivity, SWEAcquireInput{TaskID: r.in.TaskID}).Get(ctx, &acq); err != nil {
+		return SWEGradeOutput{}, fmt.Errorf("acquire sandbox: %w", err)
+	}
+	r.res.SandboxID = acq.SandboxID
+
+	wall := r.in.MaxWallTime
+	if wall == 0 {
+		wall = sweDefaultWallTime
+	}
+	stepOpts := sweShortOptions()
+	stepOpts.StartToCloseTimeout = wall + 2*time.Minute
+	// The step heartbeats every 10 s whatever the agent does, so a dead
+	// worker's step is retried after 30 s, not 2 minutes.
+	stepOpts.HeartbeatTimeout = 30 * time.Second
+	// The agent's edits live in the sandbox; a retried step continues from
+	// them, which is what a person would do after a crash too.
+	stepOpts.RetryPolicy.MaximumAttempts = 2
+	var step SWEStepOutput
+	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, stepOpts), SWEStepActivity, SWEStepInput{
+		TaskID: r.in.TaskID, SandboxID: acq.SandboxID, SessionID: r.res.SessionID, Model: r.in.Model,
+		MaxToolCalls: r.in.MaxToolCalls, MaxWallTime: wall,
+	}).Get(ctx, &step); err != nil {
+		return SWEGradeOutput{}, fmt.Errorf("agent step: %w", err)
+	}
+	r.res.StopReason, r.res.ToolCalls = step.StopReason, step.ToolCalls
+
+	gradeOpts := sweShortOptions()
+	gradeOpts.StartToCloseTimeout = 10 * time.Minute
+	gradeOpts.HeartbeatTimeout = time.Minute
+	var grade SWEGradeOutput
+	if err := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, gradeOpts), SWEGradeActivity, SWEGradeInput{TaskID: r.in.TaskID, SandboxID: acq.SandboxID}).Get(ctx, &grade); err != nil {
+		return SWEGradeOutput{}, fmt.Errorf("grade: %w", err)
+	}
+	return grade, nil
 }
 
 // SWEGroupWorkflow runs G rollouts of one task in parallel as child
@@ -312,3 +357,7 @@ func RegisterSWEWorkflows(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(SWERolloutWorkflow, workflow.RegisterOptions{Name: SWERolloutWorkflowName})
 	r.RegisterWorkflowWithOptions(SWEGroupWorkflow, workflow.RegisterOptions{Name: SWEGroupWorkflowName})
 }
+
+// sweChangeReacquire: a rollout whose sandbox is gone (SandboxGone)
+// starts again in a new one instead of failing.
+const sweChangeReacquire = "swe-reacquire-gone-sandbox"

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -20,6 +21,10 @@ type sweStubs struct {
 	released []string
 	rewards  map[string]float64
 	failStep map[string]bool // by session id
+	// goneSteps steps answer that their sandbox is gone, as after a
+	// worker died, before the next ones work.
+	goneSteps int
+	acquired  int
 }
 
 func (s *sweStubs) record(name string) {
@@ -39,12 +44,23 @@ func (s *sweStubs) register(env *testsuite.TestWorkflowEnvironment) {
 	}, activity.RegisterOptions{Name: SWECreateSessionsActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEAcquireInput) (SWEAcquireOutput, error) {
 		s.record("acquire")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acquired++; s.acquired > 1 {
+			return SWEAcquireOutput{SandboxID: fmt.Sprintf("sb-%s-%d", in.TaskID, s.acquired)}, nil
+		}
 		return SWEAcquireOutput{SandboxID: "sb-" + in.TaskID}, nil
 	}, activity.RegisterOptions{Name: SWEAcquireActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEStepInput) (SWEStepOutput, error) {
 		s.record("step")
 		if s.failStep[in.SessionID] {
 			return SWEStepOutput{}, temporal.NewNonRetryableApplicationError("model down", "Test", errors.New("model down"))
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.goneSteps > 0 {
+			s.goneSteps--
+			return SWEStepOutput{}, temporal.NewNonRetryableApplicationError("sandbox "+in.SandboxID+": not found", SWESandboxGoneError, nil)
 		}
 		return SWEStepOutput{StopReason: "submitted", ToolCalls: 4}, nil
 	}, activity.RegisterOptions{Name: SWEStepActivity})
@@ -124,4 +140,30 @@ func TestSWEGroupRunsGRolloutsAndSurvivesAFailure(t *testing.T) {
 	require.Equal(t, "error", out.Rollouts[1].StopReason)
 	require.Len(t, stubs.rewards, 2)
 	require.Len(t, stubs.released, 3, "every rollout released its sandbox, the failed one too")
+}
+
+// TestSWERolloutStartsAgainWhenItsSandboxIsGone: a worker killed during
+// the agent step leaves a sandbox the restarted worker's janitor removes;
+// the retried step finds nothing. The rollout starts again in a new
+// sandbox and completes (it used to fail, its reward never recorded), and
+// gives up after sweMaxSandboxes.
+func TestSWERolloutStartsAgainWhenItsSandboxIsGone(t *testing.T) {
+	env, stubs := newSWEEnv(t)
+	stubs.goneSteps = 1
+	env.ExecuteWorkflow(SWERolloutWorkflowName, SWERolloutInput{TaskID: "t1"})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var out SWERolloutResult
+	require.NoError(t, env.GetWorkflowResult(&out))
+	require.Equal(t, "sb-t1-2", out.SandboxID)
+	require.Equal(t, 0.5, out.Reward)
+	require.Equal(t, []string{"create", "acquire", "step", "release", "acquire", "step", "grade", "reward", "release"}, stubs.calls)
+	require.Equal(t, []string{"sb-t1", "sb-t1-2"}, stubs.released, "both sandboxes given back")
+
+	env, stubs = newSWEEnv(t)
+	stubs.goneSteps = sweMaxSandboxes
+	env.ExecuteWorkflow(SWERolloutWorkflowName, SWERolloutInput{TaskID: "t1"})
+	require.Error(t, env.GetWorkflowError())
+	require.Len(t, stubs.released, sweMaxSandboxes)
+	require.Empty(t, stubs.rewards)
 }

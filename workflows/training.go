@@ -575,15 +575,17 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, 
 		Algorithm: TrainAlgorithm{Objective: "grpo", MaxStaleness: r.p.MaxStaleness, Masks: r.p.Masks},
 	}).Get(ctx, &tb)
 	if err != nil {
-		return TrainStepOutput{}, fmt.Errorf("prepare batch: %w", err)
+		err = fmt.Errorf("prepare batch: %w", err)
+		if workflow.GetVersion(ctx, trainingChangeFailEveryStep, workflow.DefaultVersion, 1) >= 1 {
+			r.failRun(ctx, runID, err)
+		}
+		return TrainStepOutput{}, err
 	}
 	var trained TrainBatchOutput
 	if err := workflow.ExecuteActivity(r.train, TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
 		// The run's samples go back to the queue; the loop waits and
 		// claims again.
-		if ferr := workflow.ExecuteLocalActivity(r.light, FailTrainingRunActivity, FailTrainingRunInput{RunID: runID, Reason: err.Error()}).Get(ctx, nil); ferr != nil {
-			workflow.GetLogger(ctx).Error("fail training run", "run_id", runID, "error", ferr)
-		}
+		r.failRun(ctx, runID, err)
 		return TrainStepOutput{}, err
 	}
 	var out TrainStepOutput
@@ -591,9 +593,22 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, 
 		Deployment: r.in.Deployment, RunID: runID, Trained: trained,
 	}).Get(ctx, &out)
 	if err != nil {
-		return TrainStepOutput{}, fmt.Errorf("register checkpoint: %w", err)
+		err = fmt.Errorf("register checkpoint: %w", err)
+		if workflow.GetVersion(ctx, trainingChangeFailEveryStep, workflow.DefaultVersion, 1) >= 1 {
+			// Its checkpoint is left unregistered; the samples train again.
+			r.failRun(ctx, runID, err)
+		}
+		return TrainStepOutput{}, err
 	}
 	return out, nil
+}
+
+// failRun closes a run whose step failed, so it does not stay claimed and
+// its samples go back to the queue.
+func (r *trainingRun) failRun(ctx workflow.Context, runID int64, cause error) {
+	if err := workflow.ExecuteLocalActivity(r.light, FailTrainingRunActivity, FailTrainingRunInput{RunID: runID, Reason: cause.Error()}).Get(ctx, nil); err != nil {
+		workflow.GetLogger(ctx).Error("fail training run", "run_id", runID, "error", err)
+	}
 }
 
 // base is the version the next step trains on from: the newest candidate
@@ -682,6 +697,11 @@ const trainingChangeFailedWaitHolds = "training-failed-wait-ignores-train-now"
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.
 const trainingChangeRegressedOnly = "training-reset-regressed-only"
+
+// trainingChangeFailEveryStep: a step that fails in PrepareBatch or
+// RegisterCheckpoint (their retries spent) fails its run too, as a failed
+// TrainBatch did; the run stayed claimed for ever.
+const trainingChangeFailEveryStep = "training-fail-run-of-every-failed-step"
 
 // trainingChangeProtocol: a step is PrepareBatch, TrainBatch on the
 // trainer queue and RegisterCheckpoint (the trainer protocol), and a reset

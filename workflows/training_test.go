@@ -24,6 +24,9 @@ type trainingActs struct {
 	trained   int  // successful steps
 	failTrain int  // first attempts that fail
 	refuse    bool // every step fails at once, as on a worker for another deployment
+	// failPrepare and failRegister: every PrepareBatch or
+	// RegisterCheckpoint fails (Postgres gone for longer than its retries).
+	failPrepare, failRegister bool
 	// resets are the bases of steps that did not go on from the previous
 	// step's weights (the trainer sent back).
 	resets  []string
@@ -55,6 +58,9 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 	}, activity.RegisterOptions{Name: ClaimBatchActivity})
 	// Each run reserves its own version: run N makes v(N+1).
 	env.RegisterActivityWithOptions(func(ctx context.Context, in PrepareBatchInput) (TrainBatchInput, error) {
+		if a.failPrepare {
+			return TrainBatchInput{}, errors.New("connect: connection refused")
+		}
 		if in.Base != a.last {
 			a.resets = append(a.resets, in.Base)
 		}
@@ -72,6 +78,9 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 		return TrainBatchOutput{Version: in.Output.Version, Loss: 0.5, Samples: 2}, nil
 	}, activity.RegisterOptions{Name: TrainBatchActivity})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in RegisterCheckpointInput) (TrainStepOutput, error) {
+		if a.failRegister {
+			return TrainStepOutput{}, errors.New("connect: connection refused")
+		}
 		a.trained++
 		a.last = in.Trained.Version
 		return TrainStepOutput{Version: in.Trained.Version, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
@@ -133,6 +142,24 @@ func TestTrainingSurvivesAFailedStep(t *testing.T) {
 	require.Equal(t, 1, next.Carry.Steps, "the loop goes on after a failed step")
 	require.Len(t, acts.claims, 2)
 	require.NotEqual(t, acts.claims[0].RunKey, acts.claims[1].RunKey)
+}
+
+// TestTrainingFailsTheRunOfEveryFailedStep: a step whose PrepareBatch or
+// RegisterCheckpoint failed for good left its run claimed for ever (only a
+// failed TrainBatch closed it); the run is failed, so nothing stays
+// claimed and its samples go back to the queue.
+func TestTrainingFailsTheRunOfEveryFailedStep(t *testing.T) {
+	for _, failRegister := range []bool{false, true} {
+		env, acts := newTrainingEnv(t)
+		acts.queued = []CheckBatchOutput{{Queued: 5}}
+		acts.failPrepare, acts.failRegister = !failRegister, failRegister
+		env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+			BatchSize: 2, StepsPerRun: 2, NoRelease: true}})
+		next := continueAsNewTraining(t, env.GetWorkflowError())
+		require.Zero(t, next.Carry.Steps)
+		require.Len(t, acts.claims, 2)
+		require.Equal(t, []int64{1, 2}, acts.failed, "register fails: %v; every claimed run is closed", failRegister)
+	}
 }
 
 // TestTrainingWaitsWhenNoWorkerCanTrain: a step refused at once (no

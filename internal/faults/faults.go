@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,10 +27,25 @@ const (
 	GatewayKill  = "gateway-kill"  // SIGKILL of `flywheel up` (gateway, workers, model server), then a restart
 	PostgresStop = "postgres-stop" // Postgres stopped as by a crash (-m immediate), then started
 	TemporalKill = "temporal-kill" // SIGKILL of the Temporal server, then a restart
+	// TrainerKill is a SIGKILL of the trainer worker (`flywheel worker` on
+	// the trainer queue) while it runs a TrainBatch, then a restart; the
+	// load rewards its sessions so that they train.
+	TrainerKill = "trainer-kill"
+	// SWEKill is a SIGKILL of `flywheel up`, the one process that runs
+	// the SWE queue (its activities call the gateway with the development
+	// key), while a rollout's agent works or is graded in a Docker
+	// sandbox, then a restart. It needs Docker and the sandbox agent, and
+	// is skipped, saying why, without them.
+	SWEKill = "swe-kill"
+	// ModelServerKill is a SIGKILL of the policy's model server (`flywheel
+	// model-server`, its own process in this stack as in
+	// docker-compose.yml) while a release loads its candidate into it,
+	// then a restart.
+	ModelServerKill = "model-server-kill"
 )
 
 // All is every fault the suite injects.
-var All = []string{GatewayKill, PostgresStop, TemporalKill}
+var All = []string{GatewayKill, PostgresStop, TemporalKill, TrainerKill, SWEKill, ModelServerKill}
 
 // Config sizes a run; zero values take the defaults.
 type Config struct {
@@ -49,9 +66,16 @@ type Config struct {
 	Before, After, Outage time.Duration
 	// Settle bounds the wait for every session's workflow (default 90 s).
 	Settle time.Duration
+	// SWESettle bounds the wait for a rollout whose worker was killed
+	// (default 5 min: a step on a dead worker is retried after its 2-minute
+	// heartbeat timeout).
+	SWESettle time.Duration
 	// Keep leaves the run's directory (logs, data) in place.
 	Keep bool
 	Out  io.Writer
+
+	// sweSkip says why SWEKill cannot run here.
+	sweSkip string
 }
 
 func (c *Config) fill() {
@@ -71,6 +95,7 @@ func (c *Config) fill() {
 	def(&c.After, 5*time.Second)
 	def(&c.Outage, 10*time.Second)
 	def(&c.Settle, 90*time.Second)
+	def(&c.SWESettle, 5*time.Minute)
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
@@ -110,6 +135,18 @@ type Figures struct {
 	GoroutinesAfter  int `json:"goroutines_after"`
 	PGConnsBefore    int `json:"pg_conns_before"`
 	PGConnsAfter     int `json:"pg_conns_after"`
+	// RewardsSent and RewardsAcked count the sessions' final rewards (only
+	// under a training fault).
+	RewardsSent  int `json:"rewards_sent,omitempty"`
+	RewardsAcked int `json:"rewards_acked,omitempty"`
+	// Train is what a fault in the training path left behind.
+	Train *TrainFigures `json:"train,omitempty"`
+	// SWE is what a fault in an SWE rollout left behind.
+	SWE *SWEFigures `json:"swe,omitempty"`
+	// Swap is what a model server killed in a weight swap left behind.
+	Swap *SwapFigures `json:"swap,omitempty"`
+	// Skipped says why the fault could not be injected here.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // Result is a run's figures; the JSON is `flywheel bench faults`' last line.
@@ -123,14 +160,38 @@ type Result struct {
 	Orphaned     int `json:"orphaned"`
 	Hung         int `json:"hung"`
 	ServerErrors int `json:"server_errors"`
+	// Over the training faults: runs left claimed, versions registered
+	// twice for one run or samples trained twice, and samples of a killed
+	// run neither trained nor queued again. Each must be 0.
+	RunsStuck         int `json:"runs_stuck"`
+	DuplicateVersions int `json:"duplicate_versions"`
+	SamplesLost       int `json:"samples_lost"`
+	// SandboxesLeaked: containers of a killed worker left after its
+	// rollout ended (target 0).
+	SandboxesLeaked int `json:"sandboxes_leaked"`
+	// ServingUnserved: model-server faults after which the restarted
+	// server did not hold the serving version (target 0).
+	ServingUnserved int `json:"serving_unserved"`
 }
 
 // Run starts the private stack and injects each fault in turn.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg.fill()
 	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
+	var env []string
+	if slices.Contains(cfg.Faults, SWEKill) {
+		dir, err := os.MkdirTemp("/var/tmp", "flywheel-faults-agent-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		agent, skip := sweReady(ctx, dir)
+		if cfg.sweSkip = skip; skip == "" {
+			env = append(env, "FLYWHEEL_SANDBOX_AGENT="+agent)
+		}
+	}
 	logf("starting a private Postgres, Temporal dev server and flywheel up under /var/tmp")
-	st, err := startStack(ctx, "flywheel-faults-", cfg.Bin, cfg.TemporalCLI)
+	st, err := startStack(ctx, "flywheel-faults-", cfg.Bin, cfg.TemporalCLI, env...)
 	if err != nil {
 		return nil, err
 	}
@@ -152,21 +213,47 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Orphaned += f.Orphaned
 		res.Hung += f.Hung
 		res.ServerErrors += f.Statuses["500"]
+		if s := f.SWE; s != nil {
+			res.SandboxesLeaked += s.Leaked
+		}
+		if s := f.Swap; s != nil && !s.Served {
+			res.ServingUnserved++
+		}
+		if t := f.Train; t != nil {
+			res.RunsStuck += t.RunsStuck
+			res.DuplicateVersions += t.DuplicateVersions + t.SamplesTrainedTwice
+			res.SamplesLost += t.KilledLost
+		}
 	}
 	return res, nil
 }
 
 func runFault(ctx context.Context, cfg Config, st *stack, fault string, logf func(string, ...any)) (*Figures, error) {
 	f := &Figures{Fault: fault}
+	if fault == SWEKill && cfg.sweSkip != "" {
+		f.Skipped = cfg.sweSkip
+		logf("%-14s skipped: %s", fault, f.Skipped)
+		return f, nil
+	}
 	f.GoroutinesBefore = goroutines(st.gatewayAddr)
 	f.PGConnsBefore = pgConns(ctx, st.dbURL)
-	ld := startLoad(st, cfg, fault)
+	// The model server's fault releases a trained candidate.
+	training := fault == TrainerKill || fault == ModelServerKill
+	if training {
+		if err := startTraining(ctx, st); err != nil {
+			return nil, err
+		}
+	}
+	ld := startLoad(st, cfg, fault, training)
 	sleep(ctx, cfg.Before)
 
 	var faultEnd time.Time
+	var killed *trainerKill
+	var rollout *sweRun
+	var swap *swapRun
 	switch fault {
 	case GatewayKill:
-		if err := st.killUp(); err != nil {
+		if err := st.up.kill(); err != nil {
 			return nil, err
 		}
 		faultEnd = time.Now()
@@ -192,7 +279,7 @@ func runFault(ctx context.Context, cfg Config, st *stack, fault string, logf fun
 		}
 		faultEnd = time.Now()
 	case TemporalKill:
-		if err := st.killTemporal(); err != nil {
+		if err := st.temporal.kill(); err != nil {
 			return nil, err
 		}
 		sleep(ctx, cfg.Outage)
@@ -200,6 +287,28 @@ func runFault(ctx context.Context, cfg Config, st *stack, fault string, logf fun
 			return nil, err
 		}
 		faultEnd = time.Now()
+	case TrainerKill:
+		var err error
+		if killed, err = killTrainerInStep(ctx, st, 3*time.Minute); err != nil {
+			ld.stop()
+			return nil, err
+		}
+		faultEnd = killed.restarted
+	case SWEKill:
+		var err error
+		// The first rollout builds the task's image.
+		if rollout, err = sweKill(ctx, st, 5*time.Minute); err != nil {
+			ld.stop()
+			return nil, err
+		}
+		faultEnd = rollout.restarted
+	case ModelServerKill:
+		var err error
+		if swap, err = killModelServerInSwap(ctx, st, 3*time.Minute); err != nil {
+			ld.stop()
+			return nil, err
+		}
+		faultEnd = swap.restarted
 	default:
 		return nil, fmt.Errorf("unknown fault (want one of %s)", strings.Join(All, ", "))
 	}
@@ -211,6 +320,7 @@ func runFault(ctx context.Context, cfg Config, st *stack, fault string, logf fun
 	}
 
 	f.Sent, f.Acked, f.Statuses, f.RetryAfter, f.Hung = ld.sent, len(ld.acked), ld.statuses, ld.retryAfter, ld.hung
+	f.RewardsSent, f.RewardsAcked = ld.rewardsSent, ld.rewardsAcked
 	if !ld.firstOK.IsZero() {
 		f.RecoveryS = ld.firstOK.Sub(faultEnd).Seconds()
 	} else {
@@ -226,6 +336,33 @@ func runFault(ctx context.Context, cfg Config, st *stack, fault string, logf fun
 	f.Orphaned, f.WorkflowsS = orphans, time.Since(faultEnd).Seconds()
 	if orphans > 0 {
 		f.WorkflowsS = -1
+	}
+	if killed != nil {
+		if f.Train, err = settleTraining(ctx, st, killed, ld.prefix, cfg.Settle); err != nil {
+			return nil, err
+		}
+		t := f.Train
+		logf("%-14s killed run %d (attempt %d, %d samples): %s, its samples trained %d, queued again %d, lost %d; first run trained %.1f s after the restart; runs trained %d, failed %d, stuck %d; versions %d, duplicate %d, samples trained twice %d; the fault's samples %d, trained %d, still queued %d",
+			fault, t.KilledRun, t.KilledAttempt, t.KilledSamples, t.KilledOutcome, t.KilledTrained, t.KilledRequeued, t.KilledLost, t.ResumeS,
+			t.RunsTrained, t.RunsFailed, t.RunsStuck, t.Versions, t.DuplicateVersions, t.SamplesTrainedTwice, t.Samples, t.SamplesTrained, t.SamplesQueued)
+	}
+	if rollout != nil {
+		if err := settleSWE(ctx, st, rollout, cfg.SWESettle); err != nil {
+			return nil, err
+		}
+		f.SWE = rollout.f
+		s := f.SWE
+		logf("%-14s a rollout with no fault %s; killed in %s (attempt %d); the rollout %s, %.1f s after the restart; sandboxes of the killed worker %d, left %d; of the restarted one %d",
+			fault, s.ControlOutcome, s.KilledIn, s.KilledAttempt, s.Outcome, s.DoneS, s.KilledOwned, s.Leaked, s.LiveOwned)
+	}
+	if swap != nil {
+		if err := settleSwap(ctx, st, swap, cfg.Settle); err != nil {
+			return nil, err
+		}
+		f.Swap = swap.f
+		s := f.Swap
+		logf("%-14s killed with %s of %s %s (attempt %d); the release %s, %.1f s after the restart; serving %s, held by the restarted model server: %t",
+			fault, s.KilledIn, s.Candidate, s.KilledState, s.KilledAttempt, s.Outcome, s.DoneS, s.Serving, s.Served)
 	}
 	sleep(ctx, 5*time.Second) // closed connections and finished notices wind down
 	f.GoroutinesAfter = goroutines(st.gatewayAddr)
@@ -334,8 +471,14 @@ type load struct {
 	wg             sync.WaitGroup
 	httpc          *http.Client
 
+	// rewards: each session ends with a final reward, so its steps queue
+	// as training samples.
+	rewards bool
+
 	mu             sync.Mutex
 	sent           int
+	rewardsSent    int
+	rewardsAcked   int
 	acked          map[string]bool
 	statuses       map[string]int
 	retryAfter     int
@@ -347,11 +490,12 @@ type load struct {
 
 // startLoad starts cfg.Clients agents, each running sessions of 4 calls
 // (the last with X-Session-Done) against the gateway, with no retries:
-// every answer is counted as the client saw it.
-func startLoad(st *stack, cfg Config, fault string) *load {
+// every answer is counted as the client saw it. With rewards each session
+// then gets a final reward of +1 or -1 (half each, by session).
+func startLoad(st *stack, cfg Config, fault string, rewards bool) *load {
 	ctx, cancel := context.WithCancel(context.Background())
 	ld := &load{tenant: "default", prefix: fmt.Sprintf("faults-%s-%d-", fault, time.Now().UnixNano()), cancel: cancel,
-		acked: map[string]bool{}, statuses: map[string]int{}}
+		acked: map[string]bool{}, statuses: map[string]int{}, rewards: rewards}
 	httpc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Clients}}
 	ld.httpc = httpc
 	for c := range cfg.Clients {
@@ -360,9 +504,15 @@ func startLoad(st *stack, cfg Config, fault string) *load {
 			defer ld.wg.Done()
 			for s := 0; ctx.Err() == nil; s++ {
 				session := fmt.Sprintf("%sc%d-s%d", ld.prefix, c, s)
+				acked := 0
 				for turn := 0; turn < 4 && ctx.Err() == nil; turn++ {
-					ld.call(ctx, httpc, st, session, turn, turn == 3)
+					if ld.call(ctx, httpc, st, session, turn, turn == 3) {
+						acked++
+					}
 					sleep(ctx, cfg.Think)
+				}
+				if ld.rewards && acked > 0 {
+					ld.reward(ctx, httpc, st, session, float64(1-2*(s%2)))
 				}
 			}
 		}()
@@ -370,7 +520,8 @@ func startLoad(st *stack, cfg Config, fault string) *load {
 	return ld
 }
 
-func (ld *load) call(ctx context.Context, httpc *http.Client, st *stack, session string, turn int, done bool) {
+// call sends one chat completion and says whether it was acknowledged.
+func (ld *load) call(ctx context.Context, httpc *http.Client, st *stack, session string, turn int, done bool) bool {
 	body := fmt.Sprintf(`{"model":"flywheel-policy","max_tokens":8,"messages":[{"role":"user","content":"task %s, step %d"}]}`, session, turn)
 	req, _ := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, "http://"+st.gatewayAddr+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -389,7 +540,7 @@ func (ld *load) call(ctx context.Context, httpc *http.Client, st *stack, session
 			ld.hung++
 		}
 		ld.statuses["conn"]++
-		return
+		return false
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -398,7 +549,7 @@ func (ld *load) call(ctx context.Context, httpc *http.Client, st *stack, session
 		ld.retryAfter++
 	}
 	if resp.StatusCode/100 != 2 {
-		return
+		return false
 	}
 	var out struct {
 		ID string `json:"id"`
@@ -408,6 +559,28 @@ func (ld *load) call(ctx context.Context, httpc *http.Client, st *stack, session
 	}
 	if !ld.faultEnd.IsZero() && ld.firstOK.IsZero() {
 		ld.firstOK = time.Now()
+	}
+	return true
+}
+
+// reward posts a session's final reward (POST /v1/sessions/{id}/reward).
+func (ld *load) reward(ctx context.Context, httpc *http.Client, st *stack, session string, value float64) {
+	body := fmt.Sprintf(`{"value":%g,"final":true,"source":"verifier"}`, value)
+	req, _ := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost,
+		"http://"+st.gatewayAddr+"/v1/sessions/"+session+"/reward", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+st.key)
+	resp, err := httpc.Do(req)
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	ld.rewardsSent++
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 == 2 {
+		ld.rewardsAcked++
 	}
 }
 
@@ -431,6 +604,9 @@ func Table(res *Result) string {
 	b.WriteString("| fault | sent | acknowledged | stored | lost | duplicated | sessions | orphaned | statuses | hung | first 2xx after (s) | every workflow after (s) | goroutines | Postgres conns |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, f := range res.Faults {
+		if f.Skipped != "" {
+			continue
+		}
 		codes := make([]string, 0, len(f.Statuses))
 		for k := range f.Statuses {
 			codes = append(codes, k)
@@ -444,5 +620,45 @@ func Table(res *Result) string {
 			f.Fault, f.Sent, f.Acked, f.Stored, f.Lost, f.Duplicated, f.Sessions, f.Orphaned, strings.Join(st, ", "), f.Hung,
 			f.RecoveryS, f.WorkflowsS, f.GoroutinesBefore, f.GoroutinesAfter, f.PGConnsBefore, f.PGConnsAfter)
 	}
+	for _, f := range res.Faults {
+		if f.Skipped != "" {
+			fmt.Fprintf(&b, "| %s | skipped: %s |\n", f.Fault, f.Skipped)
+		}
+	}
+	var train, swe, swap []string
+	for _, f := range res.Faults {
+		if t := f.Train; t != nil {
+			train = append(train, fmt.Sprintf("| %s | %d, %d | %s | %d / %d / %d | %.1f | %d / %d / %d | %d (%d) | %d | %d: %d / %d |",
+				f.Fault, t.KilledSamples, t.KilledAttempt, t.KilledOutcome, t.KilledTrained, t.KilledRequeued, t.KilledLost, t.ResumeS,
+				t.RunsTrained, t.RunsFailed, t.RunsStuck, t.Versions, t.DuplicateVersions, t.SamplesTrainedTwice, t.Samples, t.SamplesTrained, t.SamplesQueued))
+		}
+		if s := f.Swap; s != nil {
+			swap = append(swap, fmt.Sprintf("| %s | %s, %s (%s, attempt %d) | %s | %.1f | %s, %t |",
+				f.Fault, s.Candidate, s.KilledIn, s.KilledState, s.KilledAttempt, s.Outcome, s.DoneS, s.Serving, s.Served))
+		}
+		if s := f.SWE; s != nil {
+			swe = append(swe, fmt.Sprintf("| %s | %s | %s (%d) | %s | %.1f | %d / %d | %d |",
+				f.Fault, s.ControlOutcome, s.KilledIn, s.KilledAttempt, s.Outcome, s.DoneS, s.KilledOwned, s.Leaked, s.LiveOwned))
+		}
+	}
+	subTable(&b, []string{"fault", "killed run: samples, attempt", "its outcome", "its samples trained / queued again / lost",
+		"first run trained after restart (s)", "runs trained / failed / stuck", "versions (duplicate)", "samples trained twice",
+		"the fault's samples: trained / still queued"}, train)
+	subTable(&b, []string{"fault", "a rollout with no fault", "killed in (attempt)", "the killed rollout", "ended after restart (s)",
+		"sandboxes of the killed worker: before / left", "of the restarted one"}, swe)
+	subTable(&b, []string{"fault", "candidate, killed in (state, attempt)", "the release", "ended after restart (s)",
+		"serving, held by the restarted model server"}, swap)
 	return b.String()
+}
+
+// subTable adds a table of rows under header, after a blank line (none
+// without rows).
+func subTable(b *strings.Builder, header []string, rows []string) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+	for _, r := range rows {
+		b.WriteString(r + "\n")
+	}
 }

@@ -94,7 +94,7 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 	defer st.close(cfg.Keep)
 
 	// Capacity: closed loop, no pause between calls.
-	ld := startLoad(st, Config{Clients: cfg.CapacityClients, Think: time.Nanosecond}, "capacity")
+	ld := startLoad(st, Config{Clients: cfg.CapacityClients, Think: time.Nanosecond}, "capacity", false)
 	sleep(ctx, cfg.Capacity)
 	ld.stop()
 	res := &SoakResult{CapacityRPS: float64(len(ld.acked)) / cfg.Capacity.Seconds()}

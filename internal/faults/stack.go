@@ -23,7 +23,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
+
+	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // stack is the private services one run owns; nothing else uses them, so
@@ -35,24 +38,91 @@ type stack struct {
 	dbURL                 string
 	temporalCLI           string
 	temporalPort          string
-	temporal              *exec.Cmd
+	temporal              *child
 	bin                   string
 	gatewayAddr           string
-	modelAddr             string
-	up                    *exec.Cmd
-	upExited              chan error
-	key                   string
+	modelAddr             string // up's own model server, which nothing asks
+	up                    *child
+	upPids                []int // of every up started, whose sandboxes close removes
+	// ms is `flywheel model-server` on msAddr: the policy's engine, which
+	// up's gateway and workers reach there (--model-server-url), as in
+	// docker-compose.yml, so a fault can kill it alone.
+	ms     *child
+	msAddr string
+	key    string
+	// trainer is `flywheel worker` on the trainer task queue alone, so a
+	// fault can kill the worker that trains without the gateway.
+	trainer *child
+	// env is added to every child's environment.
+	env []string
+}
+
+// child is a process the stack started, in its own process group.
+type child struct {
+	cmd    *exec.Cmd
+	log    string
+	exited chan error // receives cmd.Wait's answer once
+	gone   bool       // exited was received
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// kill SIGKILLs the child's process group, with no drain, and waits
+// (nothing for a nil or exited child).
+func (c *child) kill() error {
+	if c == nil || c.gone {
+		return nil
+	}
+	err := syscall.Kill(-c.pid(), syscall.SIGKILL)
+	<-c.exited
+	c.gone = true
+	return err
+}
+
+// stop stops the child as an operator would (SIGTERM, drain), or kills
+// it after 30 s.
+func (c *child) stop() {
+	if c == nil || c.gone {
+		return
+	}
+	_ = syscall.Kill(-c.pid(), syscall.SIGTERM)
+	select {
+	case <-c.exited:
+		c.gone = true
+	case <-time.After(30 * time.Second):
+		_ = c.kill()
+	}
+}
+
+// await polls ready until it says yes, the child exits, or limit passes.
+func (c *child) await(ctx context.Context, name string, limit time.Duration, ready func() bool) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-c.exited:
+			c.gone = true
+			return fmt.Errorf("%s exited: %v (log: %s)", name, err, c.log)
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if ready() {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("%s was not ready in %s (log: %s)", name, limit, c.log)
 }
 
 // startStack starts a private Postgres, Temporal dev server and `flywheel
 // up` in a new directory under /var/tmp named after prefix. On failure
 // what started is stopped again.
-func startStack(ctx context.Context, prefix, bin, temporalCLI string) (*stack, error) {
+func startStack(ctx context.Context, prefix, bin, temporalCLI string, env ...string) (*stack, error) {
 	dir, err := os.MkdirTemp("/var/tmp", prefix)
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{dir: dir, bin: bin, temporalCLI: temporalCLI}
+	st := &stack{dir: dir, bin: bin, temporalCLI: temporalCLI, env: env}
 	if err := st.startPostgres(ctx); err != nil {
 		st.close(false)
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -61,7 +131,20 @@ func startStack(ctx context.Context, prefix, bin, temporalCLI string) (*stack, e
 		st.close(false)
 		return nil, fmt.Errorf("temporal: %w", err)
 	}
+	// The model server needs the schema and up needs the model server.
+	if err := run(exec.CommandContext(ctx, bin, "migrate", "--database-url", st.dbURL)); err != nil {
+		st.close(false)
+		return nil, err
+	}
+	if err := st.startModelServer(ctx); err != nil {
+		st.close(false)
+		return nil, err
+	}
 	if err := st.startUp(ctx); err != nil {
+		st.close(false)
+		return nil, err
+	}
+	if err := st.startTrainer(ctx); err != nil {
 		st.close(false)
 		return nil, err
 	}
@@ -214,7 +297,7 @@ func (s *stack) startTemporal(ctx context.Context) error {
 
 // spawn starts a child in its own process group (so a kill reaches its
 // children too), in the run's directory, appending its output to logName.
-func (s *stack) spawn(logName, path string, args ...string) (*exec.Cmd, error) {
+func (s *stack) spawn(logName, path string, args ...string) (*child, error) {
 	log, err := os.OpenFile(filepath.Join(s.dir, logName), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
@@ -222,25 +305,39 @@ func (s *stack) spawn(logName, path string, args ...string) (*exec.Cmd, error) {
 	defer log.Close()
 	cmd := exec.Command(path, args...)
 	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), s.env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return cmd, nil
+	c := &child{cmd: cmd, log: log.Name(), exited: make(chan error, 1)}
+	go func() { c.exited <- cmd.Wait() }()
+	return c, nil
 }
 
 func (s *stack) temporalAddr() string { return "127.0.0.1:" + s.temporalPort }
 
-// killTemporal SIGKILLs the Temporal dev server's process group.
-func (s *stack) killTemporal() error {
-	if s.temporal == nil {
-		return nil
+// connect opens a Temporal client and a Postgres connection to the
+// stack's services; done closes both.
+func (s *stack) connect(ctx context.Context) (c client.Client, conn *pgx.Conn, done func(), err error) {
+	if c, err = s.dial(); err != nil {
+		return nil, nil, nil, err
 	}
-	err := syscall.Kill(-s.temporal.Process.Pid, syscall.SIGKILL)
-	_ = s.temporal.Wait()
-	s.temporal = nil
-	return err
+	if conn, err = pgx.Connect(ctx, s.dbURL); err != nil {
+		c.Close()
+		return nil, nil, nil, err
+	}
+	return c, conn, func() { _ = conn.Close(context.WithoutCancel(ctx)); c.Close() }, nil
+}
+
+// dial connects a Temporal client to the stack's dev server.
+func (s *stack) dial() (client.Client, error) {
+	c, err := client.Dial(client.Options{HostPort: s.temporalAddr(), Namespace: "flywheel", Logger: quietLogger{}})
+	if err != nil {
+		return nil, fmt.Errorf("temporal: %w", err)
+	}
+	return c, nil
 }
 
 // startUp starts (or restarts) `flywheel up` on the private services and
@@ -257,79 +354,118 @@ func (s *stack) startUp(ctx context.Context) error {
 		}
 		s.gatewayAddr, s.modelAddr = "127.0.0.1:"+gp, "127.0.0.1:"+mp
 	}
-	cmd, err := s.spawn("flywheel.log", s.bin, "up", "--data-dir", filepath.Join(s.dir, "data"), "--database-url", s.dbURL,
+	// Every queue but the trainer's (up adds the SWE queue itself): the
+	// trainer is its own process, startTrainer's.
+	queues := strings.Join([]string{workflows.TaskQueue, workflows.SessionTaskQueue, workflows.SandboxTaskQueue}, ",")
+	cmd, err := s.spawn("flywheel.log", s.bin, "up", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--gateway-listen", s.gatewayAddr, "--model-server-listen", s.modelAddr,
-		"--gateway-rate-limit-rps", "0", "--log-level", "warn")
+		"--model-server-url", s.modelServerURL(), "--worker-task-queues", queues, "--gateway-rate-limit-rps", "0", "--log-level", "warn")
 	if err != nil {
 		return err
 	}
 	s.up = cmd
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(5 * time.Minute) // the first start builds the policy's base
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			s.up = nil
-			return fmt.Errorf("flywheel up exited: %v (log: %s)", err, filepath.Join(s.dir, "flywheel.log"))
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
+	s.upPids = append(s.upPids, cmd.pid())
+	// The first start builds the policy's base.
+	return cmd.await(ctx, "flywheel up", 5*time.Minute, func() bool {
+		resp, err := http.Get("http://" + s.gatewayAddr + "/readyz")
+		if err != nil {
+			return false
 		}
-		if resp, err := http.Get("http://" + s.gatewayAddr + "/readyz"); err == nil {
-			resp.Body.Close()
-			if key, kerr := os.ReadFile(filepath.Join(s.dir, "data", "dev-api-key")); resp.StatusCode == http.StatusOK && kerr == nil && len(key) > 0 {
-				s.key = strings.TrimSpace(string(key))
-				s.upExited = exited
-				return nil
+		resp.Body.Close()
+		key, err := os.ReadFile(filepath.Join(s.dataDir(), "dev-api-key"))
+		if resp.StatusCode != http.StatusOK || err != nil || len(key) == 0 {
+			return false
+		}
+		s.key = strings.TrimSpace(string(key))
+		return true
+	})
+}
+
+func (s *stack) dataDir() string { return filepath.Join(s.dir, "data") }
+
+func (s *stack) modelServerURL() string { return "http://" + s.msAddr + "/v1" }
+
+// msgModelServerReady is what `flywheel model-server` logs once it serves
+// the versions the routes name.
+const msgModelServerReady = "model server ready"
+
+// startModelServer starts (or restarts) `flywheel model-server` on the
+// shared data directory and waits until it serves the routed versions.
+func (s *stack) startModelServer(ctx context.Context) error {
+	if s.msAddr == "" {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.msAddr = "127.0.0.1:" + p
+	}
+	logPath := filepath.Join(s.dir, "model-server.log")
+	var from int64
+	if fi, err := os.Stat(logPath); err == nil {
+		from = fi.Size() // a restart appends; only its own lines count
+	}
+	cmd, err := s.spawn(filepath.Base(logPath), s.bin, "model-server", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
+		"--model-server-listen", s.msAddr, "--log-level", "info")
+	if err != nil {
+		return err
+	}
+	s.ms = cmd
+	return cmd.await(ctx, "flywheel model-server", 2*time.Minute, func() bool {
+		b, err := os.ReadFile(logPath)
+		return err == nil && int64(len(b)) > from && strings.Contains(string(b[from:]), msgModelServerReady)
+	})
+}
+
+// startTrainer starts (or restarts) `flywheel worker` on the trainer task
+// queue, sharing up's data directory (checkpoints, batches), and waits
+// until it polls that queue.
+func (s *stack) startTrainer(ctx context.Context) error {
+	cmd, err := s.spawn("trainer.log", s.bin, "worker", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
+		"--temporal-address", s.temporalAddr(), "--model-server-url", s.modelServerURL(),
+		"--worker-task-queues", workflows.TrainerTaskQueue, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	s.trainer = cmd
+	c, err := s.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// The SDK's default identity begins with the process id; pollers of a
+	// killed trainer stay listed for a while and must not count.
+	identity := strconv.Itoa(cmd.pid()) + "@"
+	return cmd.await(ctx, "flywheel worker (trainer)", 2*time.Minute, func() bool {
+		resp, err := c.DescribeTaskQueue(ctx, workflows.TrainerTaskQueue, enumspb.TASK_QUEUE_TYPE_ACTIVITY)
+		if err != nil {
+			return false
+		}
+		for _, p := range resp.GetPollers() {
+			if strings.HasPrefix(p.GetIdentity(), identity) {
+				return true
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return errors.New("flywheel up was not ready in 5 minutes")
-}
-
-// killUp SIGKILLs `flywheel up` (gateway, workers and model server: one
-// process), with no drain.
-func (s *stack) killUp() error {
-	if s.up == nil {
-		return nil
-	}
-	err := syscall.Kill(-s.up.Process.Pid, syscall.SIGKILL)
-	<-s.upExited
-	s.up = nil
-	return err
-}
-
-// stopUp stops `flywheel up` as an operator would (SIGTERM, drain).
-func (s *stack) stopUp() {
-	if s.up == nil {
-		return
-	}
-	_ = syscall.Kill(-s.up.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-s.upExited:
-	case <-time.After(30 * time.Second):
-		_ = syscall.Kill(-s.up.Process.Pid, syscall.SIGKILL)
-		<-s.upExited
-	}
-	s.up = nil
+		return false
+	})
 }
 
 // close stops everything and removes the run's directory (keep: leave it,
 // with its logs).
 func (s *stack) close(keep bool) {
-	if keep && s.up != nil {
+	if keep && s.up != nil && !s.up.gone {
 		// Go's SIGQUIT dump: the kept log ends with every goroutine's stack.
-		_ = syscall.Kill(s.up.Process.Pid, syscall.SIGQUIT)
+		_ = syscall.Kill(s.up.pid(), syscall.SIGQUIT)
 		select {
-		case <-s.upExited:
-			s.up = nil
+		case <-s.up.exited:
+			s.up.gone = true
 		case <-time.After(10 * time.Second):
 		}
 	}
-	s.stopUp()
-	_ = s.killTemporal()
+	for _, c := range []*child{s.trainer, s.up, s.ms} {
+		c.stop()
+	}
+	removeSandboxesOf(s.upPids)
+	_ = s.temporal.kill()
 	if s.pgData != "" {
 		_ = run(s.pgCmd("pg_ctl", "-D", s.pgData, "-m", "fast", "-w", "stop"))
 	}
