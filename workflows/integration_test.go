@@ -678,7 +678,7 @@ func TestIntegrationTrainStepLongerThanItsHeartbeatTimeout(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
 	s.queueSamples(4)
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, s.engine)
+	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
 	require.NoError(t, err)
 	w := s.trainerWorker(slowTrainer{TrainStepper: local, d: 2500 * time.Millisecond}, 0) // the default interval
 	require.NoError(t, w.Start())
