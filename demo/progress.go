@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
-	"sync"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/internal/progress"
 )
 
 // Status is what the progress line shows.
@@ -22,90 +22,45 @@ type Status struct {
 }
 
 // Progress draws a progress bar with the live success rate and the serving
-// version: one line redrawn in place on a terminal, or a plain line every
-// Interval elsewhere (logs and CI keep readable output).
+// version (internal/progress draws it).
 type Progress struct {
-	w        io.Writer
-	tty      bool
-	total    time.Duration
-	interval time.Duration
-
-	mu   sync.Mutex
-	last time.Time
+	bar   *progress.Bar
+	total time.Duration
 }
 
 // DefaultProgressInterval is how often a non-terminal gets a line.
-const DefaultProgressInterval = 10 * time.Second
+const DefaultProgressInterval = progress.DefaultInterval
 
 // NewProgress writes to w; tty selects the in-place redraw; total is the
 // run's planned length; interval (0: DefaultProgressInterval) spaces the
 // lines when w is not a terminal.
 func NewProgress(w io.Writer, tty bool, total, interval time.Duration) *Progress {
-	if interval <= 0 {
-		interval = DefaultProgressInterval
-	}
-	return &Progress{w: w, tty: tty, total: total, interval: interval}
+	return &Progress{bar: progress.New(w, tty, interval), total: total}
 }
 
 // IsTerminal reports whether f is a character device (a terminal).
-func IsTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-const barWidth = 30
+func IsTerminal(f *os.File) bool { return progress.IsTerminal(f) }
 
 // Line renders s without control characters.
 func (p *Progress) Line(s Status) string {
 	frac := 0.0
 	if p.total > 0 {
-		frac = min(1, max(0, float64(s.Elapsed)/float64(p.total)))
+		frac = float64(s.Elapsed) / float64(p.total)
 	}
-	full := int(frac * barWidth)
-	bar := strings.Repeat("█", full) + strings.Repeat("░", barWidth-full)
-	line := fmt.Sprintf("[%s] %3.0f%% %s/%s  success %5.1f%%  safety %5.1f%%  serving %s",
-		bar, 100*frac, fmtDur(s.Elapsed), fmtDur(p.total), 100*s.Success, 100*s.Safety, orDash(s.Version))
+	text := fmt.Sprintf("%s/%s  success %5.1f%%  safety %5.1f%%  serving %s",
+		progress.Clock(s.Elapsed), progress.Clock(p.total), 100*s.Success, 100*s.Safety, orDash(s.Version))
 	if s.Note != "" {
-		line += "  " + s.Note
+		text += "  " + s.Note
 	}
-	return line
+	return progress.Render(frac, text)
 }
 
 // Update shows s: always on a terminal, at most once per interval
 // elsewhere.
-func (p *Progress) Update(s Status) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	line := p.Line(s)
-	if p.tty {
-		// \r and erase-line redraw in place; nothing else is needed.
-		fmt.Fprint(p.w, "\r\x1b[2K"+line)
-		return
-	}
-	now := time.Now()
-	if !p.last.IsZero() && now.Sub(p.last) < p.interval {
-		return
-	}
-	p.last = now
-	fmt.Fprintln(p.w, line)
-}
+func (p *Progress) Update(s Status) { p.bar.Update(p.Line(s)) }
 
 // Done prints the final state and ends the line.
-func (p *Progress) Done(s Status) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	line := p.Line(s)
-	if p.tty {
-		fmt.Fprint(p.w, "\r\x1b[2K"+line+"\n")
-		return
-	}
-	fmt.Fprintln(p.w, line)
-}
-
-func fmtDur(d time.Duration) string {
-	d = d.Round(time.Second)
-	return fmt.Sprintf("%d:%02d", int(d.Minutes()), int(d.Seconds())%60)
-}
+func (p *Progress) Done(s Status) { p.bar.Done(p.Line(s)) }
 
 func orDash(s string) string {
 	if s == "" {

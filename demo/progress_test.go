@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/internal/progress"
 )
 
 func TestProgressTerminalRedrawsInPlace(t *testing.T) {
@@ -24,7 +26,7 @@ func TestProgressTerminalRedrawsInPlace(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "\n"), "only Done ends the line")
 	require.Contains(t, out, " 50% 5:00/10:00  success  42.0%  safety 100.0%  serving flywheel-policy@v12  step 40")
 	require.Contains(t, out, "100% 10:00/10:00  success  90.0%")
-	require.Contains(t, out, strings.Repeat("█", barWidth))
+	require.Contains(t, out, strings.Repeat("█", progress.Width))
 }
 
 func TestProgressPlainLinesAreSpaced(t *testing.T) {

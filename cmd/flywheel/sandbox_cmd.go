@@ -13,6 +13,7 @@ import (
 
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/internal/progress"
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -64,24 +65,34 @@ func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error
 		return err
 	}
 	defer cli.Close()
-	start := time.Now()
-	base, err := sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{Logger: log})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("base    %s built=%v\n", base.Ref, base.Built)
-	if *baseOnly {
-		return nil
-	}
-	py, err := sandbox.EnsureDebianImage(ctx, cli, sandbox.DebianImageOptions{RegistryImage: *registry, Logger: log})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("python  %s built=%v\n", py.Ref, py.Built)
 	all, err := tasks.Corpus()
 	if err != nil {
 		return err
 	}
+	start := time.Now()
+	total := 2 + len(all)
+	if *baseOnly {
+		total = 1
+	}
+	bar := newBuildProgress(total)
+	defer bar.stop()
+	bar.begin("base image")
+	base, err := sandbox.EnsureBaseImage(ctx, cli, sandbox.BaseImageOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	bar.done("base image")
+	fmt.Printf("base    %s built=%v\n", base.Ref, base.Built)
+	if *baseOnly {
+		return nil
+	}
+	bar.begin("Debian/python image (minutes when it is built)")
+	py, err := sandbox.EnsureDebianImage(ctx, cli, sandbox.DebianImageOptions{RegistryImage: *registry, Logger: log})
+	if err != nil {
+		return err
+	}
+	bar.done("Debian/python image")
+	fmt.Printf("python  %s built=%v\n", py.Ref, py.Built)
 	if *only != "" {
 		want := map[string]bool{}
 		for _, id := range strings.Split(*only, ",") {
@@ -98,6 +109,7 @@ func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error
 			return fmt.Errorf("sandbox build: %w: %s", tasks.ErrUnknownTask, id)
 		}
 		all = picked
+		bar.total = 2 + len(all)
 	}
 	sem := make(chan struct{}, *parallel)
 	var mu sync.Mutex
@@ -107,7 +119,9 @@ func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			bar.begin("task " + t.ID)
 			img, err := tasks.EnsureImage(ctx, cli, py, t, log)
+			bar.done("task " + t.ID)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -123,6 +137,73 @@ func runSandboxBuild(ctx context.Context, args []string, log *slog.Logger) error
 	}
 	fmt.Printf("%d task images ready in %s\n", len(all), time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// buildProgress is `sandbox build`'s progress bar on stderr: images ready
+// of all, the time so far, and what is being built, redrawn every second
+// (every 10 s when stderr is not a terminal).
+type buildProgress struct {
+	bar     *progress.Bar
+	start   time.Time
+	mu      sync.Mutex
+	total   int
+	ready   int
+	current []string
+	quit    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newBuildProgress(total int) *buildProgress {
+	p := &buildProgress{bar: progress.New(os.Stderr, progress.IsTerminal(os.Stderr), 0), start: time.Now(), total: total,
+		quit: make(chan struct{})}
+	p.wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-t.C:
+				p.bar.Update(p.line())
+			}
+		}
+	})
+	return p
+}
+
+func (p *buildProgress) line() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	text := fmt.Sprintf("%d/%d images  %s", p.ready, p.total, progress.Clock(time.Since(p.start)))
+	if len(p.current) > 0 {
+		text += "  building " + strings.Join(p.current, ", ")
+	}
+	return progress.Render(float64(p.ready)/float64(max(p.total, 1)), text)
+}
+
+func (p *buildProgress) begin(what string) {
+	p.mu.Lock()
+	p.current = append(p.current, what)
+	p.mu.Unlock()
+}
+
+func (p *buildProgress) done(what string) {
+	p.mu.Lock()
+	p.ready++
+	for i, c := range p.current {
+		if strings.HasPrefix(c, what) {
+			p.current = append(p.current[:i], p.current[i+1:]...)
+			break
+		}
+	}
+	p.mu.Unlock()
+}
+
+// stop ends the redraws and prints the final line.
+func (p *buildProgress) stop() {
+	close(p.quit)
+	p.wg.Wait()
+	p.bar.Done(p.line())
 }
 
 func runSandboxTasks() error {
