@@ -80,3 +80,48 @@ func TestAnthropicStreamUpstreamFailureIsErrorEvent(t *testing.T) {
 	}
 	require.Error(t, stream.Err())
 }
+
+// TestAnthropicStreamsThinkingAndToolInput: an upstream's exposed thinking
+// and its tool call's arguments reach a Messages stream as they arrive
+// (thinking_delta, then input_json_delta increments), and build the same
+// message as a whole answer.
+func TestAnthropicStreamsThinkingAndToolInput(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.fixture.Reasoning = "the user wants a search"
+	c := e.anthropic(e.keyA)
+	params := anthropic.MessageNewParams{
+		Model: anthropic.Model(fixtureModel), MaxTokens: 256,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather in Oslo"))},
+		Tools: []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "search",
+			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"query": map[string]any{"type": "string"}}}}}},
+	}
+	stream := c.Messages.NewStreaming(context.Background(), params)
+	var msg anthropic.Message
+	deltas := map[string]int{}
+	for stream.Next() {
+		ev := stream.Current()
+		if ev.Type == "content_block_delta" {
+			deltas[ev.Delta.Type]++
+		}
+		require.NoError(t, msg.Accumulate(ev))
+	}
+	require.NoError(t, stream.Err())
+	require.Equal(t, 1, deltas["thinking_delta"])
+	require.Greater(t, deltas["input_json_delta"], 1, "the input streams as the upstream sends it, not whole at the end")
+	require.Len(t, msg.Content, 2)
+	require.Equal(t, "thinking", msg.Content[0].Type)
+	require.Equal(t, "the user wants a search", msg.Content[0].Thinking)
+	call := msg.Content[1].AsToolUse()
+	require.Equal(t, "search", call.Name)
+	require.JSONEq(t, `{"query":"weather in Oslo"}`, string(call.Input))
+	require.Equal(t, anthropic.StopReasonToolUse, msg.StopReason)
+
+	whole, err := c.Messages.New(context.Background(), params)
+	require.NoError(t, err)
+	require.Equal(t, "thinking", whole.Content[0].Type)
+	require.Equal(t, msg.Content[0].Thinking, whole.Content[0].Thinking)
+	require.JSONEq(t, string(call.Input), string(whole.Content[1].AsToolUse().Input))
+	row := e.captured(msg.ID)
+	require.Equal(t, "ok", row.Status)
+	require.True(t, row.Stream)
+}

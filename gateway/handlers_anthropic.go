@@ -106,15 +106,17 @@ func (s *Server) messages(c *gin.Context) {
 	})
 }
 
-// streamAnthropic serves a Messages stream: message_start, a text block
-// (opened on the first text), tool_use blocks once the call is complete,
-// message_delta, message_stop; an error event if generation or capture
-// fails after the stream started.
+// streamAnthropic serves a Messages stream: message_start, then the
+// content blocks as they are generated (thinking with thinking_delta, text
+// with text_delta, tool_use with input_json_delta as the backend streams
+// the call's input; a backend that holds its calls back sends each whole
+// at the end), each opened on its first increment and stopped when the
+// next begins, then message_delta and message_stop; an error event if
+// generation or capture fails after the stream started.
 func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Request) {
 	s.checkReuse(cl)
 	w := &sseWriter{c: c}
-	index := 0
-	textOpen := false
+	b := &anBlocks{w: w}
 	clientGone := false
 	begin := func() error {
 		if w.started {
@@ -124,31 +126,26 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Reque
 			ID: cl.completionID, Type: "message", Role: inference.RoleAssistant, Model: wire.Model, Content: []anthropic.Block{},
 		}})
 	}
-	openText := func() error {
-		if textOpen {
-			return nil
-		}
-		textOpen = true
-		return w.event("content_block_start", gin.H{"type": "content_block_start", "index": index,
-			"content_block": gin.H{"type": "text", "text": ""}})
-	}
-	closeText := func() error {
-		if !textOpen {
-			return nil
-		}
-		textOpen = false
-		err := w.event("content_block_stop", gin.H{"type": "content_block_stop", "index": index})
-		index++
-		return err
-	}
-	var carry utf8Carry
+	var textCarry, reasonCarry utf8Carry
 	emit := func(d inference.Delta) error {
 		err := begin()
-		d.Text = carry.next(d.Text)
+		d.Text, d.Reasoning = textCarry.next(d.Text), reasonCarry.next(d.Reasoning)
+		if err == nil && d.Reasoning != "" {
+			if err = b.open("thinking", gin.H{"type": "thinking", "thinking": "", "signature": ""}); err == nil {
+				err = b.delta(gin.H{"type": "thinking_delta", "thinking": d.Reasoning})
+			}
+		}
 		if err == nil && d.Text != "" {
-			if err = openText(); err == nil {
-				err = w.event("content_block_delta", gin.H{"type": "content_block_delta", "index": index,
-					"delta": gin.H{"type": "text_delta", "text": d.Text}})
+			if err = b.open("text", gin.H{"type": "text", "text": ""}); err == nil {
+				err = b.delta(gin.H{"type": "text_delta", "text": d.Text})
+			}
+		}
+		for _, tc := range d.ToolCalls {
+			if err != nil {
+				break
+			}
+			if err = b.openCall(tc); err == nil && tc.Arguments != "" {
+				err = b.delta(gin.H{"type": "input_json_delta", "partial_json": tc.Arguments})
 			}
 		}
 		if err != nil {
@@ -156,7 +153,7 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Reque
 		}
 		return err
 	}
-	resp, genErr := s.runStream(c, cl, emit, &clientGone, func() []string { return nil })
+	resp, genErr := s.runStream(c, cl, emit, &clientGone, b.callIDs)
 	if genErr != nil {
 		if !w.started {
 			abort(c, genErr)
@@ -165,32 +162,26 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Reque
 		_ = w.event("error", errorBody(protoAnthropic, asAPIError(genErr)))
 		return
 	}
-	if err := emit(inference.Delta{Text: carry.flush()}); err != nil {
+	if err := emit(inference.Delta{Text: textCarry.flush(), Reasoning: reasonCarry.flush()}); err != nil {
 		return
 	}
-	steps := []func() error{begin}
-	if len(resp.Message.ToolCalls) == 0 {
-		steps = append(steps, openText)
-	}
-	steps = append(steps, closeText)
-	for _, step := range steps {
-		if step() != nil {
+	if b.count == 0 && len(resp.Message.ToolCalls) == 0 {
+		// A message has at least one block, if only an empty text.
+		if b.open("text", gin.H{"type": "text", "text": ""}) != nil {
 			return
 		}
 	}
-	for _, tc := range resp.Message.ToolCalls {
-		if w.event("content_block_start", gin.H{"type": "content_block_start", "index": index,
-			"content_block": gin.H{"type": "tool_use", "id": tc.ID, "name": tc.Name, "input": gin.H{}}}) != nil {
-			return
+	if b.close() != nil {
+		return
+	}
+	if len(b.calls) == 0 {
+		for _, tc := range resp.Message.ToolCalls {
+			if b.openCall(inference.ToolCallDelta{ID: tc.ID, Name: tc.Name}) != nil ||
+				b.delta(gin.H{"type": "input_json_delta", "partial_json": string(anthropic.ToolInput(tc.Arguments))}) != nil ||
+				b.close() != nil {
+				return
+			}
 		}
-		if w.event("content_block_delta", gin.H{"type": "content_block_delta", "index": index,
-			"delta": gin.H{"type": "input_json_delta", "partial_json": string(anthropic.ToolInput(tc.Arguments))}}) != nil {
-			return
-		}
-		if w.event("content_block_stop", gin.H{"type": "content_block_stop", "index": index}) != nil {
-			return
-		}
-		index++
 	}
 	if w.event("message_delta", gin.H{"type": "message_delta",
 		"delta": gin.H{"stop_reason": anthropic.StopReason(resp.FinishReason), "stop_sequence": nil},
@@ -198,4 +189,68 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Reque
 		return
 	}
 	_ = w.event("message_stop", gin.H{"type": "message_stop"})
+}
+
+// anBlocks numbers a Messages stream's content blocks and keeps one open
+// at a time.
+type anBlocks struct {
+	w *sseWriter
+	// count is how many blocks were opened; the open one is count-1.
+	count int
+	kind  string // of the open block, "" when none is
+	call  int    // the backend's index of the open tool_use block
+	// calls are the tool calls streamed, in order, with the ids the
+	// client was shown.
+	calls []streamedCall
+}
+
+func (b *anBlocks) open(kind string, block gin.H) error {
+	if b.kind == kind && kind != "tool_use" {
+		return nil
+	}
+	if err := b.close(); err != nil {
+		return err
+	}
+	b.kind = kind
+	b.count++
+	return b.w.event("content_block_start", gin.H{"type": "content_block_start", "index": b.count - 1, "content_block": block})
+}
+
+// openCall opens the tool_use block of the call tc belongs to, unless it
+// is the open one.
+func (b *anBlocks) openCall(tc inference.ToolCallDelta) error {
+	if b.kind == "tool_use" && b.call == tc.Index {
+		return nil
+	}
+	id := tc.ID
+	if id == "" {
+		id = newID("toolu_")
+	}
+	b.calls = append(b.calls, streamedCall{index: tc.Index, id: id})
+	if err := b.open("tool_use", gin.H{"type": "tool_use", "id": id, "name": tc.Name, "input": gin.H{}}); err != nil {
+		return err
+	}
+	b.call = tc.Index
+	return nil
+}
+
+func (b *anBlocks) delta(d gin.H) error {
+	return b.w.event("content_block_delta", gin.H{"type": "content_block_delta", "index": b.count - 1, "delta": d})
+}
+
+func (b *anBlocks) close() error {
+	if b.kind == "" {
+		return nil
+	}
+	b.kind = ""
+	return b.w.event("content_block_stop", gin.H{"type": "content_block_stop", "index": b.count - 1})
+}
+
+// callIDs are the ids the client was shown for the streamed calls.
+func (b *anBlocks) callIDs() []string {
+	ids := make([]string, len(b.calls))
+	for i, c := range b.calls {
+		ids[i] = c.id
+	}
+	return ids
 }

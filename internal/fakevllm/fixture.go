@@ -49,6 +49,11 @@ type Fixture struct {
 	// AdapterReply, when set, is how a loaded adapter answers (given its
 	// name and the last user message) in place of the base's echo.
 	AdapterReply func(adapter, last string) string
+	// Reasoning, when set, is exposed thinking every answer starts with,
+	// as vLLM's reasoning parser returns it: message.reasoning_content, or
+	// in a stream a delta of its own before the answer's (its tokens are
+	// not among the answer's ids here).
+	Reasoning string
 	// LoRALatency is added to each adapter load, as reading weights takes.
 	LoRALatency time.Duration
 	// FailLoRA, when > 0, fails that many load / unload calls with 500.
@@ -149,9 +154,10 @@ type wireChoice struct {
 }
 
 type wireMessage struct {
-	Role      string         `json:"role"`
-	Content   *string        `json:"content"`
-	ToolCalls []wireToolCall `json:"tool_calls,omitempty"`
+	Role             string         `json:"role"`
+	Content          *string        `json:"content"`
+	ReasoningContent string         `json:"reasoning_content,omitempty"`
+	ToolCalls        []wireToolCall `json:"tool_calls,omitempty"`
 }
 
 type wireToolCall struct {
@@ -365,7 +371,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 	id := fmt.Sprintf("chatcmpl-fixture-%d", f.Requests.Load())
 	if !req.Stream {
 		time.Sleep(f.Latency)
-		msg := wireMessage{Role: "assistant", Content: &content}
+		msg := wireMessage{Role: "assistant", Content: &content, ReasoningContent: f.Reasoning}
 		if tool != "" {
 			msg.Content = nil
 			msg.ToolCalls = []wireToolCall{{ID: "call_fx" + fmt.Sprint(f.Requests.Load()), Type: "function", Function: wireFunction{Name: tool, Arguments: args}}}
@@ -397,6 +403,10 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		first["prompt_token_ids"] = promptIDs
 	}
 	send(first)
+	if f.Reasoning != "" {
+		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served,
+			"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"reasoning_content": f.Reasoning}}}})
+	}
 	for c := 0; c < chunks; c++ {
 		if f.BreakStreamAfter > 0 && c >= f.BreakStreamAfter {
 			return // no [DONE]: a broken upstream
