@@ -125,3 +125,33 @@ func TestAnthropicStreamsThinkingAndToolInput(t *testing.T) {
 	require.Equal(t, "ok", row.Status)
 	require.True(t, row.Stream)
 }
+
+// TestAnthropicReportsTheStopSequence: an answer cut by one of the
+// request's stop sequences says so, and which, as Anthropic's API does,
+// whole and streamed (the upstream names it in vLLM's stop_reason).
+func TestAnthropicReportsTheStopSequence(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	c := e.anthropic(e.keyA)
+	params := anthropic.MessageNewParams{Model: anthropic.Model(fixtureModel), MaxTokens: 256, StopSequences: []string{"Oslo", "Bergen"},
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather in Oslo today"))}}
+	whole, err := c.Messages.New(context.Background(), params)
+	require.NoError(t, err)
+	require.Equal(t, anthropic.StopReasonStopSequence, whole.StopReason)
+	require.Equal(t, "Oslo", whole.StopSequence)
+	require.Equal(t, "echo: weather in ", whole.Content[0].Text)
+
+	stream := c.Messages.NewStreaming(context.Background(), params)
+	var msg anthropic.Message
+	for stream.Next() {
+		require.NoError(t, msg.Accumulate(stream.Current()))
+	}
+	require.NoError(t, stream.Err())
+	require.Equal(t, anthropic.StopReasonStopSequence, msg.StopReason)
+	require.Equal(t, "Oslo", msg.StopSequence)
+
+	params.StopSequences = []string{"Bergen"}
+	plain, err := c.Messages.New(context.Background(), params)
+	require.NoError(t, err)
+	require.Equal(t, anthropic.StopReasonEndTurn, plain.StopReason, "no stop sequence met: the answer's own end")
+	require.Empty(t, plain.StopSequence)
+}

@@ -98,10 +98,10 @@ func (s *Server) messages(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	stop := anthropic.StopReason(resp.FinishReason)
+	stop, seq := anthropic.Stop(resp)
 	c.JSON(http.StatusOK, anthropic.Response{
 		ID: cl.completionID, Type: "message", Role: inference.RoleAssistant, Model: wire.Model,
-		Content: anthropic.Content(resp.Message), StopReason: &stop,
+		Content: anthropic.Content(resp.Message), StopReason: &stop, StopSequence: seq,
 		Usage: anthropic.Usage{InputTokens: resp.Usage.PromptTokens, OutputTokens: resp.Usage.CompletionTokens},
 	})
 }
@@ -183,8 +183,9 @@ func (s *Server) streamAnthropic(c *gin.Context, cl *call, wire *anthropic.Reque
 			}
 		}
 	}
+	stop, seq := anthropic.Stop(resp)
 	if w.event("message_delta", gin.H{"type": "message_delta",
-		"delta": gin.H{"stop_reason": anthropic.StopReason(resp.FinishReason), "stop_sequence": nil},
+		"delta": gin.H{"stop_reason": stop, "stop_sequence": seq},
 		"usage": gin.H{"input_tokens": resp.Usage.PromptTokens, "output_tokens": resp.Usage.CompletionTokens}}) != nil {
 		return
 	}

@@ -143,6 +143,10 @@ type Response struct {
 	Logprobs           []float32      `json:"logprobs,omitempty"`
 	CompletionTokens   []string       `json:"completion_tokens,omitempty"`
 	TopLogprobs        [][]TopLogprob `json:"top_logprobs,omitempty"`
+	// StopSequence is the stop sequence that ended the answer, where the
+	// backend says which (vLLM's stop_reason, SGLang's matched): "" when
+	// it ended otherwise, or the backend does not say.
+	StopSequence string `json:"stop_sequence,omitempty"`
 	// ModelVersion is the exact weights version that produced every token.
 	ModelVersion string        `json:"model_version"`
 	Usage        Usage         `json:"usage"`

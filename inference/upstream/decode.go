@@ -175,6 +175,19 @@ func (d *fastDecoder) choice(c *wireChoice) error {
 			ids, err := d.ints()
 			c.TokenIDs = ids
 			return err
+		case "stop_reason":
+			if err := d.once(&seen, 32); err != nil {
+				return err
+			}
+			if d.null() {
+				return nil
+			}
+			if d.peek() != '"' {
+				return errUnusual // a stop token id: json's answer
+			}
+			s, err := d.str()
+			c.StopReason = stopReason(s)
+			return err
 		}
 		return d.skipUnknown(key)
 	})

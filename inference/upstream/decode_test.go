@@ -68,6 +68,9 @@ var decodeCases = []string{
 	`{"model":"m","choices":[{"message":{"content":"\/\b\f\n\r\t\\\"\u0000"}}]}`,
 	`{"model":"m","choices":[{"message":{"content":"x"}}],"unknown":tru}`,
 	`{"model":"m","choices":[{"finish_reason":null,"message":{"content":"x","reasoning_content":"r"}}]}`,
+	`{"model":"m","choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]}`,
+	`{"model":"m","choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":128001}]}`,
+	`{"model":"m","choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":null}]}`,
 }
 
 // checkSameAsJSON holds the fast decoder to json.Unmarshal: whenever it

@@ -143,6 +143,8 @@ type generateOutput struct {
 		FinishReason *struct {
 			Type    string `json:"type"`
 			Message string `json:"message"`
+			// Matched is the stop string (or token id) that ended it.
+			Matched json.RawMessage `json:"matched"`
 		} `json:"finish_reason"`
 		PromptTokens        int              `json:"prompt_tokens"`
 		CompletionTokens    int              `json:"completion_tokens"`
@@ -212,6 +214,16 @@ func (g *generateOutput) finish() (string, error) {
 	return fr.Type, nil
 }
 
+// matched is the stop string that ended the generation ("" for none, or
+// a stop token).
+func (g *generateOutput) matched() string {
+	var s string
+	if fr := g.MetaInfo.FinishReason; fr != nil && json.Unmarshal(fr.Matched, &s) == nil {
+		return s
+	}
+	return ""
+}
+
 // addTokens appends sampled tokens to resp and d (when not nil).
 func addTokens(resp *inference.Response, d *inference.Delta, lps []tokenLogprob, top [][]tokenLogprob) {
 	for i, lp := range lps {
@@ -273,7 +285,7 @@ func (b *Backend) generate(ctx context.Context, req *inference.Request) (*infere
 			return err
 		}
 		resp = b.generated(ids, &g)
-		resp.FinishReason = finish
+		resp.FinishReason, resp.StopSequence = finish, g.matched()
 		resp.Message.Content = *g.Text
 		addTokens(resp, nil, g.MetaInfo.OutputTokenLogprobs, g.MetaInfo.OutputTopLogprobs)
 		return nil
@@ -363,7 +375,7 @@ func (b *Backend) readGenerateStream(r io.Reader, ids []int, emit func(inference
 		text.WriteString(d.Text)
 		resp.Usage = inference.Usage{PromptTokens: g.MetaInfo.PromptTokens, CompletionTokens: g.MetaInfo.CompletionTokens}
 		if finish != "" {
-			resp.FinishReason = finish
+			resp.FinishReason, resp.StopSequence = finish, g.matched()
 		}
 		if d.Text != "" || len(d.TokenIDs) > 0 {
 			if err := emit(d); err != nil {

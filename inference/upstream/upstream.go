@@ -226,7 +226,9 @@ type wireChoice struct {
 		ToolCalls        []wireToolCall `json:"tool_calls"`
 	} `json:"delta"`
 	FinishReason *string `json:"finish_reason"`
-	Logprobs     *struct {
+	// StopReason is vLLM's: the stop string that ended the answer.
+	StopReason stopReason `json:"stop_reason"`
+	Logprobs   *struct {
 		Content []wireLogprob `json:"content"`
 	} `json:"logprobs"`
 	TokenIDs []int `json:"token_ids"`
@@ -340,6 +342,7 @@ func (b *Backend) assemble(w *wireResponse) *inference.Response {
 	if ch.FinishReason != nil {
 		resp.FinishReason = *ch.FinishReason
 	}
+	resp.StopSequence = string(ch.StopReason)
 	if ch.Logprobs != nil {
 		addLogprobs(resp, ch.Logprobs.Content, len(ch.TokenIDs) == 0)
 	}
@@ -534,6 +537,9 @@ func (b *Backend) readStream(r io.Reader, emit func(inference.Delta) error) (*in
 		}
 		if ch.FinishReason != nil {
 			resp.FinishReason = *ch.FinishReason
+		}
+		if ch.StopReason != "" {
+			resp.StopSequence = string(ch.StopReason)
 		}
 		content.WriteString(d.Text)
 		reasoning.WriteString(d.Reasoning)
@@ -778,4 +784,20 @@ func (f Fallback) Stream(ctx context.Context, req *inference.Request, emit func(
 		}
 	}
 	return nil, err
+}
+
+// stopReason is vLLM's choice.stop_reason: the stop string that ended the
+// answer; a stop token's id (a number) or null leave it "".
+type stopReason string
+
+func (r *stopReason) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '"' {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	*r = stopReason(s)
+	return nil
 }

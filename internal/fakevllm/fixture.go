@@ -122,6 +122,9 @@ type request struct {
 	Stream         bool            `json:"stream"`
 	ReturnTokenIDs bool            `json:"return_token_ids"`
 	TokensAsIDs    bool            `json:"return_tokens_as_token_ids"`
+	// Stop are stop strings (vLLM also takes one string; this fake, the
+	// list OpenAI clients send).
+	Stop []string `json:"stop"`
 }
 
 func text(raw json.RawMessage) string {
@@ -149,6 +152,7 @@ type wireChoice struct {
 	Index        int             `json:"index"`
 	Message      wireMessage     `json:"message"`
 	FinishReason string          `json:"finish_reason"`
+	StopReason   any             `json:"stop_reason"`
 	Logprobs     *wireLogprobs   `json:"logprobs,omitempty"`
 	TokenIDs     json.RawMessage `json:"token_ids,omitempty"`
 }
@@ -353,11 +357,22 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		out = out[:req.MaxTokens]
 		content = out
 	}
+	// A stop string ends the answer before it, and vLLM names it in
+	// stop_reason.
+	var stopReason any
+	if tool == "" {
+		for _, st := range req.Stop {
+			if i := strings.Index(out, st); st != "" && i >= 0 {
+				out, content, stopReason = out[:i], out[:i], st
+				break
+			}
+		}
+	}
 	ids := tokens(out)
 	finish := "stop"
 	if tool != "" {
 		finish = "tool_calls"
-	} else if req.MaxTokens > 0 && len("echo: "+text(req.Messages[len(req.Messages)-1].Content)) > req.MaxTokens {
+	} else if stopReason == nil && req.MaxTokens > 0 && len("echo: "+text(req.Messages[len(req.Messages)-1].Content)) > req.MaxTokens {
 		finish = "length"
 	}
 	lp := func(i int) float64 { return -0.01 - 0.1*float64(i%5) }
@@ -376,7 +391,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 			msg.Content = nil
 			msg.ToolCalls = []wireToolCall{{ID: "call_fx" + fmt.Sprint(f.Requests.Load()), Type: "function", Function: wireFunction{Name: tool, Arguments: args}}}
 		}
-		choice := wireChoice{Message: msg, FinishReason: finish}
+		choice := wireChoice{Message: msg, FinishReason: finish, StopReason: stopReason}
 		if req.Logprobs {
 			choice.Logprobs = &wireLogprobs{Content: appendLogprobs(nil, ids, tokText, lp)}
 		}
@@ -444,7 +459,7 @@ func (f *Fixture) complete(w http.ResponseWriter, r *http.Request) {
 		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served, "choices": []any{ch}})
 	}
 	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served,
-		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}}})
+		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish, "stop_reason": stopReason}}})
 	send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": served, "choices": []any{}, "usage": usage})
 	done()
 }

@@ -273,6 +273,17 @@ type Usage struct {
 	OutputTokens int `json:"output_tokens"`
 }
 
+// Stop is a finished generation's stop_reason and stop_sequence: a
+// generation that stopped at one of the request's stop sequences, where
+// the backend says which, ends with "stop_sequence" and names it.
+func Stop(resp *inference.Response) (string, *string) {
+	if resp.StopSequence != "" && resp.FinishReason == inference.FinishStop {
+		seq := resp.StopSequence
+		return "stop_sequence", &seq
+	}
+	return StopReason(resp.FinishReason), nil
+}
+
 func StopReason(finish string) string {
 	switch finish {
 	case inference.FinishLength:
