@@ -35,7 +35,13 @@ func (s *Server) createResponse(c *gin.Context) {
 	var history []inference.Message
 	var chained string
 	if wire.PreviousResponseID != "" {
-		if chained, history, err = s.responseHistory(c.Request.Context(), principalOf(c).TenantID, wire.PreviousResponseID); err != nil {
+		p := principalOf(c)
+		chained, history, err = s.responseHistory(c.Request.Context(), p.TenantID, wire.PreviousResponseID)
+		if err == nil && p.SessionID != "" && chained != p.SessionID {
+			// A per-session key reaches its own session's responses only.
+			err = noStoredResponse(wire.PreviousResponseID)
+		}
+		if err != nil {
 			abort(c, err)
 			return
 		}
@@ -161,7 +167,7 @@ const msgResponseStoreFailed = "storing a response failed"
 func (s *Server) responseHistory(ctx context.Context, tenantID, id string) (string, []inference.Message, error) {
 	session, links, err := store.ResponseChain(ctx, s.deps.DB, tenantID, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", nil, errf(http.StatusNotFound, "previous_response_id: no stored response %q (a response sent with store: false is not kept)", id)
+		return "", nil, noStoredResponse(id)
 	}
 	if err != nil {
 		return "", nil, &apiError{Status: http.StatusServiceUnavailable, Message: "stored responses cannot be read; retry", RetryAfter: time.Second}
@@ -184,14 +190,25 @@ func (s *Server) responseHistory(ctx context.Context, tenantID, id string) (stri
 	return session, msgs, nil
 }
 
-// getResponse is GET /v1/responses/{id}: a stored response of the key's
-// tenant.
-func (s *Server) getResponse(c *gin.Context) {
-	body, err := store.ResponseBody(c.Request.Context(), s.deps.DB, principalOf(c).TenantID, c.Param("id"))
-	if errors.Is(err, store.ErrNotFound) {
-		abort(c, errf(http.StatusNotFound, "no stored response %q", c.Param("id")))
-		return
+// noStoredResponse is the 404 for a response the caller cannot reach.
+func noStoredResponse(id string) error {
+	return errf(http.StatusNotFound, "no stored response %q (a response sent with store: false is not kept)", id)
+}
+
+// storedResponse is a stored response the caller may reach: its tenant's,
+// and for a per-session key its own session's.
+func (s *Server) storedResponse(c *gin.Context, id string) (json.RawMessage, error) {
+	p := principalOf(c)
+	body, session, err := store.ResponseBody(c.Request.Context(), s.deps.DB, p.TenantID, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && p.SessionID != "" && session != p.SessionID) {
+		return nil, noStoredResponse(id)
 	}
+	return body, err
+}
+
+// getResponse is GET /v1/responses/{id}.
+func (s *Server) getResponse(c *gin.Context) {
+	body, err := s.storedResponse(c, c.Param("id"))
 	if err != nil {
 		abort(c, err)
 		return
@@ -204,10 +221,13 @@ func (s *Server) getResponse(c *gin.Context) {
 // continued.
 func (s *Server) deleteResponse(c *gin.Context) {
 	id := c.Param("id")
+	if _, err := s.storedResponse(c, id); err != nil {
+		abort(c, err)
+		return
+	}
 	err := store.DeleteResponse(c.Request.Context(), s.deps.DB, principalOf(c).TenantID, id)
 	if errors.Is(err, store.ErrNotFound) {
-		abort(c, errf(http.StatusNotFound, "no stored response %q", id))
-		return
+		err = noStoredResponse(id)
 	}
 	if err != nil {
 		abort(c, err)

@@ -110,6 +110,17 @@ func TestResponsesSDKToolsChainOneSession(t *testing.T) {
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and?")}})
 	requireStatus(t, err, http.StatusNotFound)
 
+	// A per-session key reaches its own session's responses only.
+	st, sess := e.doJSON(http.MethodPost, "/v1/sessions", e.keyA, map[string]any{"model": fixtureModel})
+	require.Equal(t, http.StatusCreated, st, sess)
+	sessionKey := e.openai(sess["api_key"].(string))
+	_, err = sessionKey.Responses.Get(ctx, second.ID, responses.ResponseGetParams{})
+	requireStatus(t, err, http.StatusNotFound)
+	_, err = sessionKey.Responses.New(ctx, responses.ResponseNewParams{Model: fixtureModel, PreviousResponseID: openai.String(second.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and?")}})
+	requireStatus(t, err, http.StatusNotFound)
+	require.Error(t, sessionKey.Responses.Delete(ctx, second.ID))
+
 	// store: false is captured (it trains) but not kept.
 	unstored, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: fixtureModel, Store: openai.Bool(false),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}})

@@ -34,14 +34,15 @@ func InsertResponse(ctx context.Context, db DBTX, r StoredResponse) error {
 	return nil
 }
 
-// ResponseBody is a tenant's stored response object; ErrNotFound when the
-// tenant has none by that id.
-func ResponseBody(ctx context.Context, db DBTX, tenantID, id string) (json.RawMessage, error) {
+// ResponseBody is a tenant's stored response object and its session;
+// ErrNotFound when the tenant has none by that id.
+func ResponseBody(ctx context.Context, db DBTX, tenantID, id string) (json.RawMessage, string, error) {
 	var body json.RawMessage
-	if err := db.QueryRow(ctx, `SELECT body FROM responses WHERE tenant_id = $1 AND id = $2`, tenantID, id).Scan(&body); err != nil {
-		return nil, notFound(err)
+	var session string
+	if err := db.QueryRow(ctx, `SELECT body, session_id FROM responses WHERE tenant_id = $1 AND id = $2`, tenantID, id).Scan(&body, &session); err != nil {
+		return nil, "", notFound(err)
 	}
-	return body, nil
+	return body, session, nil
 }
 
 // DeleteResponse deletes a tenant's stored response (the interaction it
