@@ -33,9 +33,8 @@ func (s *Server) generateGroup(c *gin.Context, cl *call, n int) ([]*inference.Re
 	calls := make([]*call, n)
 	err := pgx.BeginFunc(c.Request.Context(), s.deps.DB, func(tx pgx.Tx) error {
 		for i := range calls {
-			fork := *cl
-			fork.req = &inference.Request{}
-			*fork.req = *cl.req
+			fork, req := *cl, *cl.req
+			fork.req = &req
 			fork.sessionID = cl.completionID + "." + strconv.Itoa(i)
 			fork.completionID = fork.sessionID
 			fork.group, fork.groupSize = cl.completionID, n

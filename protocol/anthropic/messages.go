@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol"
 )
 
 // Limits on what one request may carry.
@@ -151,26 +152,12 @@ func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error
 
 // blocksText reads a string or an array of text blocks.
 func blocksText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var blocks []Block
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return "", fmt.Errorf("want a string or an array of content blocks")
-	}
-	var b strings.Builder
-	for i, bl := range blocks {
+	return protocol.Text(raw, "want a string or an array of content blocks", func(i int, bl Block) (string, error) {
 		if bl.Type != "text" {
 			return "", fmt.Errorf("content.%d: want a text block here, got %q", i, bl.Type)
 		}
-		b.WriteString(bl.Text)
-	}
-	return b.String(), nil
+		return bl.Text, nil
+	})
 }
 
 // neutral converts one Anthropic message; a user message's tool_result

@@ -10,9 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol"
 )
 
 // OpenAI Chat Completions wire types: only the fields the gateway reads or
@@ -307,29 +307,15 @@ func (m Message) neutral() (inference.Message, error) {
 }
 
 func contentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var parts []struct {
+	return protocol.Text(raw, "content: want a string or an array of parts", func(i int, p struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("content: want a string or an array of parts")
-	}
-	var b strings.Builder
-	for i, p := range parts {
+	}) (string, error) {
 		if p.Type != "text" {
 			return "", fmt.Errorf("content[%d]: only text parts are supported, got %q", i, p.Type)
 		}
-		b.WriteString(p.Text)
-	}
-	return b.String(), nil
+		return p.Text, nil
+	})
 }
 
 // OpenAI responses.

@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol"
 )
 
 // Limits on what one request may carry.
@@ -341,30 +342,15 @@ type Part struct {
 }
 
 func contentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var parts []Part
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("content: want a string or an array of parts")
-	}
-	var b strings.Builder
-	for i, p := range parts {
+	return protocol.Text(raw, "content: want a string or an array of parts", func(i int, p Part) (string, error) {
 		switch p.Type {
 		case "input_text", "output_text", "text":
-			b.WriteString(p.Text)
+			return p.Text, nil
 		case "refusal":
-			b.WriteString(p.Refusal)
-		default:
-			return "", fmt.Errorf("content[%d].type: only text parts are supported, got %q", i, p.Type)
+			return p.Refusal, nil
 		}
-	}
-	return b.String(), nil
+		return "", fmt.Errorf("content[%d].type: only text parts are supported, got %q", i, p.Type)
+	})
 }
 
 // outputText is a function call output: a string, or text parts.
