@@ -41,16 +41,10 @@ type Server struct {
 	Shell string
 	// Log receives diagnostics (the container's stderr); may be nil.
 	Log io.Writer
-	// AdoptsOrphans says the process is its commands' child subreaper, so
-	// strays that left a command's process group are its children and a
-	// finished command's are ended with it (strays.go). Without it (a
-	// server inside a test process) only process groups are killed.
-	AdoptsOrphans bool
 
 	mu      sync.Mutex
 	out     *bufio.Writer
 	running map[uint64]context.CancelFunc
-	strays  strays
 	wg      sync.WaitGroup
 }
 
@@ -61,7 +55,6 @@ func (s *Server) Serve(in io.Reader, out io.Writer) error {
 	}
 	s.out = bufio.NewWriterSize(out, 64<<10)
 	s.running = make(map[uint64]context.CancelFunc)
-	s.strays = newStrays()
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		var req Request
@@ -114,12 +107,6 @@ func (s *Server) handle(req Request) Response {
 		resp.Entries, err = listFiles(req)
 	case OpKillStrays:
 		resp.Killed, err = killStrays()
-		s.mu.Lock()
-		s.strays.forget()
-		if s.AdoptsOrphans {
-			s.strays.sweep(false) // reaps what was killed
-		}
-		s.mu.Unlock()
 	case OpCancel:
 		s.mu.Lock()
 		cancel := s.running[req.Target]
@@ -186,22 +173,16 @@ func (s *Server) exec(req Request, resp *Response) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	start := time.Now()
-	// Started under the lock, so no sweep sees the shell before it is
-	// known as one.
-	s.mu.Lock()
 	if err := cmd.Start(); err != nil {
-		s.mu.Unlock()
 		outR.Close()
 		outW.Close()
 		errR.Close()
 		errW.Close()
 		return fmt.Errorf("exec: start: %w", err)
 	}
-	pgid := cmd.Process.Pid
-	s.strays.shells[pgid] = true
-	s.mu.Unlock()
 	outW.Close()
 	errW.Close()
+	pgid := cmd.Process.Pid
 	// Under memory pressure the kernel should kill the command, not the agent.
 	_ = os.WriteFile("/proc/"+strconv.Itoa(pgid)+"/oom_score_adj", []byte("1000"), 0)
 
@@ -219,14 +200,6 @@ func (s *Server) exec(req Request, resp *Response) error {
 	if !req.KeepStrays {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
-	// What left the group (setsid) and was adopted by the agent ends now
-	// too, or is remembered as kept.
-	s.mu.Lock()
-	delete(s.strays.shells, pgid)
-	if s.AdoptsOrphans {
-		s.strays.sweep(req.KeepStrays)
-	}
-	s.mu.Unlock()
 	// Normally every writer is gone now and the copies end at EOF. Children
 	// that outlived the shell (kept, or escaped with setsid) may hold the
 	// pipes open: give them a grace period, then stop reading. A deadline
