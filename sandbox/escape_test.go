@@ -256,19 +256,32 @@ func TestEscapeRunningPastTheTimeLimit(t *testing.T) {
 	require.True(t, res.TimedOut)
 	require.Less(t, time.Since(start), 5*time.Second, "the command ran past its limit")
 
-	// The escaped child is still writing: KillStrays (grading runs it first,
-	// Reset too) is what ends it.
+	// The child that left the process group ended with its command: the
+	// agent adopts its commands' orphans and ends them at the limit.
 	heartbeats := func() int {
-		n, _ := strconv.Atoi(strings.TrimSpace(string(run(t, sb, "wc -l < /tmp/alive").Stdout)))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(run(t, sb, "wc -l < /tmp/alive 2>/dev/null || echo 0").Stdout)))
 		return n
 	}
-	before := heartbeats()
-	require.Eventually(t, func() bool { return heartbeats() > before }, 5*time.Second, 100*time.Millisecond, "control: the escaped child runs")
+	after := heartbeats()
+	require.Positive(t, after, "control: the child ran until the limit")
+	time.Sleep(time.Second)
+	require.Equal(t, after, heartbeats(), "the setsid'd child outlived its command's time limit")
+
+	// Control: a command that keeps its strays keeps a setsid'd one, past
+	// later commands, until KillStrays.
+	_, err = sb.Exec(ctx, sandbox.ExecRequest{Cmd: "setsid sh -c 'while :; do date +%s >> /tmp/kept; sleep 0.2; done' >/dev/null 2>&1 &", KeepStrays: true})
+	require.NoError(t, err)
+	kept := func() int {
+		n, _ := strconv.Atoi(strings.TrimSpace(string(run(t, sb, "wc -l < /tmp/kept 2>/dev/null || echo 0").Stdout)))
+		return n
+	}
+	before := kept()
+	require.Eventually(t, func() bool { return kept() > before }, 5*time.Second, 100*time.Millisecond, "control: the kept child runs past later commands")
 	_, err = sb.KillStrays(ctx)
 	require.NoError(t, err)
-	after := heartbeats()
+	stopped := kept()
 	time.Sleep(time.Second)
-	require.Equal(t, after, heartbeats(), "a process outlived KillStrays")
+	require.Equal(t, stopped, kept(), "a process outlived KillStrays")
 
 	// The host stops waiting even when the agent does not answer.
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)

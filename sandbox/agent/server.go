@@ -41,10 +41,17 @@ type Server struct {
 	Shell string
 	// Log receives diagnostics (the container's stderr); may be nil.
 	Log io.Writer
+	// AdoptsOrphans says the process is its commands' child subreaper, so
+	// strays that left a command's process group become its children: it
+	// reaps them as they exit and ends them with their command
+	// (strays.go). Without it (a server inside a test process) only
+	// process groups are killed.
+	AdoptsOrphans bool
 
 	mu      sync.Mutex
 	out     *bufio.Writer
 	running map[uint64]context.CancelFunc
+	procs   *procs
 	wg      sync.WaitGroup
 }
 
@@ -55,6 +62,12 @@ func (s *Server) Serve(in io.Reader, out io.Writer) error {
 	}
 	s.out = bufio.NewWriterSize(out, 64<<10)
 	s.running = make(map[uint64]context.CancelFunc)
+	s.procs = newProcs(s.AdoptsOrphans)
+	if s.AdoptsOrphans {
+		stop := make(chan struct{})
+		defer close(stop)
+		go s.procs.reapOnSIGCHLD(stop)
+	}
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		var req Request
@@ -107,6 +120,7 @@ func (s *Server) handle(req Request) Response {
 		resp.Entries, err = listFiles(req)
 	case OpKillStrays:
 		resp.Killed, err = killStrays()
+		s.procs.forget()
 	case OpCancel:
 		s.mu.Lock()
 		cancel := s.running[req.Target]
@@ -173,7 +187,7 @@ func (s *Server) exec(req Request, resp *Response) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := s.procs.start(cmd); err != nil {
 		outR.Close()
 		outW.Close()
 		errR.Close()
@@ -200,6 +214,9 @@ func (s *Server) exec(req Request, resp *Response) error {
 	if !req.KeepStrays {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
+	// What left the group (setsid) and was adopted by the agent ends now
+	// too, or is remembered as kept.
+	s.procs.finish(pgid, req.KeepStrays)
 	// Normally every writer is gone now and the copies end at EOF. Children
 	// that outlived the shell (kept, or escaped with setsid) may hold the
 	// pipes open: give them a grace period, then stop reading. A deadline

@@ -19,7 +19,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
 		os.Exit(1)
 	}
-	s := &agent.Server{Log: os.Stderr}
+	s := &agent.Server{Log: os.Stderr, AdoptsOrphans: adoptsOrphans}
 	if err := s.Serve(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
 		os.Exit(1)
