@@ -19,29 +19,27 @@ import (
 // writes. Unknown request fields are ignored, as OpenAI's SDKs send many.
 
 type Request struct {
-	Model               string          `json:"model"`
-	Messages            []Message       `json:"messages"`
-	Tools               []Tool          `json:"tools,omitempty"`
-	ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
-	MaxTokens           *int            `json:"max_tokens,omitempty"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
-	Temperature         *float64        `json:"temperature,omitempty"`
-	TopP                *float64        `json:"top_p,omitempty"`
-	Stop                json.RawMessage `json:"stop,omitempty"`
-	Seed                *int64          `json:"seed,omitempty"`
-	N                   *int            `json:"n,omitempty"`
-	Stream              bool            `json:"stream,omitempty"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options,omitempty"`
-	Logprobs          bool               `json:"logprobs,omitempty"`
-	TopLogprobs       *int               `json:"top_logprobs,omitempty"`
-	User              string             `json:"user,omitempty"`
-	ResponseFormat    json.RawMessage    `json:"response_format,omitempty"`
-	ParallelToolCalls *bool              `json:"parallel_tool_calls,omitempty"`
-	FrequencyPenalty  *float64           `json:"frequency_penalty,omitempty"`
-	PresencePenalty   *float64           `json:"presence_penalty,omitempty"`
-	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
+	Model               string             `json:"model"`
+	Messages            []Message          `json:"messages"`
+	Tools               []Tool             `json:"tools,omitempty"`
+	ToolChoice          json.RawMessage    `json:"tool_choice,omitempty"`
+	MaxTokens           *int               `json:"max_tokens,omitempty"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens,omitempty"`
+	Temperature         *float64           `json:"temperature,omitempty"`
+	TopP                *float64           `json:"top_p,omitempty"`
+	Stop                json.RawMessage    `json:"stop,omitempty"`
+	Seed                *int64             `json:"seed,omitempty"`
+	N                   *int               `json:"n,omitempty"`
+	Stream              bool               `json:"stream,omitempty"`
+	StreamOptions       *StreamOptions     `json:"stream_options,omitempty"`
+	Logprobs            bool               `json:"logprobs,omitempty"`
+	TopLogprobs         *int               `json:"top_logprobs,omitempty"`
+	User                string             `json:"user,omitempty"`
+	ResponseFormat      json.RawMessage    `json:"response_format,omitempty"`
+	ParallelToolCalls   *bool              `json:"parallel_tool_calls,omitempty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty,omitempty"`
+	PresencePenalty     *float64           `json:"presence_penalty,omitempty"`
+	LogitBias           map[string]float64 `json:"logit_bias,omitempty"`
 }
 
 // Choices is how many samples the request asks for (n).
@@ -50,6 +48,10 @@ func (r *Request) Choices() int {
 		return 1
 	}
 	return *r.N
+}
+
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 type Message struct {
@@ -134,9 +136,12 @@ func Decode(body []byte) (*Request, *inference.Request, error) {
 		}
 		req.TopLogprobs = *r.TopLogprobs
 	}
-	stops, err := decodeStop(r.Stop)
+	stops, err := Stops(r.Stop)
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(stops) > maxStops {
+		return nil, nil, fmt.Errorf("stop: at most %d sequences", maxStops)
 	}
 	req.Stop = stops
 	for i, m := range r.Messages {
@@ -232,7 +237,9 @@ func (r *Request) decodeParams(req *inference.Request) error {
 	return nil
 }
 
-func decodeStop(raw json.RawMessage) ([]string, error) {
+// Stops reads stop: a string, an array of strings, or null. How many
+// sequences are too many is the reader's policy, not the format's.
+func Stops(raw json.RawMessage) ([]string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
@@ -244,9 +251,6 @@ func decodeStop(raw json.RawMessage) ([]string, error) {
 	var many []string
 	if err := json.Unmarshal(raw, &many); err != nil {
 		return nil, fmt.Errorf("stop: want a string or an array of strings")
-	}
-	if len(many) > maxStops {
-		return nil, fmt.Errorf("stop: at most %d sequences", maxStops)
 	}
 	return many, nil
 }
