@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
@@ -14,7 +15,7 @@ type tokenizeRequest struct {
 	Model    string        `json:"model"`
 	Prompt   *string       `json:"prompt"`
 	Messages []chatMessage `json:"messages"`
-	Tools    []chatTool    `json:"tools"`
+	Tools    []openai.Tool `json:"tools"`
 	// ToolChoice is not vLLM's, but the policy's template names a required
 	// or chosen tool, so a count that must match a completion needs it.
 	ToolChoice          json.RawMessage `json:"tool_choice"`

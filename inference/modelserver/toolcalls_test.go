@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // An untrained policy seldom writes a tool call, so the wire form of the
@@ -61,7 +62,7 @@ func TestToolCallsInACompletion(t *testing.T) {
 func TestToolCallsEndAStream(t *testing.T) {
 	s := &Server{}
 	w := httptest.NewRecorder()
-	a := answer{id: "chatcmpl-x", created: 1, model: "policy@v2", wire: &chatRequest{Stream: true, StreamOptions: &streamOptions{IncludeUsage: true}}}
+	a := answer{id: "chatcmpl-x", created: 1, model: "policy@v2", wire: &chatRequest{Stream: true, StreamOptions: &openai.StreamOptions{IncludeUsage: true}}}
 	require.NoError(t, s.finish(&eventWriter{w: w}, toolResponse, a))
 	events := strings.Split(strings.TrimSuffix(w.Body.String(), "\n\n"), "\n\n")
 	require.Len(t, events, 4, "tool calls, finish, usage, [DONE]")

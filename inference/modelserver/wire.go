@@ -5,40 +5,40 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // chatRequest is vLLM's ChatCompletionRequest, the fields the policy
 // reads. Unknown fields are ignored, as vLLM ignores them (with a warning).
+// Its parts are protocol/openai's where vLLM reads them as the gateway
+// does; messages are read by vLLM's rules (messageContent, chatToolCall),
+// and so is the whole (request).
 type chatRequest struct {
-	Model               string             `json:"model"`
-	Messages            []chatMessage      `json:"messages"`
-	Tools               []chatTool         `json:"tools"`
-	ToolChoice          json.RawMessage    `json:"tool_choice"`
-	MaxTokens           *int               `json:"max_tokens"`
-	MaxCompletionTokens *int               `json:"max_completion_tokens"`
-	Temperature         *float64           `json:"temperature"`
-	TopP                *float64           `json:"top_p"`
-	Stop                stopList           `json:"stop"`
-	Seed                *int64             `json:"seed"`
-	N                   *int               `json:"n"`
-	Logprobs            bool               `json:"logprobs"`
-	TopLogprobs         *int               `json:"top_logprobs"`
-	Stream              bool               `json:"stream"`
-	StreamOptions       *streamOptions     `json:"stream_options"`
-	ReturnTokenIDs      bool               `json:"return_token_ids"`
-	TokensAsIDs         bool               `json:"return_tokens_as_token_ids"`
-	ResponseFormat      json.RawMessage    `json:"response_format"`
-	FrequencyPenalty    *float64           `json:"frequency_penalty"`
-	PresencePenalty     *float64           `json:"presence_penalty"`
-	LogitBias           map[string]float64 `json:"logit_bias"`
-	ParallelToolCalls   *bool              `json:"parallel_tool_calls"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	Model               string                `json:"model"`
+	Messages            []chatMessage         `json:"messages"`
+	Tools               []openai.Tool         `json:"tools"`
+	ToolChoice          json.RawMessage       `json:"tool_choice"`
+	MaxTokens           *int                  `json:"max_tokens"`
+	MaxCompletionTokens *int                  `json:"max_completion_tokens"`
+	Temperature         *float64              `json:"temperature"`
+	TopP                *float64              `json:"top_p"`
+	Stop                stopList              `json:"stop"`
+	Seed                *int64                `json:"seed"`
+	N                   *int                  `json:"n"`
+	Logprobs            bool                  `json:"logprobs"`
+	TopLogprobs         *int                  `json:"top_logprobs"`
+	Stream              bool                  `json:"stream"`
+	StreamOptions       *openai.StreamOptions `json:"stream_options"`
+	ReturnTokenIDs      bool                  `json:"return_token_ids"`
+	TokensAsIDs         bool                  `json:"return_tokens_as_token_ids"`
+	ResponseFormat      json.RawMessage       `json:"response_format"`
+	FrequencyPenalty    *float64              `json:"frequency_penalty"`
+	PresencePenalty     *float64              `json:"presence_penalty"`
+	LogitBias           map[string]float64    `json:"logit_bias"`
+	ParallelToolCalls   *bool                 `json:"parallel_tool_calls"`
 }
 
 type chatMessage struct {
@@ -49,6 +49,8 @@ type chatMessage struct {
 	ToolCallID string         `json:"tool_call_id"`
 }
 
+// chatToolCall is openai.ToolCall as vLLM reads it: the arguments may be
+// the object itself, not only its JSON text.
 type chatToolCall struct {
 	ID       string `json:"id"`
 	Type     string `json:"type"`
@@ -58,75 +60,35 @@ type chatToolCall struct {
 	} `json:"function"`
 }
 
-type chatTool struct {
-	Type     string `json:"type"`
-	Function struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description"`
-		Parameters  json.RawMessage `json:"parameters"`
-	} `json:"function"`
-}
-
 // messageContent is a message's text: a string, null, or an array of
-// content parts of which the policy reads the text ones.
+// content parts of which the policy reads the text ones. It is read as the
+// request is decoded, so its refusal is the decoder's.
 type messageContent string
 
 func (c *messageContent) UnmarshalJSON(raw []byte) error {
-	raw = bytes.TrimSpace(raw)
-	if isNull(raw) {
-		*c = ""
-		return nil
-	}
-	var s string
-	if raw[0] == '"' {
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return err
-		}
-		*c = messageContent(s)
-		return nil
-	}
-	var parts []struct {
+	text, err := protocol.Text(raw, "content must be a string, null or an array of content parts", func(i int, p struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return errors.New("content must be a string, null or an array of content parts")
-	}
-	texts := make([]string, 0, len(parts))
-	for _, p := range parts {
+	}) (string, error) {
 		if p.Type != "text" {
-			return fmt.Errorf("content part type %q: the policy reads text only", p.Type)
+			return "", fmt.Errorf("content part type %q: the policy reads text only", p.Type)
 		}
-		texts = append(texts, p.Text)
-	}
-	// vLLM joins text parts with newlines for a string chat template.
-	*c = messageContent(strings.Join(texts, "\n"))
-	return nil
+		if i > 0 {
+			return "\n" + p.Text, nil // vLLM joins text parts with newlines for a string chat template
+		}
+		return p.Text, nil
+	})
+	*c = messageContent(text)
+	return err
 }
 
-// stopList is OpenAI's stop: a string, an array of strings, or null.
+// stopList is stop, read as the request is decoded. vLLM sets no limit
+// on how many sequences.
 type stopList []string
 
-func (s *stopList) UnmarshalJSON(raw []byte) error {
-	raw = bytes.TrimSpace(raw)
-	if isNull(raw) {
-		*s = nil
-		return nil
-	}
-	if raw[0] == '"' {
-		var one string
-		if err := json.Unmarshal(raw, &one); err != nil {
-			return err
-		}
-		*s = stopList{one}
-		return nil
-	}
-	var many []string
-	if err := json.Unmarshal(raw, &many); err != nil {
-		return errors.New("stop must be a string or an array of strings")
-	}
-	*s = many
-	return nil
+func (s *stopList) UnmarshalJSON(raw []byte) (err error) {
+	*s, err = openai.Stops(raw)
+	return err
 }
 
 func isNull(raw []byte) bool {
@@ -190,7 +152,7 @@ func messages(in []chatMessage) ([]inference.Message, error) {
 }
 
 // tools converts the offered functions.
-func tools(in []chatTool) ([]inference.Tool, error) {
+func tools(in []openai.Tool) ([]inference.Tool, error) {
 	out := make([]inference.Tool, 0, len(in))
 	for i, t := range in {
 		if t.Type != "function" {
