@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
@@ -73,7 +74,7 @@ type answer struct {
 // completion is the non-streaming answer.
 func (a answer) completion(resp *inference.Response) chatCompletion {
 	content := resp.Message.Content
-	msg := wireMessage{Role: inference.RoleAssistant, Content: &content, ToolCalls: toolCalls(resp.Message.ToolCalls, false)}
+	msg := wireMessage{Role: inference.RoleAssistant, Content: &content, ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, false)}
 	if content == "" && len(msg.ToolCalls) > 0 {
 		msg.Content = nil
 	}
@@ -90,20 +91,8 @@ func (a answer) completion(resp *inference.Response) chatCompletion {
 	return out
 }
 
-func usage(u inference.Usage) wireUsage {
-	return wireUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
-}
-
-// toolCalls are the answer's tool calls; a stream delta numbers them.
-func toolCalls(calls []inference.ToolCall, indexed bool) []wireToolCall {
-	out := make([]wireToolCall, len(calls))
-	for i, tc := range calls {
-		out[i] = wireToolCall{ID: tc.ID, Type: "function", Function: wireFunction{Name: tc.Name, Arguments: tc.Arguments}}
-		if indexed {
-			out[i].Index = &i
-		}
-	}
-	return out
+func usage(u inference.Usage) openai.Usage {
+	return openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
 }
 
 // logprobs is the logprobs object of ids; top, when the engine has it,
@@ -112,14 +101,14 @@ func (a answer) logprobs(ids []int, lps []float32, top [][]inference.TopLogprob)
 	out := &wireLogprobs{Content: make([]wireLogprob, len(ids))}
 	for i, id := range ids {
 		tok := a.token(id)
-		lp := wireLogprob{Token: tok, Bytes: tokenBytes(tok), TopLogprobs: []wireTopLogprob{}}
+		lp := wireLogprob{Token: tok, Bytes: openai.Bytes(tok), TopLogprobs: []wireTopLogprob{}}
 		if i < len(lps) {
 			lp.Logprob = finite(lps[i])
 		}
 		if i < len(top) {
 			for _, t := range top[i] {
 				alt := a.token(t.TokenID)
-				lp.TopLogprobs = append(lp.TopLogprobs, wireTopLogprob{Token: alt, Logprob: finite(t.Logprob), Bytes: tokenBytes(alt)})
+				lp.TopLogprobs = append(lp.TopLogprobs, wireTopLogprob{Token: alt, Logprob: finite(t.Logprob), Bytes: openai.Bytes(alt)})
 			}
 		}
 		out.Content[i] = lp
@@ -134,14 +123,6 @@ func (a answer) token(id int) string {
 		return "token_id:" + strconv.Itoa(id)
 	}
 	return trainer.TokenText(id)
-}
-
-func tokenBytes(tok string) []int {
-	out := make([]int, len(tok))
-	for i := 0; i < len(tok); i++ {
-		out[i] = int(tok[i])
-	}
-	return out
 }
 
 func finite(lp float32) float32 {
@@ -214,7 +195,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *inference.R
 // finish sends what follows the last token.
 func (s *Server) finish(sse *eventWriter, resp *inference.Response, a answer) error {
 	if len(resp.Message.ToolCalls) > 0 {
-		if err := sse.send(a.chunk(chunkChoice{Delta: chunkDelta{ToolCalls: toolCalls(resp.Message.ToolCalls, true)}})); err != nil {
+		if err := sse.send(a.chunk(chunkChoice{Delta: chunkDelta{ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, true)}})); err != nil {
 			return err
 		}
 	}

@@ -212,7 +212,10 @@ func (c *chatRequest) request() (*inference.Request, error) {
 	return req, nil
 }
 
-// The answer's wire types, in vLLM's shape.
+// The answer's wire types, in vLLM's shape. Its envelopes are not
+// openai.Completion and openai.Choice: vLLM writes a message's tool_calls
+// even when empty and leaves what is unset out of a stream chunk (no
+// "logprobs": null, an empty delta as {}), and its logprobs are float32.
 
 type chatCompletion struct {
 	ID             string             `json:"id"`
@@ -220,7 +223,7 @@ type chatCompletion struct {
 	Created        int64              `json:"created"`
 	Model          string             `json:"model"`
 	Choices        []completionChoice `json:"choices"`
-	Usage          wireUsage          `json:"usage"`
+	Usage          openai.Usage       `json:"usage"`
 	PromptTokenIDs []int              `json:"prompt_token_ids,omitempty"`
 }
 
@@ -233,22 +236,9 @@ type completionChoice struct {
 }
 
 type wireMessage struct {
-	Role      string         `json:"role"`
-	Content   *string        `json:"content"`
-	ToolCalls []wireToolCall `json:"tool_calls"`
-}
-
-type wireToolCall struct {
-	// Index is set in stream deltas only.
-	Index    *int         `json:"index,omitempty"`
-	ID       string       `json:"id"`
-	Type     string       `json:"type"`
-	Function wireFunction `json:"function"`
-}
-
-type wireFunction struct {
-	Name      string `json:"name"`
-	Arguments string `json:"arguments"`
+	Role      string            `json:"role"`
+	Content   *string           `json:"content"`
+	ToolCalls []openai.ToolCall `json:"tool_calls"`
 }
 
 type wireLogprobs struct {
@@ -270,19 +260,13 @@ type wireTopLogprob struct {
 	Bytes   []int   `json:"bytes"`
 }
 
-type wireUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-}
-
 type chatChunk struct {
 	ID             string        `json:"id"`
 	Object         string        `json:"object"`
 	Created        int64         `json:"created"`
 	Model          string        `json:"model"`
 	Choices        []chunkChoice `json:"choices"`
-	Usage          *wireUsage    `json:"usage,omitempty"`
+	Usage          *openai.Usage `json:"usage,omitempty"`
 	PromptTokenIDs []int         `json:"prompt_token_ids,omitempty"`
 }
 
@@ -295,9 +279,9 @@ type chunkChoice struct {
 }
 
 type chunkDelta struct {
-	Role      string         `json:"role,omitempty"`
-	Content   *string        `json:"content,omitempty"`
-	ToolCalls []wireToolCall `json:"tool_calls,omitempty"`
+	Role      string            `json:"role,omitempty"`
+	Content   *string           `json:"content,omitempty"`
+	ToolCalls []openai.ToolCall `json:"tool_calls,omitempty"`
 }
 
 // errorBody is vLLM's ErrorResponse.
