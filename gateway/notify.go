@@ -246,10 +246,9 @@ func (n *TemporalNotifier) count(outcome string) {
 func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	opts, input := workflows.SessionStart(q.input)
 	_, err := n.c.SignalWithStartWorkflow(ctx, q.id, workflows.SessionEventsSignal,
-		workflows.SessionEvents{Events: q.events},
-		client.StartWorkflowOptions{ID: q.id, TaskQueue: workflows.SessionTaskQueue},
-		workflows.SessionWorkflowName, q.input)
+		workflows.SessionEvents{Events: q.events}, opts, workflows.SessionWorkflowName, input)
 	return err
 }
 

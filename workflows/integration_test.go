@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
@@ -231,7 +232,24 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	var state workflows.SessionState
 	require.NoError(t, v.Get(&state))
 	require.Equal(t, "done", state.Phase)
-	testenv.RecordHistory(t, s.tc, workflows.SessionWorkflowID("acme", session), filepath.Join("testdata", "session_history.json"))
+
+	// What the session cost the server (revision 1): its search attributes
+	// came with the start, no version marker, one upsert (the reward), and
+	// no timer started and cancelled per batch of events.
+	it := s.tc.GetWorkflowHistory(ctx, workflows.SessionWorkflowID("acme", session), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	kinds := map[enumspb.EventType]int{}
+	for it.HasNext() {
+		ev, err := it.Next()
+		require.NoError(t, err)
+		kinds[ev.GetEventType()]++
+		if a := ev.GetWorkflowExecutionStartedEventAttributes(); a != nil {
+			require.Contains(t, a.GetSearchAttributes().GetIndexedFields(), workflows.SessionIDKey.GetName())
+		}
+	}
+	require.Zero(t, kinds[enumspb.EVENT_TYPE_TIMER_CANCELED], "the idle timer is never cancelled, only re-armed when it fires")
+	require.Equal(t, 3, kinds[enumspb.EVENT_TYPE_MARKER_RECORDED], "the three local activities; no version marker")
+	require.Equal(t, 1, kinds[enumspb.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES])
+	testenv.RecordHistory(t, s.tc, workflows.SessionWorkflowID("acme", session), filepath.Join("testdata", "session_rev1_history.json"))
 }
 
 func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T) {

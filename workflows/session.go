@@ -181,7 +181,8 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 	}); err != nil {
 		return SessionResult{}, fmt.Errorf("register state query: %w", err)
 	}
-	if c.Runs == 0 {
+	if _, set := workflow.GetTypedSearchAttributes(ctx).GetKeyword(SessionIDKey); !set && c.Runs == 0 {
+		// Started without them (before revision 1, or by hand).
 		_ = workflow.UpsertTypedSearchAttributes(ctx,
 			SessionIDKey.ValueSet(in.SessionID), TenantKey.ValueSet(in.TenantID), DeploymentKey.ValueSet(in.Deployment))
 	}
@@ -196,8 +197,17 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 	ch := workflow.GetSignalChannel(ctx, SessionEventsSignal)
 
 	// Decided once, at the start of the run: every later branch of this
-	// run follows the same version.
-	s.v = workflow.GetVersion(ctx, sessionChangeGraceLocal, workflow.DefaultVersion, 1)
+	// run follows the same version. From revision 1 the input decides, so
+	// no marker is recorded.
+	if in.Rev >= 1 {
+		s.v = 1
+		if err := s.await(ctx, ch, idle, perRun); err != nil {
+			return SessionResult{}, err
+		}
+	} else {
+		s.v = workflow.GetVersion(ctx, sessionChangeGraceLocal, workflow.DefaultVersion, 1)
+	}
+	// Revision 0's wait: a timer for every wait, cancelled by the events.
 	for !s.state.Ended {
 		// The idle deadline counts from the last event, so it survives
 		// continue-as-new (LastEventAt is carried).
@@ -207,15 +217,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 			break
 		}
 		timerCtx, cancelTimer := workflow.WithCancel(ctx)
-		timer := workflow.NewTimer(timerCtx, wait)
-		sel := workflow.NewSelector(ctx)
-		sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
-			var batch SessionEvents
-			c.Receive(ctx, &batch)
-			s.apply(ctx, batch)
-		})
-		sel.AddFuture(timer, func(workflow.Future) {})
-		sel.Select(ctx)
+		s.wait(ctx, ch, workflow.NewTimer(timerCtx, wait))
 		cancelTimer()
 		// Take whatever else arrived in the same task before deciding.
 		s.drain(ctx, ch)
@@ -223,19 +225,10 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 			break
 		}
 		if s.events >= perRun || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
-			// Signals that arrive while we hand off would be lost with this
-			// run: drain them, and re-check the done flag they may set.
-			s.drain(ctx, ch)
-			if s.state.Ended {
-				break
+			if err := s.continueAsNew(ctx, ch); err != nil {
+				return SessionResult{}, err
 			}
-			next := in
-			next.Carry = &SessionCarry{
-				Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
-				LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1,
-			}
-			workflow.GetLogger(ctx).Info("session continues as new", "session_id", in.SessionID, "events", s.events)
-			return SessionResult{}, workflow.NewContinueAsNewError(ctx, SessionWorkflow, next)
+			break
 		}
 	}
 	if s.v >= 1 {
@@ -261,6 +254,68 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 	return res, nil
 }
 
+// await handles events until the session ends (revision 1): whatever is
+// already buffered first, and one idle timer, armed only while nothing is
+// buffered and re-armed only when it fires early (events came meanwhile),
+// so a session whose events arrive together records no timer. A run past
+// its event budget continues as new (the error).
+func (s *sessionRun) await(ctx workflow.Context, ch workflow.ReceiveChannel, idle time.Duration, perRun int) error {
+	var timer workflow.Future
+	for {
+		s.drain(ctx, ch)
+		if s.state.Ended {
+			return nil
+		}
+		if s.events >= perRun || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			return s.continueAsNew(ctx, ch)
+		}
+		// The idle deadline counts from the last event, so it survives
+		// continue-as-new (LastEventAt is carried).
+		wait := s.state.LastEventAt.Add(idle).Sub(workflow.Now(ctx))
+		if wait <= 0 {
+			s.end(EndByIdle)
+			return nil
+		}
+		if timer == nil {
+			timer = workflow.NewTimer(ctx, wait)
+		}
+		if s.wait(ctx, ch, timer) {
+			timer = nil
+		}
+	}
+}
+
+// wait applies the next batch of events, or returns true when timer fires
+// first.
+func (s *sessionRun) wait(ctx workflow.Context, ch workflow.ReceiveChannel, timer workflow.Future) (fired bool) {
+	sel := workflow.NewSelector(ctx)
+	sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
+		var batch SessionEvents
+		c.Receive(ctx, &batch)
+		s.apply(ctx, batch)
+	})
+	sel.AddFuture(timer, func(workflow.Future) { fired = true })
+	sel.Select(ctx)
+	return fired
+}
+
+// continueAsNew hands the open session to a next run. Signals that arrive
+// while it hands off would be lost with this run: they are drained first,
+// and an end among them ends the session here instead (nil).
+func (s *sessionRun) continueAsNew(ctx workflow.Context, ch workflow.ReceiveChannel) error {
+	s.drain(ctx, ch)
+	if s.state.Ended {
+		return nil
+	}
+	next := s.in
+	next.Carry = &SessionCarry{
+		Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
+		LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1,
+	}
+	workflow.GetLogger(ctx).Info("session continues as new", "session_id", s.in.SessionID, "events", s.events)
+	return workflow.NewContinueAsNewError(ctx, SessionWorkflow, next)
+}
+
 // awaitReward gives a session the client ended with no reward yet up to
 // the reward grace for one to arrive.
 func (s *sessionRun) awaitReward(ctx workflow.Context, ch workflow.ReceiveChannel) {
@@ -276,14 +331,7 @@ func (s *sessionRun) awaitReward(ctx workflow.Context, ch workflow.ReceiveChanne
 	timer := workflow.NewTimer(timerCtx, grace)
 	expired := false
 	for !expired && s.state.Rewards == 0 {
-		sel := workflow.NewSelector(ctx)
-		sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
-			var batch SessionEvents
-			c.Receive(ctx, &batch)
-			s.apply(ctx, batch)
-		})
-		sel.AddFuture(timer, func(workflow.Future) { expired = true })
-		sel.Select(ctx)
+		expired = s.wait(ctx, ch, timer)
 	}
 	s.drain(ctx, ch)
 }

@@ -1,6 +1,11 @@
 package workflows
 
-import "time"
+import (
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+)
 
 // The session contract between the gateway (which signals) and
 // SessionWorkflow (which owns the session's lifecycle). The workflow id is
@@ -52,6 +57,29 @@ type SessionInput struct {
 	RewardGrace time.Duration `json:",omitempty"`
 	// Carry is set by the workflow itself when it continues as new.
 	Carry *SessionCarry `json:",omitempty"`
+	// Rev is the revision of the workflow's behaviour the starter asked
+	// for (SessionStart sets SessionRevision; 0 is the first). It is part
+	// of the started event, so a history replays the revision it ran.
+	Rev int `json:",omitempty"`
+}
+
+// SessionRevision is the session workflow's current behaviour. Revision 1
+// records no version marker, takes its search attributes from the start
+// (no upsert) and arms its idle timer only while it waits, so a short
+// session costs the Temporal server one workflow task with no timer and
+// one visibility update (its reward) besides its start and close.
+const SessionRevision = 1
+
+// SessionStart is how a client starts a session's workflow: its options
+// (workflow id = session id, the session queue, the search attributes) and
+// the input at the current revision.
+func SessionStart(in SessionInput) (client.StartWorkflowOptions, SessionInput) {
+	in.Rev = SessionRevision
+	return client.StartWorkflowOptions{
+		ID: SessionWorkflowID(in.TenantID, in.SessionID), TaskQueue: SessionTaskQueue,
+		TypedSearchAttributes: temporal.NewSearchAttributes(
+			SessionIDKey.ValueSet(in.SessionID), TenantKey.ValueSet(in.TenantID), DeploymentKey.ValueSet(in.Deployment)),
+	}, in
 }
 
 // SessionEvent is a notice that something about the session was committed

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,14 @@ func newSessionEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sessionAc
 	return env, acts
 }
 
+// forRevs runs a test against every revision of SessionWorkflow still
+// started (SessionRevision) or replayed (0).
+func forRevs(t *testing.T, test func(t *testing.T, rev int)) {
+	for _, rev := range []int{0, SessionRevision} {
+		t.Run(fmt.Sprintf("rev%d", rev), func(t *testing.T) { test(t, rev) })
+	}
+}
+
 func signalAt(env *testsuite.TestWorkflowEnvironment, d time.Duration, events ...SessionEvent) {
 	env.RegisterDelayedCallback(func() {
 		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: events})
@@ -72,51 +81,55 @@ func steps(n int) []SessionEvent {
 }
 
 func TestSessionEndsOnClientEndAndQueuesSamples(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	signalAt(env, time.Minute, steps(2)...)
-	signalAt(env, 2*time.Minute, SessionEvent{Kind: EventReward, RewardID: 9, Final: true})
-	env.RegisterDelayedCallback(func() {
-		v, err := env.QueryWorkflow(SessionStateQuery)
-		require.NoError(t, err)
-		var st SessionState
-		require.NoError(t, v.Get(&st))
-		require.Equal(t, 2, st.Steps)
-		require.Equal(t, 1, st.Rewards)
-		require.Equal(t, "open", st.Phase)
-	}, 2*time.Minute+time.Second)
-	signalAt(env, 3*time.Minute, SessionEvent{Kind: EventEnd})
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		signalAt(env, time.Minute, steps(2)...)
+		signalAt(env, 2*time.Minute, SessionEvent{Kind: EventReward, RewardID: 9, Final: true})
+		env.RegisterDelayedCallback(func() {
+			v, err := env.QueryWorkflow(SessionStateQuery)
+			require.NoError(t, err)
+			var st SessionState
+			require.NoError(t, v.Get(&st))
+			require.Equal(t, 2, st.Steps)
+			require.Equal(t, 1, st.Rewards)
+			require.Equal(t, "open", st.Phase)
+		}, 2*time.Minute+time.Second)
+		signalAt(env, 3*time.Minute, SessionEvent{Kind: EventEnd})
 
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", Deployment: "d", Discount: 0.9})
-	require.True(t, env.IsWorkflowCompleted())
-	require.NoError(t, env.GetWorkflowError())
-	var res SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, EndByClient, res.State.EndReason)
-	require.Equal(t, "done", res.State.Phase)
-	require.Equal(t, 2, res.State.Enqueued)
-	require.Equal(t, int64(7), res.State.TrajectoryID)
-	require.Len(t, acts.assembled, 1)
-	require.Equal(t, 0.9, acts.assembled[0].Discount)
-	require.Equal(t, "s1", acts.assembled[0].SessionID)
-	require.Equal(t, []EnqueueInput{{TrajectoryID: 7, TenantID: "t1"}}, acts.enqueued)
-	require.Equal(t, []EndSessionInput{{SessionID: "s1", TenantID: "t1", Reason: EndByClient}}, acts.ended)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", Deployment: "d", Discount: 0.9})
+		require.True(t, env.IsWorkflowCompleted())
+		require.NoError(t, env.GetWorkflowError())
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, EndByClient, res.State.EndReason)
+		require.Equal(t, "done", res.State.Phase)
+		require.Equal(t, 2, res.State.Enqueued)
+		require.Equal(t, int64(7), res.State.TrajectoryID)
+		require.Len(t, acts.assembled, 1)
+		require.Equal(t, 0.9, acts.assembled[0].Discount)
+		require.Equal(t, "s1", acts.assembled[0].SessionID)
+		require.Equal(t, []EnqueueInput{{TrajectoryID: 7, TenantID: "t1"}}, acts.enqueued)
+		require.Equal(t, []EndSessionInput{{SessionID: "s1", TenantID: "t1", Reason: EndByClient}}, acts.ended)
+	})
 }
 
 func TestSessionIdleTimeoutEndsIt(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	signalAt(env, time.Minute, steps(1)...)
-	// A second event pushes the deadline: idle counts from the last event.
-	signalAt(env, 9*time.Minute, steps(1)...)
-	start := env.Now()
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: 10 * time.Minute})
-	require.NoError(t, env.GetWorkflowError())
-	var res SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, EndByIdle, res.State.EndReason)
-	require.Equal(t, 2, res.State.Steps)
-	require.GreaterOrEqual(t, env.Now().Sub(start), 19*time.Minute)
-	require.Len(t, acts.ended, 1)
-	require.Equal(t, EndByIdle, acts.ended[0].Reason)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		signalAt(env, time.Minute, steps(1)...)
+		// A second event pushes the deadline: idle counts from the last event.
+		signalAt(env, 9*time.Minute, steps(1)...)
+		start := env.Now()
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", IdleTimeout: 10 * time.Minute})
+		require.NoError(t, env.GetWorkflowError())
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, EndByIdle, res.State.EndReason)
+		require.Equal(t, 2, res.State.Steps)
+		require.GreaterOrEqual(t, env.Now().Sub(start), 19*time.Minute)
+		require.Len(t, acts.ended, 1)
+		require.Equal(t, EndByIdle, acts.ended[0].Reason)
+	})
 }
 
 func continueAsNewInput(t *testing.T, err error) SessionInput {
@@ -139,67 +152,73 @@ func workflowRegisterOptions(name string) workflow.RegisterOptions {
 }
 
 func TestSessionContinuesAsNewWithSignalsDrained(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	// The first batch crosses the per-run budget; the second and third
-	// arrive in the same instant, while the run decides to hand off: they
-	// must be carried, not lost.
-	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
-		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(2)})
-		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 1}}})
-	}, time.Minute)
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", EventsPerRun: 3, IdleTimeout: time.Hour})
-	next := continueAsNewInput(t, env.GetWorkflowError())
-	require.NotNil(t, next.Carry)
-	require.Equal(t, 5, next.Carry.Steps)
-	require.Equal(t, 1, next.Carry.Rewards)
-	require.Equal(t, 1, next.Carry.Runs)
-	require.Equal(t, "s1", next.SessionID)
-	require.Equal(t, 3, next.EventsPerRun)
-	require.Empty(t, acts.assembled, "a run that hands off must not finish the session")
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		// The first batch crosses the per-run budget; the second and third
+		// arrive in the same instant, while the run decides to hand off: they
+		// must be carried, not lost.
+		env.RegisterDelayedCallback(func() {
+			env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
+			env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(2)})
+			env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 1}}})
+		}, time.Minute)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", EventsPerRun: 3, IdleTimeout: time.Hour})
+		next := continueAsNewInput(t, env.GetWorkflowError())
+		require.NotNil(t, next.Carry)
+		require.Equal(t, 5, next.Carry.Steps)
+		require.Equal(t, 1, next.Carry.Rewards)
+		require.Equal(t, 1, next.Carry.Runs)
+		require.Equal(t, "s1", next.SessionID)
+		require.Equal(t, 3, next.EventsPerRun)
+		require.Empty(t, acts.assembled, "a run that hands off must not finish the session")
 
-	// The next run starts from the carry and keeps the idle deadline of the
-	// last event, not of the hand-off.
-	env2, acts2 := newSessionEnv(t)
-	next.Carry.LastEventAt = env2.Now().Add(-50 * time.Minute)
-	start := env2.Now()
-	env2.ExecuteWorkflow(SessionWorkflow, next)
-	require.NoError(t, env2.GetWorkflowError())
-	var res SessionResult
-	require.NoError(t, env2.GetWorkflowResult(&res))
-	require.Equal(t, 5, res.State.Steps)
-	require.Equal(t, EndByIdle, res.State.EndReason)
-	require.Less(t, env2.Now().Sub(start), 11*time.Minute)
-	require.Len(t, acts2.assembled, 1)
-	require.NotEmpty(t, acts2.assembled[0].Key)
+		// The next run starts from the carry and keeps the idle deadline of the
+		// last event, not of the hand-off.
+		env2, acts2 := newSessionEnv(t)
+		next.Carry.LastEventAt = env2.Now().Add(-50 * time.Minute)
+		start := env2.Now()
+		env2.ExecuteWorkflow(SessionWorkflow, next)
+		require.NoError(t, env2.GetWorkflowError())
+		var res SessionResult
+		require.NoError(t, env2.GetWorkflowResult(&res))
+		require.Equal(t, 5, res.State.Steps)
+		require.Equal(t, EndByIdle, res.State.EndReason)
+		require.Less(t, env2.Now().Sub(start), 11*time.Minute)
+		require.Len(t, acts2.assembled, 1)
+		require.NotEmpty(t, acts2.assembled[0].Key)
+	})
 }
 
 func TestSessionEndDrainedAtHandOffFinishesInstead(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
-		env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventEnd}}})
-	}, time.Minute)
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", EventsPerRun: 3})
-	require.NoError(t, env.GetWorkflowError(), "the done flag must be re-checked before continuing as new")
-	var res SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, EndByClient, res.State.EndReason)
-	require.Equal(t, 3, res.State.Steps)
-	require.Len(t, acts.assembled, 1)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		env.RegisterDelayedCallback(func() {
+			env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: steps(3)})
+			env.SignalWorkflow(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventEnd}}})
+		}, time.Minute)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", EventsPerRun: 3})
+		require.NoError(t, env.GetWorkflowError(), "the done flag must be re-checked before continuing as new")
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, EndByClient, res.State.EndReason)
+		require.Equal(t, 3, res.State.Steps)
+		require.Len(t, acts.assembled, 1)
+	})
 }
 
 func TestSessionRetriesFailedActivityWithTheSameKey(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	acts.failAssemble = 2
-	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1"})
-	require.NoError(t, env.GetWorkflowError())
-	require.Len(t, acts.assembled, 3)
-	// Every attempt carries the same idempotency key, which is what keeps a
-	// retry from writing a second trajectory.
-	require.Equal(t, acts.assembled[0].Key, acts.assembled[2].Key)
-	require.Len(t, acts.enqueued, 1)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		acts.failAssemble = 2
+		signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1"})
+		require.NoError(t, env.GetWorkflowError())
+		require.Len(t, acts.assembled, 3)
+		// Every attempt carries the same idempotency key, which is what keeps a
+		// retry from writing a second trajectory.
+		require.Equal(t, acts.assembled[0].Key, acts.assembled[2].Key)
+		require.Len(t, acts.enqueued, 1)
+	})
 }
 
 func TestSessionRejectsMissingIDs(t *testing.T) {
@@ -211,58 +230,91 @@ func TestSessionRejectsMissingIDs(t *testing.T) {
 }
 
 func TestSessionIgnoresUnknownEventKinds(t *testing.T) {
-	env, _ := newSessionEnv(t)
-	signalAt(env, time.Minute, SessionEvent{Kind: "bogus"}, SessionEvent{Kind: EventStep}, SessionEvent{Kind: EventEnd})
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1"})
-	require.NoError(t, env.GetWorkflowError())
-	var res SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, 1, res.State.Steps)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, _ := newSessionEnv(t)
+		signalAt(env, time.Minute, SessionEvent{Kind: "bogus"}, SessionEvent{Kind: EventStep}, SessionEvent{Kind: EventEnd})
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1"})
+		require.NoError(t, env.GetWorkflowError())
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, 1, res.State.Steps)
+	})
 }
 
 func TestSessionLateRewardDuringAssemblyStartsTheNextGeneration(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	acts.duringAssemble = func() {
-		env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 5, Final: true}}})
-	}
-	signalAt(env, time.Minute, append(steps(2), SessionEvent{Kind: EventEnd})...)
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
-	next := continueAsNewInput(t, env.GetWorkflowError())
-	require.Len(t, acts.ended, 1, "the first generation was assembled and ended")
-	require.Equal(t, 1, next.Carry.Generation)
-	require.Equal(t, 1, next.Carry.Rewards)
-	require.Equal(t, 2, next.Carry.Steps)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		acts.duringAssemble = func() {
+			env.SignalWorkflowSkippingWorkflowTask(SessionEventsSignal, SessionEvents{Events: []SessionEvent{{Kind: EventReward, RewardID: 5, Final: true}}})
+		}
+		signalAt(env, time.Minute, append(steps(2), SessionEvent{Kind: EventEnd})...)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
+		next := continueAsNewInput(t, env.GetWorkflowError())
+		require.Len(t, acts.ended, 1, "the first generation was assembled and ended")
+		require.Equal(t, 1, next.Carry.Generation)
+		require.Equal(t, 1, next.Carry.Rewards)
+		require.Equal(t, 2, next.Carry.Steps)
 
-	env2, acts2 := newSessionEnv(t)
-	env2.ExecuteWorkflow(SessionWorkflow, next)
-	require.NoError(t, env2.GetWorkflowError())
-	require.Len(t, acts2.assembled, 1)
-	require.NotEqual(t, acts.assembled[0].Key, acts2.assembled[0].Key, "the next generation assembles a new trajectory")
-	require.True(t, strings.HasSuffix(acts2.assembled[0].Key, "/1"))
+		env2, acts2 := newSessionEnv(t)
+		env2.ExecuteWorkflow(SessionWorkflow, next)
+		require.NoError(t, env2.GetWorkflowError())
+		require.Len(t, acts2.assembled, 1)
+		require.NotEqual(t, acts.assembled[0].Key, acts2.assembled[0].Key, "the next generation assembles a new trajectory")
+		require.True(t, strings.HasSuffix(acts2.assembled[0].Key, "/1"))
+	})
 }
 
 func TestSessionWaitsTheRewardGraceForARewardAfterTheEnd(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
-	// The agent posts its reward just after its last call.
-	signalAt(env, time.Minute+2*time.Second, SessionEvent{Kind: EventReward, RewardID: 3, Final: true})
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
-	require.NoError(t, env.GetWorkflowError(), "no second generation: the reward was in time")
-	var res SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, 1, res.State.Rewards)
-	require.Len(t, acts.assembled, 1)
-	require.Len(t, acts.ended, 1)
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+		// The agent posts its reward just after its last call.
+		signalAt(env, time.Minute+2*time.Second, SessionEvent{Kind: EventReward, RewardID: 3, Final: true})
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour})
+		require.NoError(t, env.GetWorkflowError(), "no second generation: the reward was in time")
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, 1, res.State.Rewards)
+		require.Len(t, acts.assembled, 1)
+		require.Len(t, acts.ended, 1)
+	})
 }
 
 func TestSessionWithoutRewardIsAssembledAfterTheGrace(t *testing.T) {
-	env, acts := newSessionEnv(t)
-	var assembledAt time.Time
-	acts.duringAssemble = func() { assembledAt = env.Now() }
-	start := env.Now()
-	signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
-	env.ExecuteWorkflow(SessionWorkflow, SessionInput{SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour, RewardGrace: 3 * time.Second})
-	require.NoError(t, env.GetWorkflowError())
-	require.Len(t, acts.assembled, 1)
-	require.Equal(t, time.Minute+3*time.Second, assembledAt.Sub(start).Round(time.Second))
+	forRevs(t, func(t *testing.T, rev int) {
+		env, acts := newSessionEnv(t)
+		var assembledAt time.Time
+		acts.duringAssemble = func() { assembledAt = env.Now() }
+		start := env.Now()
+		signalAt(env, time.Minute, append(steps(1), SessionEvent{Kind: EventEnd})...)
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", IdleTimeout: time.Hour, RewardGrace: 3 * time.Second})
+		require.NoError(t, env.GetWorkflowError())
+		require.Len(t, acts.assembled, 1)
+		require.Equal(t, time.Minute+3*time.Second, assembledAt.Sub(start).Round(time.Second))
+	})
+}
+
+// TestSessionRev1ArmsOneIdleTimerAtATime: revision 0 starts and cancels a
+// timer for every batch of events; revision 1 keeps one armed and re-arms
+// it only when it fires early, so each batch costs the server no timer.
+func TestSessionRev1ArmsOneIdleTimerAtATime(t *testing.T) {
+	timers := map[int]int{}
+	forRevs(t, func(t *testing.T, rev int) {
+		env, _ := newSessionEnv(t)
+		env.SetOnTimerScheduledListener(func(string, time.Duration) { timers[rev]++ })
+		for i := 1; i <= 5; i++ {
+			signalAt(env, time.Duration(i)*time.Minute, steps(1)...)
+		}
+		start := env.Now()
+		env.ExecuteWorkflow(SessionWorkflow, SessionInput{Rev: rev, SessionID: "s1", TenantID: "t1", IdleTimeout: 10 * time.Minute})
+		require.NoError(t, env.GetWorkflowError())
+		var res SessionResult
+		require.NoError(t, env.GetWorkflowResult(&res))
+		require.Equal(t, EndByIdle, res.State.EndReason)
+		require.Equal(t, 5, res.State.Steps)
+		// Idle counts from the last event (5 min) in both.
+		require.Equal(t, 15*time.Minute, env.Now().Sub(start).Round(time.Second))
+	})
+	require.Equal(t, 6, timers[0], "revision 0: one timer per wait")
+	require.Equal(t, 2, timers[SessionRevision], "revision 1: the first, and one re-armed when it fired early")
 }
