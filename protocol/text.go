@@ -11,9 +11,11 @@ import (
 
 // Text reads content that each protocol sends as a JSON string or as an
 // array of typed parts: null or nothing is "", a string is itself, and an
-// array's parts, decoded as P, are joined by what partText returns for each
-// (or the protocol's reason to refuse it). notParts is the error for
-// anything else.
+// array's parts, decoded as P, are what partText returns for each (or the
+// protocol's reason to refuse it), joined by newlines, as vLLM joins text
+// parts for a chat template that takes a string: a request through the
+// gateway reaches the engine as it would have directly. notParts is the
+// error for anything else.
 func Text[P any](raw json.RawMessage, notParts string, partText func(i int, p P) (string, error)) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -32,6 +34,9 @@ func Text[P any](raw json.RawMessage, notParts string, partText func(i int, p P)
 		t, err := partText(i, p)
 		if err != nil {
 			return "", err
+		}
+		if i > 0 {
+			b.WriteByte('\n')
 		}
 		b.WriteString(t)
 	}

@@ -73,9 +73,6 @@ func (c *messageContent) UnmarshalJSON(raw []byte) error {
 		if p.Type != "text" {
 			return "", fmt.Errorf("content part type %q: the policy reads text only", p.Type)
 		}
-		if i > 0 {
-			return "\n" + p.Text, nil // vLLM joins text parts with newlines for a string chat template
-		}
 		return p.Text, nil
 	})
 	*c = messageContent(text)

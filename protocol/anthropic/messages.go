@@ -177,19 +177,19 @@ func (m Message) neutral() ([]inference.Message, error) {
 	}
 	var out []inference.Message
 	cur := inference.Message{Role: m.Role}
-	var text strings.Builder
+	var texts []string
 	flush := func() {
-		cur.Content = text.String()
+		cur.Content = strings.Join(texts, "\n") // as protocol.Text joins parts
 		if cur.Content != "" || len(cur.ToolCalls) > 0 || cur.Reasoning != "" {
 			out = append(out, cur)
 		}
 		cur = inference.Message{Role: m.Role}
-		text.Reset()
+		texts = nil
 	}
 	for i, b := range blocks {
 		switch b.Type {
 		case "text":
-			text.WriteString(b.Text)
+			texts = append(texts, b.Text)
 		case "thinking":
 			if m.Role != inference.RoleAssistant {
 				return nil, fmt.Errorf("content.%d: thinking only in assistant messages", i)

@@ -54,7 +54,7 @@ func TestMessagesGatherAssistantTurns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []inference.Message{
 		{Role: inference.RoleSystem, Content: "rules"},
-		{Role: inference.RoleUser, Content: "ab"},
+		{Role: inference.RoleUser, Content: "a\nb"}, // parts joined by newlines, as vLLM joins them
 		{Role: inference.RoleAssistant, Reasoning: "plan", ToolCalls: []inference.ToolCall{{ID: "c1", Name: "f", Arguments: "{}"}, {ID: "c2", Name: "g", Arguments: "{}"}}},
 		{Role: inference.RoleTool, ToolCallID: "c1", Content: "one"},
 		{Role: inference.RoleTool, ToolCallID: "c2", Content: "two"},
