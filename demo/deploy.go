@@ -113,14 +113,20 @@ func TrainingPolicy() workflows.TrainingPolicy {
 		// made 10-28 partial groups (one run: 28 groups of 2.3 on average).
 		GroupWait:    15 * time.Second,
 		PollInterval: 500 * time.Millisecond,
-		// Samples taken more than this many steps back are dropped; the
-		// trainer runs up to this far past the serving version while a
-		// candidate is gated. With the rehearsal's trainer (Dr. GRPO, two
+		// Samples taken more than this many steps back are dropped. With
+		// the rehearsal's trainer (Dr. GRPO, two
 		// updates a batch) sampling 8 steps behind learns nearly as fast as
 		// 4 (0.64 vs 0.70 at step 160), and η = 4 online dropped a third
 		// of the samples as stale while releases trailed the trainer.
-		MaxStaleness: 8,
-		StepTimeout:  5 * time.Minute,
+		MaxStaleness: 16,
+		// The trainer leads serving by at most half of η, so samples of the
+		// last few serving versions still train (the loss corrects for the
+		// policy they came from). With η = 8 and the trainer up to 8 ahead,
+		// the claim could take only the serving version's own samples:
+		// on a machine where a sample took 2.9 s from its call to the queue
+		// (p90 5.3 s), runs dropped 26-34% of their samples as stale.
+		MaxAhead:    8,
+		StepTimeout: 5 * time.Minute,
 		Release: workflows.ReleasePolicy{
 			// A release every few seconds: the replay and safety gates
 			// judge every candidate on fixed prompts, so the live canary
