@@ -71,7 +71,7 @@ type SessionInput struct {
 const SessionRevision = 1
 
 // SessionStart is how a client starts a session's workflow: its options
-// (workflow id = session id, the session queue, the search attributes) and
+// (workflow id SessionWorkflowID, the session queue, the search attributes) and
 // the input at the current revision.
 func SessionStart(in SessionInput) (client.StartWorkflowOptions, SessionInput) {
 	in.Rev = SessionRevision
