@@ -21,6 +21,9 @@ import (
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
+// noticeHoldForTest is the notifier's noticeHold.
+const noticeHoldForTest = time.Second
+
 // flakyStarter is the real Temporal client with an outage in front: its
 // first `fail` calls error, as they would while the frontend is down.
 type flakyStarter struct {
@@ -151,4 +154,52 @@ func TestOutboxStartsTheWorkflowsADeadGatewayOwed(t *testing.T) {
 			require.Contains(t, kinds, workflows.EventEnd, "the ended session's workflow hears of its end")
 		}
 	}
+}
+
+// TestNotifierSendsAShortSessionInOneSignal: a group session's bare start,
+// its one call (which ends it) and the reward that follows reach the
+// workflow as one signal (such a batch costs the workflow one task and no
+// timer: TestSessionRev1ArmsOneIdleTimerAtATime and the integration
+// test's history); a session nobody uses still starts its workflow.
+func TestNotifierSendsAShortSessionInOneSignal(t *testing.T) {
+	tc := testenv.Temporal(t)
+	n := gateway.NewTemporalNotifier(tc, 50*time.Millisecond, slog.New(slog.DiscardHandler))
+	e := newEnv(t, envOpts{notifier: n})
+
+	st, created := e.doJSON("POST", "/v1/sessions", e.keyA, map[string]any{"model": fixtureModel, "group_size": 2, "task_id": "task-1"})
+	require.Equal(t, 201, st)
+	var sids, keys []string
+	for _, s := range created["sessions"].([]any) {
+		m := s.(map[string]any)
+		sids, keys = append(sids, m["id"].(string)), append(keys, m["api_key"].(string))
+	}
+	time.Sleep(300 * time.Millisecond) // several flushes pass before the agent's call
+	st, _ = e.doJSON("POST", "/v1/chat/completions", keys[0], chatBody("go"), "X-Session-Id", sids[0], "X-Session-Done", "true")
+	require.Equal(t, 200, st)
+	time.Sleep(300 * time.Millisecond) // and before its reward
+	st, _ = e.doJSON("POST", "/v1/sessions/"+sids[0]+"/reward", keys[0], map[string]any{"value": 1, "final": true})
+	require.Equal(t, 201, st)
+
+	ctx := context.Background()
+	used := workflows.SessionWorkflowID("acme", sids[0])
+	var got []workflows.SessionEvents
+	eventually(t, func() bool {
+		got = signals(t, tc, used)
+		return len(got) > 0
+	}, "the used session's workflow starts")
+	time.Sleep(2 * noticeHoldForTest) // nothing else is on its way
+	got = signals(t, tc, used)
+	require.Len(t, got, 1, "start, call, end and reward travel as one signal")
+	var kinds []string
+	for _, ev := range got[0].Events {
+		kinds = append(kinds, ev.Kind)
+	}
+	require.Equal(t, []string{workflows.EventStep, workflows.EventEnd, workflows.EventReward}, kinds)
+
+	idle := workflows.SessionWorkflowID("acme", sids[1])
+	eventually(t, func() bool {
+		_, err := tc.DescribeWorkflowExecution(ctx, idle, "")
+		return err == nil
+	}, "the unused session's workflow starts after the hold")
+	require.Empty(t, signals(t, tc, idle)[0].Events, "with no events")
 }
