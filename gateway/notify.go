@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -97,8 +98,8 @@ type sessionQueue struct {
 	id     string // the session's workflow id
 	input  workflows.SessionInput
 	events []workflows.SessionEvent
-	// queued is when the batch was opened; ended, when an end with no
-	// reward after it joined it (zero: none, or a reward came since).
+	// queued is when the batch was opened; ended, when an end joined a
+	// batch with no reward in it (zero: none, or a reward came since).
 	queued, ended time.Time
 }
 
@@ -161,13 +162,15 @@ func (n *TemporalNotifier) Notify(session workflows.SessionInput, ev workflows.S
 		n.logger.Warn(msgNoticeDropped, "session", session.SessionID, "dropped", len(q.events)-maxPendingPerSession+1)
 		q.events = q.events[1:]
 	}
-	q.events = append(q.events, ev)
 	switch ev.Kind {
 	case workflows.EventEnd:
-		q.ended = time.Now()
+		if !slices.ContainsFunc(q.events, func(e workflows.SessionEvent) bool { return e.Kind == workflows.EventReward }) {
+			q.ended = time.Now()
+		}
 	case workflows.EventReward:
 		q.ended = time.Time{}
 	}
+	q.events = append(q.events, ev)
 }
 
 func (n *TemporalNotifier) loop() {
