@@ -21,9 +21,6 @@ import (
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
-// noticeHoldForTest is the notifier's noticeHold.
-const noticeHoldForTest = time.Second
-
 // flakyStarter is the real Temporal client with an outage in front: its
 // first `fail` calls error, as they would while the frontend is down.
 type flakyStarter struct {
@@ -187,7 +184,7 @@ func TestNotifierSendsAShortSessionInOneSignal(t *testing.T) {
 		got = signals(t, tc, used)
 		return len(got) > 0
 	}, "the used session's workflow starts")
-	time.Sleep(2 * noticeHoldForTest) // nothing else is on its way
+	time.Sleep(2 * gateway.NoticeHold) // nothing else is on its way
 	got = signals(t, tc, used)
 	require.Len(t, got, 1, "start, call, end and reward travel as one signal")
 	var kinds []string

@@ -606,9 +606,13 @@ func (s *stack) queueSessions(prefix string, n int) {
 		st, _ = s.chat(session, true, "again")
 		require.Equal(s.t, http.StatusOK, st)
 	}
+	// Each session's samples, not just as many samples as sessions: the
+	// gateway may hold a session's end for up to a second.
 	require.Eventually(s.t, func() bool {
-		q, _, err := store.QueueStats(context.Background(), s.pool, policyName)
-		return err == nil && q >= n
+		var queued int
+		err := s.pool.QueryRow(context.Background(), `SELECT count(DISTINCT session_id) FROM training_samples
+WHERE deployment = $1 AND status = 'queued' AND session_id LIKE $2 || '-%'`, policyName, prefix).Scan(&queued)
+		return err == nil && queued >= n
 	}, time.Minute, 200*time.Millisecond, "every session's eligible steps are queued")
 }
 

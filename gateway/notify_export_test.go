@@ -1,0 +1,4 @@
+package gateway
+
+// NoticeHold is noticeHold, for the external tests.
+const NoticeHold = noticeHold
