@@ -80,11 +80,12 @@ func GateHeldOut() ([]Prompt, error) {
 func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 64) }
 
 // TrainerConfig is the online trainer's configuration for the demo: the
-// rehearsal's (learning rate, advantage, updates per batch), a learning
-// rate scaled down for batches shorter than TrainingPolicy's, and the
-// staleness bound η of TrainingPolicy (the trainer and the training loop
-// must agree on it, or the loop claims batches the trainer refuses). The
-// behaviour temperature is the trainer's default 1, the agents' default.
+// rehearsal's learning rate and advantage, onlineMiniBatches updates per
+// batch, a learning rate scaled down for batches shorter than
+// TrainingPolicy's, and the staleness bound η of TrainingPolicy (the
+// trainer and the training loop must agree on it, or the loop claims
+// batches the trainer refuses). The behaviour temperature is the
+// trainer's default 1, the agents' default.
 func TrainerConfig(log *slog.Logger) trainer.Config {
 	r := RehearsalConfig{}.withDefaults()
 	c := r.Trainer
@@ -100,10 +101,10 @@ func TrainerConfig(log *slog.Logger) trainer.Config {
 const onlineMiniBatches = 4
 
 // TrainingPolicy is the demo deployment's control plane, scaled to a run of
-// minutes instead of days: small batches, short shadow and canary phases,
-// and the default gates (reward may not drop more than 0.05, safety not at
-// all). Training goes on while a candidate is gated, up to η steps past the
-// serving version.
+// minutes instead of days: steps of 192 samples, short shadow and canary
+// phases, and the default gates (reward may not drop more than 0.05,
+// safety not at all). Training goes on while a candidate is gated, up to
+// MaxAhead steps past the serving version.
 func TrainingPolicy() workflows.TrainingPolicy {
 	return workflows.TrainingPolicy{
 		// 24 GRPO groups of eight a step. What held learning back online
