@@ -74,6 +74,9 @@ type TrainingCarry struct {
 	// Failed counts the steps in a row that failed, so the wait after the
 	// next failure keeps growing across runs.
 	Failed int `json:",omitempty"`
+	// From is the version the line trains on from when it is not the
+	// serving one (the anchor, after a failed release).
+	From string `json:",omitempty"`
 }
 
 // TrainingPolicy says when a batch is ready and how it trains; zero fields
@@ -254,8 +257,13 @@ type TrainingState struct {
 	Promoted  int
 	// RolledBack counts releases that ended without promotion.
 	RolledBack int
-	// Resets counts the times training went back to the serving weights.
+	// Resets counts the times training went back to the serving weights
+	// or the anchor's.
 	Resets int
+	// From is the version the trainer went back to when it is not the
+	// serving one: the anchor, the best promoted version on the held-out
+	// suite, after a release failed.
+	From string `json:",omitempty"`
 }
 
 // TrainingWorkflow is the training loop of one deployment (workflow id
@@ -265,7 +273,9 @@ type TrainingState struct {
 // while a release is gated, up to MaxAhead steps past the serving version;
 // when the release ends the newest candidate is released next. A candidate
 // failing a safety or regression gate sends the trainer back to the
-// serving weights, as does a rollback that leaves nothing to release.
+// serving weights, as does a rollback that leaves nothing to release;
+// after a failed release, to the anchor's weights instead, when its suite
+// gates named an anchor other than the serving version.
 func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, error) {
 	if in.Deployment == "" {
 		return TrainingState{}, temporal.NewNonRetryableApplicationError("training needs a Deployment", "BadInput", nil)
@@ -276,6 +286,7 @@ func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, er
 		r.st.Steps, r.st.LastVersion, r.trainNow = c.Steps, c.LastVersion, c.TrainNow
 		r.st.Serving, r.st.Ahead = c.Serving, c.Ahead
 		r.pending, r.pendingAhead, r.pendingReason = c.Pending, c.PendingAhead, c.PendingReason
+		r.st.From = c.From
 	}
 	if err := workflow.SetQueryHandler(ctx, TrainingStateQuery, func() (TrainingState, error) { return r.st, nil }); err != nil {
 		return r.st, fmt.Errorf("register state query: %w", err)
@@ -443,7 +454,8 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
 		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
-			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: failed},
+			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: failed,
+			From: r.st.From},
 	})
 }
 
@@ -475,7 +487,7 @@ func (r *trainingRun) servingChanged(ctx workflow.Context) error {
 	if r.changedTo == "" {
 		return nil
 	}
-	r.st.Serving, r.changedTo = r.changedTo, ""
+	r.st.Serving, r.changedTo, r.st.From = r.changedTo, "", ""
 	r.pending, r.pendingAhead, r.pendingReason = "", 0, ""
 	return r.reset(ctx)
 }
@@ -530,7 +542,7 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 		}
 		if promoted {
 			r.st.Promoted++
-			r.st.Serving = r.relCand
+			r.st.Serving, r.st.From = r.relCand, ""
 			// A reset since the release began (a watchdog rollback) already
 			// counted the trainer from the serving weights.
 			r.st.Ahead = max(r.st.Ahead-r.relAhead, 0)
@@ -555,6 +567,9 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 			if abandon || stuck {
 				if err := r.reset(ctx); err != nil {
 					return err
+				}
+				if workflow.GetVersion(ctx, trainingChangeBackToAnchor, workflow.DefaultVersion, 1) >= 1 {
+					r.backToAnchor(res.State)
 				}
 			}
 		}
@@ -612,12 +627,35 @@ func (r *trainingRun) failRun(ctx workflow.Context, runID int64, cause error) {
 }
 
 // base is the version the next step trains on from: the newest candidate
-// while the loop is ahead of serving, else the serving version.
+// while the loop is ahead of where its line began, else the line's start
+// (the anchor it went back to, or the serving version).
 func (r *trainingRun) base() string {
 	if r.st.Ahead > 0 && r.st.LastVersion != "" {
 		return r.st.LastVersion
 	}
+	if r.st.From != "" {
+		return r.st.From
+	}
 	return r.st.Serving
+}
+
+// backToAnchor starts the line the trainer was just sent back on from the
+// anchor a failed release's suite gates named, when that is not the
+// serving version. The anchor is the best promoted version on the
+// held-out suite, and every candidate is judged against it: a line from a
+// serving version below it must first climb back to it, while its alpha
+// shrinks with each look, and can stall there (one demo run refused 13
+// candidates in a row, each 4 steps past a serving version below the
+// anchor). Samples still come from the serving version; the anchor was
+// promoted earlier on the same traffic, and the masks (IcePop) bound what
+// the difference between the two costs.
+func (r *trainingRun) backToAnchor(s ReleaseState) {
+	for _, g := range s.Gates {
+		if g.Anchor != "" && g.Anchor != r.st.Serving {
+			r.st.From = g.Anchor
+			return
+		}
+	}
 }
 
 // reset sends the trainer back to the serving version's weights.
@@ -625,6 +663,7 @@ func (r *trainingRun) reset(ctx workflow.Context) error {
 	if r.st.Serving == "" {
 		return nil
 	}
+	r.st.From = ""
 	if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
 		// Each step names its base (step), so going back is the loop's
 		// own state: the next step trains on from the serving version.
@@ -697,6 +736,11 @@ const trainingChangeFailedWaitHolds = "training-failed-wait-ignores-train-now"
 // trainingChangeRegressedOnly: a release failed on the held-out suite
 // without being shown worse no longer sends the trainer back.
 const trainingChangeRegressedOnly = "training-reset-regressed-only"
+
+// trainingChangeBackToAnchor: a failed release that sends the trainer back
+// sends it to the anchor its suite gates named, when that is not the
+// serving version.
+const trainingChangeBackToAnchor = "training-back-to-anchor"
 
 // trainingChangeFailEveryStep: a step that fails in PrepareBatch or
 // RegisterCheckpoint (their retries spent) fails its run too, as a failed

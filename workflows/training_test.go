@@ -270,6 +270,51 @@ func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
 	require.Equal(t, []string{"dep@v1"}, acts.resets)
 }
 
+// TestTrainingGoesBackToTheAnchor: a failed release that sends the
+// trainer back sends it to the anchor its suite gates named (the best
+// promoted version on the held-out suite), not to a serving version below
+// it; once a candidate of that line is promoted, the line goes on from
+// serving again.
+func TestTrainingGoesBackToTheAnchor(t *testing.T) {
+	env, acts := newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateRegression] = []GateResult{
+		{Passed: false, Regressed: true, Anchor: "dep@v0", Reason: "shown beyond the budget"},
+		{Passed: true, Anchor: "dep@v0"}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	next := continueAsNewTraining(t, env.GetWorkflowError())
+	// v3 and v4 descend from the regressed v2: dropped with it; v5 trains
+	// from the anchor v0 and is promoted.
+	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v5 promoted"}, releasedCandidates(acts))
+	require.Equal(t, []string{"dep@v0"}, acts.resets)
+	require.Equal(t, "dep@v5", next.Carry.Serving)
+	require.Empty(t, next.Carry.From)
+
+	// The anchor is the serving version: back to serving, as before.
+	env, acts = newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateRegression] = []GateResult{
+		{Passed: false, Regressed: true, Anchor: "dep@v1", Reason: "shown beyond the budget"},
+		{Passed: true, Anchor: "dep@v1"}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
+	continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, []string{"dep@v1"}, acts.resets)
+
+	// A line from the anchor whose run ends before a release: the next run
+	// trains on from the anchor's line.
+	env, acts = newTrainingEnv(t)
+	acts.queued = []CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[GateRegression] = []GateResult{
+		{Passed: false, Regressed: true, Anchor: "dep@v0", Reason: "shown beyond the budget"}}
+	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 1, Release: testPolicy}})
+	next = continueAsNewTraining(t, env.GetWorkflowError())
+	require.Equal(t, "dep@v0", next.Carry.From)
+	require.Equal(t, "dep@v1", next.Carry.Serving)
+}
+
 // TestTrainingFollowsAWatchdogRollback: the watchdog moved serving back to
 // the anchor; the loop drops the candidates of the abandoned line and
 // trains on from the anchor's weights.
