@@ -20,6 +20,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/internal/proccpu"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -57,8 +58,8 @@ func init() {
 		if err != nil {
 			return fmt.Errorf("bench sessions: %s: %w", pidFile, err)
 		}
-		if _, err := cpuTicks(pid); err != nil {
-			return fmt.Errorf("bench sessions: %w", err)
+		if _, err := proccpu.Of(pid); err != nil {
+			return fmt.Errorf("bench sessions: the Temporal server's %w", err)
 		}
 		logger := newLogger(cfg.Log)
 		c, err := worker.Dial(ctx, cfg.Temporal.Address, cfg.Temporal.Namespace, logger)
@@ -77,7 +78,7 @@ func init() {
 
 		revs := []int{0, workflows.SessionRevision}
 		type total struct {
-			ticks    int64
+			cpu      time.Duration
 			wall     time.Duration
 			sessions int
 			events   int
@@ -85,38 +86,38 @@ func init() {
 		totals := make([]total, len(revs))
 		for r := range rounds {
 			for i, rev := range revs {
-				before, _ := cpuTicks(pid)
+				before, _ := proccpu.Of(pid)
 				start := time.Now()
 				last, err := runBenchSessions(ctx, c, queue, rev, n, conc)
 				if err != nil {
 					return fmt.Errorf("bench sessions: revision %d: %w", rev, err)
 				}
-				after, _ := cpuTicks(pid)
+				after, _ := proccpu.Of(pid)
 				wall := time.Since(start)
 				events, err := historyLength(ctx, c, last)
 				if err != nil {
 					return err
 				}
 				t := &totals[i]
-				t.ticks += after - before
+				t.cpu += after - before
 				t.wall += wall
 				t.sessions += n
 				t.events = events
 				fmt.Printf("round %d, revision %d: %d sessions in %.1f s, server CPU %.2f ms a session, %d history events each\n",
-					r+1, rev, n, wall.Seconds(), ticksMS(after-before)/float64(n), events)
+					r+1, rev, n, wall.Seconds(), float64(after-before)/float64(time.Millisecond)/float64(n), events)
 			}
 		}
 		res := map[string]any{"sessions_per_revision": n * rounds}
 		for i, rev := range revs {
 			t := totals[i]
 			res[fmt.Sprintf("rev%d", rev)] = map[string]any{
-				"server_cpu_ms_per_session": ticksMS(t.ticks) / float64(t.sessions),
+				"server_cpu_ms_per_session": float64(t.cpu) / float64(time.Millisecond) / float64(t.sessions),
 				"sessions_per_second":       float64(t.sessions) / t.wall.Seconds(),
 				"history_events":            t.events,
 			}
 		}
-		if totals[0].ticks > 0 {
-			res["cpu_ratio"] = float64(totals[1].ticks) / float64(totals[0].ticks)
+		if totals[0].cpu > 0 {
+			res["cpu_ratio"] = float64(totals[1].cpu) / float64(totals[0].cpu)
 		}
 		res["throughput_ratio"] = totals[0].wall.Seconds() / totals[1].wall.Seconds()
 		out, _ := json.Marshal(res)
@@ -198,25 +199,3 @@ func historyLength(ctx context.Context, c client.Client, id string) (int, error)
 	}
 	return n, nil
 }
-
-// cpuTicks is a process's user plus system CPU time, in clock ticks.
-func cpuTicks(pid int) (int64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("the Temporal server's CPU time: %w", err)
-	}
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return utime + stime, nil
-}
-
-// ticksMS converts clock ticks (USER_HZ, 100 on Linux) to milliseconds.
-func ticksMS(t int64) float64 { return float64(t) * 10 }

@@ -8,14 +8,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
+	"github.com/flywheel-ai/flywheel/internal/proccpu"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
 )
@@ -119,17 +118,18 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 			messages = append(messages, map[string]any{"role": "user", "content": toolOutput(rng, turn, gc.TurnKB<<10)})
 		}
 		body, _ := json.Marshal(map[string]any{"model": "fixture-model", "messages": messages, "max_tokens": 48})
-		before, pgBefore := captureSnapshot(srv.reg), postgresCPU()
+		before := captureSnapshot(srv.reg)
+		pgBefore, pgBeforeOK := proccpu.Named("postgres")
 		reply, completionID, err := growthTurn(ctx, gwURL, key, session, body)
 		if err != nil {
 			return nil, fmt.Errorf("turn %d: %w", turn, err)
 		}
-		pgAfter := postgresCPU()
+		pgAfter, pgAfterOK := proccpu.Named("postgres")
 		_, commit := captureSnapshot(srv.reg).since(before)
 		messages = append(messages, map[string]any{"role": "assistant", "content": reply})
 
 		t := GrowthTurn{Turn: turn, CommitMS: commit, PostgresCPUMS: -1}
-		if pgBefore >= 0 && pgAfter >= 0 {
+		if pgBeforeOK && pgAfterOK {
 			t.PostgresCPUMS = float64(pgAfter-pgBefore) / 1e6
 		}
 		var tenant string
@@ -257,40 +257,6 @@ func toolOutput(rng *rand.Rand, turn, n int) string {
 			rng.IntN(40), rng.IntN(500), rng.IntN(900)+1, rng.IntN(80)+1, rng.Uint32(), rng.IntN(1<<16))
 	}
 	return b.String()
-}
-
-// postgresCPU is the CPU time, in ns, that the local processes named
-// postgres have run (the first field of /proc/PID/schedstat); -1 when
-// there are none (a remote Postgres, or no /proc).
-func postgresCPU() int64 {
-	dirs, err := os.ReadDir("/proc")
-	if err != nil {
-		return -1
-	}
-	var total int64
-	found := false
-	for _, d := range dirs {
-		if d.Name()[0] < '0' || d.Name()[0] > '9' {
-			continue
-		}
-		comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
-		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-			continue
-		}
-		st, err := os.ReadFile("/proc/" + d.Name() + "/schedstat")
-		if err != nil {
-			continue
-		}
-		if f := strings.Fields(string(st)); len(f) > 0 {
-			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-				total, found = total+ns, true
-			}
-		}
-	}
-	if !found {
-		return -1
-	}
-	return total
 }
 
 func compactLen(raw []byte) int64 {
