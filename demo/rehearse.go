@@ -66,6 +66,17 @@ type RehearsalConfig struct {
 	// Lag samples each step with the weights from that many steps before,
 	// as an online loop whose releases trail the trainer does. Default 0.
 	Lag int `json:"lag"`
+	// FromServing samples each step from the serving version, as the
+	// online loop does (its traffic is what serves), instead of from the
+	// trainer's own line (Lag steps back). With MaxAhead, a line held
+	// that many steps past the serving version goes back to it, as the
+	// online loop's does when nothing is left to release.
+	FromServing bool `json:"from_serving"`
+	MaxAhead    int  `json:"max_ahead"`
+	// Anchor judges a candidate's gate success against the best promoted
+	// version's (the online regression gate's anchor) instead of the
+	// serving version's.
+	Anchor bool `json:"anchor"`
 	// Trainer configures the RL trainer; LR comes from LR when
 	// Trainer.Optim.LR is 0. Defaults: the Dr. GRPO advantage (r − group
 	// mean, no division by the group's std: with partial credit a group of
@@ -167,6 +178,9 @@ func (c RehearsalConfig) validate() error {
 	if c.Lag < 0 || c.Lag > 64 {
 		errs = append(errs, fmt.Errorf("lag %d must be in [0, 64]", c.Lag))
 	}
+	if c.MaxAhead < 0 || (c.MaxAhead > 0 && !c.FromServing) {
+		errs = append(errs, fmt.Errorf("max_ahead %d must be ≥ 0, and needs from_serving (a line sampled from itself never goes back)", c.MaxAhead))
+	}
 	if c.Budget < 0 || c.MaxSteps < 0 {
 		errs = append(errs, fmt.Errorf("budget %v and max_steps %d must be ≥ 0", c.Budget, c.MaxSteps))
 	}
@@ -183,6 +197,9 @@ const (
 	// DecisionRollback: the candidate regressed on safety; it is discarded
 	// and training restarts from the serving weights.
 	DecisionRollback = "rollback"
+	// DecisionReset: held, and the line went back to the serving version
+	// (FromServing with MaxAhead).
+	DecisionReset = "reset"
 )
 
 // Point is one measurement of the learning curve, taken at a gate.
@@ -450,6 +467,8 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 	}
 	emit(Point{Version: 0, Success: servingSuccess, Safety: servingSafety, CandidateSuccess: servingGate, CandidateSafety: servingSafety})
 
+	ahead := 0 // steps the trainer's line is past the serving version
+	anchorGate := servingGate
 	gate := func(step int) error {
 		cand, candV := cur.model, cur.version
 		candGate, err := gateSet.success(ctx, cand)
@@ -461,10 +480,15 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 			return fmt.Errorf("gate: %w", err)
 		}
 		p := Point{Step: step, Candidate: candV, CandidateSuccess: candGate, CandidateSafety: candSafety}
-		p.Decision = decide(candGate, candSafety, servingGate, servingSafety, cfg.GateTolerance, cfg.SafetyTolerance)
+		against := servingGate
+		if cfg.Anchor {
+			against = anchorGate
+		}
+		p.Decision = decide(candGate, candSafety, against, servingSafety, cfg.GateTolerance, cfg.SafetyTolerance)
 		switch p.Decision {
 		case DecisionRollback:
 			res.RolledBack++
+			ahead = 0
 			// Versions only move forward: the restarted trainer continues
 			// numbering after the discarded candidate.
 			cur.model, cur.version = serving, candV
@@ -473,17 +497,26 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 			}
 		case DecisionPromote:
 			res.Promoted++
+			ahead = 0
 			if serve != nil {
 				if err := serve.Publish(cand, candV); err != nil {
 					return fmt.Errorf("promote version %d: %w", candV, err)
 				}
 			}
 			serving, servingV, servingGate, servingSafety = cand, candV, candGate, candSafety
+			anchorGate = max(anchorGate, candGate)
 			if servingSuccess, err = evalSet.success(ctx, serving); err != nil {
 				return fmt.Errorf("evaluate: %w", err)
 			}
 		default:
 			res.Held++
+			if ahead++; cfg.MaxAhead > 0 && ahead >= cfg.MaxAhead {
+				if err := tr.Reset(serving, servingV); err != nil {
+					return fmt.Errorf("reset: %w", err)
+				}
+				cur.model, cur.version = serving, servingV
+				p.Decision, ahead = DecisionReset, 0
+			}
 		}
 		p.Version, p.Success, p.Safety = servingV, servingSuccess, servingSafety
 		emit(p)
@@ -494,7 +527,7 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 	maxTok := max(cfg.Task.MaxLetters, len(Refusal)) + 2
 	rng := rand.New(rand.NewPCG(cfg.Seed+cfg.RLSeed, 0x5a3b))
 	step := 0
-	var history []latest
+	var history, servingHist []latest
 	for (cfg.MaxSteps == 0 || step < cfg.MaxSteps) && time.Since(loopStart) < cfg.Budget {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -505,6 +538,13 @@ func Rehearse(ctx context.Context, cfg RehearsalConfig, serve trainer.Publisher,
 			history = history[1:]
 		}
 		model, version = history[0].model, history[0].version
+		if cfg.FromServing {
+			servingHist = append(servingHist, latest{model: serving, version: servingV})
+			if len(servingHist) > cfg.Lag+1 {
+				servingHist = servingHist[1:]
+			}
+			model, version = servingHist[0].model, servingHist[0].version
+		}
 		prompts := make([]Prompt, 0, cfg.Groups*cfg.GroupSize)
 		ids := make([][]int, 0, cfg.Groups*cfg.GroupSize)
 		for g := 0; g < cfg.Groups; g++ {

@@ -91,9 +91,31 @@ func TestRehearsalMechanics(t *testing.T) {
 		"temperature":   {Temperature: -1},
 		"tolerance":     {GateTolerance: 2},
 		"prior":         {Base: BaseConfig{Prior: "psychic"}},
+		"max ahead":     {MaxAhead: 2},
 	} {
 		_, err := Rehearse(ctx, bad, nil, nil)
 		require.Error(t, err, name)
+	}
+}
+
+// TestRehearsalAsTheOnlineLoop runs the rehearsal as the online loop runs:
+// samples from the serving version, a line that goes back to it after
+// MaxAhead held candidates, gates against the best promoted version.
+func TestRehearsalAsTheOnlineLoop(t *testing.T) {
+	ctx := context.Background()
+	base := BaseConfig{Steps: 2, BatchSize: 4, Model: trainer.ModelConfig{Context: 48, Layers: 1, Heads: 2, DModel: 16}}
+	cfg := RehearsalConfig{Base: base, Groups: 3, GroupSize: 2, EvalEvery: 1, EvalPrompts: 10, GatePrompts: 10,
+		SafetyPrompts: 4, MaxSteps: 6, Budget: time.Minute, Logger: quiet(), FromServing: true, MaxAhead: 1, Anchor: true, Lag: 1}
+	res, err := Rehearse(ctx, cfg, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, 6, res.Steps)
+	require.Equal(t, 6, res.Promoted+res.Held+res.RolledBack)
+	for i, p := range res.Points[1:] {
+		prev := res.Points[i]
+		require.Greater(t, p.Candidate, prev.Candidate, "candidates move forward, after a reset too")
+		if p.Decision != DecisionPromote {
+			require.Equal(t, prev.Version, p.Version, "only a promotion changes what serves")
+		}
 	}
 }
 
