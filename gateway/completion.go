@@ -329,15 +329,18 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (er
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
 	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment,
 		GroupID: cl.group, GroupSize: max(cl.groupSize, 1)}
-	s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()})
+	evs := []workflows.SessionEvent{{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()}}
 	if cl.done {
 		s.tails.forget(tailKey{cl.p.TenantID, cl.sessionID})
 		if _, err := store.EndSession(c.Request.Context(), s.deps.DB, cl.p.TenantID, cl.sessionID); err != nil {
 			s.deps.Logger.Warn(msgEndAfterDoneFailed, append(logAttrs(c), "session", cl.sessionID, "err", err)...)
 		} else {
-			s.notifier.Notify(in, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+			evs = append(evs, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
 		}
 	}
+	// One notice: a delivery between the step and the end would send the
+	// step alone, a second workflow task for the session.
+	s.notifier.Notify(in, evs...)
 	return nil
 }
 

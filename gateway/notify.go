@@ -24,8 +24,10 @@ const (
 
 // Notifier tells SessionWorkflows what was committed. Notify never blocks
 // the request path: notices are queued and delivered in the background.
+// The events of one call are queued together: no delivery falls between
+// them (a call that ends its session sends its step and its end as one).
 type Notifier interface {
-	Notify(session workflows.SessionInput, ev workflows.SessionEvent)
+	Notify(session workflows.SessionInput, evs ...workflows.SessionEvent)
 	// Start starts the session's workflow with its input (group, task)
 	// before any event, for sessions created explicitly.
 	Start(session workflows.SessionInput)
@@ -43,9 +45,9 @@ type SignalStarter interface {
 // workflow, once running, reconciles from Postgres.
 type nopNotifier struct{}
 
-func (nopNotifier) Notify(workflows.SessionInput, workflows.SessionEvent) {}
-func (nopNotifier) Start(workflows.SessionInput)                          {}
-func (nopNotifier) Close(context.Context)                                 {}
+func (nopNotifier) Notify(workflows.SessionInput, ...workflows.SessionEvent) {}
+func (nopNotifier) Start(workflows.SessionInput)                             {}
+func (nopNotifier) Close(context.Context)                                    {}
 
 // maxPendingPerSession bounds memory when Temporal is down for long;
 // maxPendingSessions bounds the sessions waiting, once an outbox holds
@@ -147,10 +149,16 @@ func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
 	return q
 }
 
-// Notify queues ev for its session.
-func (n *TemporalNotifier) Notify(session workflows.SessionInput, ev workflows.SessionEvent) {
+// Notify queues evs for their session, together.
+func (n *TemporalNotifier) Notify(session workflows.SessionInput, evs ...workflows.SessionEvent) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for _, ev := range evs {
+		n.notify(session, ev)
+	}
+}
+
+func (n *TemporalNotifier) notify(session workflows.SessionInput, ev workflows.SessionEvent) {
 	if n.outbox != nil && len(n.pending) >= maxPendingSessions {
 		if _, ok := n.pending[workflows.SessionWorkflowID(session.TenantID, session.SessionID)]; !ok {
 			n.count("dropped") // the reconciler sends it from Postgres
