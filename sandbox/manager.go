@@ -15,6 +15,8 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
+
+	"github.com/flywheel-ai/flywheel/sandbox/agent"
 )
 
 // Limits are the cgroup and security limits of every sandbox container.
@@ -24,7 +26,8 @@ type Limits struct {
 	// MemoryBytes is the memory limit; swap is disabled by setting
 	// memory+swap to the same value. Default 512 MiB.
 	MemoryBytes int64
-	// Pids caps the number of processes (fork bombs); default 256.
+	// Pids caps the number of processes and threads (fork bombs); default
+	// 256, at least twice the agent's reserved threads.
 	Pids int64
 	// DiskBytes bounds /workspace. The root filesystem is read-only and
 	// everything writable is a tmpfs, because overlay storage has no quota
@@ -60,14 +63,17 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// minPids leaves commands as many pids as the agent's reserved threads.
+const minPids = 2 * agent.ReservedThreads
+
 func (l Limits) validate() error {
 	switch {
 	case l.CPUs < 0.01:
 		return fmt.Errorf("sandbox limits: CPUs %.3f below 0.01", l.CPUs)
 	case l.MemoryBytes < 6<<20:
 		return fmt.Errorf("sandbox limits: MemoryBytes %d below the engine minimum of 6 MiB", l.MemoryBytes)
-	case l.Pids < 8:
-		return fmt.Errorf("sandbox limits: Pids %d below 8", l.Pids)
+	case l.Pids < minPids:
+		return fmt.Errorf("sandbox limits: Pids %d below %d (the agent holds %d threads of them)", l.Pids, minPids, agent.ReservedThreads)
 	case l.DiskBytes < 1<<20 || l.ScratchBytes < 1<<20:
 		return fmt.Errorf("sandbox limits: DiskBytes %d and ScratchBytes %d must be at least 1 MiB", l.DiskBytes, l.ScratchBytes)
 	case l.DiskBytes+int64(len(scratchMounts)+1)*l.ScratchBytes > l.MemoryBytes:

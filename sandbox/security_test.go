@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +82,85 @@ func TestForkBombIsContained(t *testing.T) {
 		// init, agent, and the shell + ls + wc of this probe.
 		return n <= 5
 	}, 20*time.Second, 200*time.Millisecond)
+}
+
+// TestAgentNeedsNoThreadUnderAFullPidsLimit fills the pids limit with kept
+// processes, then blocks the agent in open(2) on eight FIFOs, each request
+// holding a thread. The Go runtime aborts when it cannot create a thread it
+// wants, so without threads reserved before serving the agent dies here
+// (as it did under the fork bomb in CI run 33: "failed to create new OS
+// thread").
+func TestAgentNeedsNoThreadUnderAFullPidsLimit(t *testing.T) {
+	cli := dockerClient(t)
+	m := newManager(t, cli, sandbox.Config{Limits: sandbox.Limits{Pids: 64}})
+	sb := newSandbox(t, m, baseImage(t, cli))
+	const fifos = 8
+	require.Equal(t, 0, run(t, sb, "cd /tmp && for i in $(seq "+strconv.Itoa(fifos)+"); do mkfifo f$i; done").ExitCode)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A subshell forks sleepers until a fork fails and exits, the pid it
+	// frees is taken by one more sleeper, and the command's shell becomes
+	// the last: every pid is held.
+	filled := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, sandbox.ExecRequest{Cmd: "(for i in $(seq 100); do sleep 300 & done); sleep 300 & exec sleep 300", Timeout: 30 * time.Second})
+		filled <- err
+	}()
+	require.Eventually(t, func() bool {
+		return tasks(ctx, t, sb) == 64
+	}, 10*time.Second, 100*time.Millisecond, "the pids limit never filled")
+	_, err := sb.Exec(ctx, sandbox.ExecRequest{Cmd: "true", Timeout: time.Second})
+	var agentErr *sandbox.AgentError
+	require.ErrorAs(t, err, &agentErr, "no command can start now, but the agent answers")
+
+	type read struct {
+		data []byte
+		err  error
+	}
+	reads := make(chan read, fifos)
+	for i := range fifos {
+		go func() {
+			data, _, err := sb.ReadFile(ctx, "/tmp/f"+strconv.Itoa(i+1), 0)
+			reads <- read{data, err}
+		}()
+	}
+	time.Sleep(time.Second)
+	_, err = sb.Ping(ctx)
+	require.NoError(t, err, "the agent died with every pid taken")
+	_, err = sb.KillStrays(ctx)
+	require.NoError(t, err)
+	require.NoError(t, <-filled)
+	require.Equal(t, 0, run(t, sb, "cd /tmp && for i in $(seq "+strconv.Itoa(fifos)+"); do echo hi > f$i; done").ExitCode)
+	for range fifos {
+		r := <-reads
+		require.NoError(t, r.err)
+		require.Equal(t, "hi\n", string(r.data))
+	}
+}
+
+// tasks counts the sandbox's threads from /proc without starting a process:
+// what its pids limit counts.
+func tasks(ctx context.Context, t *testing.T, sb *sandbox.Sandbox) int {
+	entries, err := sb.ListFiles(ctx, "/proc", 1)
+	require.NoError(t, err)
+	n := 0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(path.Base(e.Path)); err != nil || !e.IsDir {
+			continue
+		}
+		status, _, err := sb.ReadFile(ctx, e.Path+"/status", 0)
+		if err != nil {
+			continue // gone since the listing
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+				k, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 func TestMemoryLimitKillsTheCommandNotTheAgent(t *testing.T) {

@@ -138,3 +138,15 @@ func TestServeEndsCleanlyAndWaitsForRequestsInFlight(t *testing.T) {
 	require.NoError(t, agent.ReadFrame(&out, &resp))
 	require.Equal(t, "late\n", string(resp.Stdout))
 }
+
+func TestReserveThreadsKeepsThemStarted(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skip("no /proc/self/task to count threads")
+	}
+	agent.ReserveThreads(48)
+	// The runtime keeps idle threads: they are still there afterwards.
+	time.Sleep(50 * time.Millisecond)
+	tasks, err := os.ReadDir("/proc/self/task")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(tasks), 48)
+}

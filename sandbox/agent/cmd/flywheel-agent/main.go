@@ -19,6 +19,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
 		os.Exit(1)
 	}
+	agent.ReserveThreads(agent.ReservedThreads)
 	s := &agent.Server{Log: os.Stderr, AdoptsOrphans: adoptsOrphans}
 	if err := s.Serve(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "flywheel-agent: %v\n", err)
