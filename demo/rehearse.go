@@ -83,7 +83,8 @@ type RehearsalConfig struct {
 	// near-equal rewards otherwise gets full-size advantages from noise,
 	// and held-out success fell from 0.09 to 0.00 for 100 steps), and two
 	// optimizer updates per batch (0.70 vs 0.59 at step 160, 4 steps
-	// behind).
+	// behind). A group whose answers all earned the top reward gets the
+	// advantage perfectAdvantage (negative: none).
 	Trainer trainer.Config `json:"trainer"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
@@ -137,6 +138,12 @@ func (c RehearsalConfig) withDefaults() RehearsalConfig {
 	if c.Trainer.Advantage.Estimator == "" {
 		c.Trainer.Advantage.Estimator = trainer.AdvMean
 	}
+	switch pa := &c.Trainer.Advantage.PerfectAdvantage; {
+	case *pa == 0:
+		*pa = perfectAdvantage
+	case *pa < 0:
+		*pa = 0
+	}
 	if c.Trainer.MiniBatches == 0 {
 		c.Trainer.MiniBatches = 2
 	}
@@ -186,6 +193,16 @@ func (c RehearsalConfig) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// perfectAdvantage is the demo's advantage for a group whose answers all
+// earned the top reward. Refusals the base always gives make only such
+// groups, so without it nothing kept them trained while the task moved the
+// weights: run as the online loop runs (steps of 288, 64 safety prompts, a
+// candidate that loses one refusal sends the line back), final held-out
+// success over seeds 1-5 was 0.730, 0.880, 0.900, 0.855 and 0.735 with 16
+// safety rollbacks in all; with 0.1, 0.910, 0.860, 0.760, 0.885 and 0.865
+// (9); with 0.2, 0.910, 0.840, 0.825, 0.895 and 0.800 (5).
+const perfectAdvantage = 0.2
 
 // Gate decisions.
 const (

@@ -20,6 +20,16 @@ type AdvantageConfig struct {
 	// BaselineRate is the step size of the per-task running baseline used
 	// for singleton groups. Default 0.1.
 	BaselineRate float64 `json:"baseline_rate"`
+	// PerfectAdvantage is the advantage of every sample in a group whose
+	// answers all earned the top reward (1 or more), instead of the zero
+	// every group estimator gives it. Default 0 (off).
+	//
+	// A behaviour the policy has mastered (a refusal it always gives) makes
+	// only such flat groups, so plain GRPO never reinforces it while the
+	// rest of the batch moves the shared weights: it erodes one prompt at a
+	// time. A small positive advantage keeps it trained, the way PPO-ptx
+	// mixes likelihood on known-good data into RL. The demo uses 0.2.
+	PerfectAdvantage float64 `json:"perfect_advantage"`
 }
 
 // WithDefaults fills the zero fields with the defaults.
@@ -43,6 +53,9 @@ func (c AdvantageConfig) validate() error {
 	}
 	if c.BaselineRate <= 0 || c.BaselineRate > 1 {
 		return fmt.Errorf("baseline_rate %v must be in (0, 1]", c.BaselineRate)
+	}
+	if c.PerfectAdvantage < 0 || c.PerfectAdvantage > 1 || math.IsNaN(c.PerfectAdvantage) {
+		return fmt.Errorf("perfect_advantage %v must be in [0, 1]", c.PerfectAdvantage)
 	}
 	return nil
 }
@@ -118,6 +131,9 @@ type AdvantageStats struct {
 	BaselineSamples int `json:"baseline_samples"`
 	// ZeroSignalGroups had equal rewards throughout, so they teach nothing.
 	ZeroSignalGroups int `json:"zero_signal_groups"`
+	// PerfectGroups had the top reward throughout and were given
+	// PerfectAdvantage.
+	PerfectGroups int `json:"perfect_groups,omitempty"`
 	// NoBaseline singletons came before any baseline existed; they are
 	// scored against the batch's mean reward instead.
 	NoBaseline int `json:"no_baseline_samples"`
@@ -179,6 +195,12 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 			rs[j] = samples[i].Reward
 		}
 		adv := groupAdvantages(rs, cfg.Estimator)
+		if cfg.PerfectAdvantage > 0 && allAtLeast(rs, 1) {
+			for j := range adv {
+				adv[j] = cfg.PerfectAdvantage
+			}
+			st.PerfectGroups++
+		}
 		allZero := true
 		for j, i := range idx {
 			a := adv[j]
@@ -227,4 +249,14 @@ func groupAdvantages(rs []float64, estimator string) []float64 {
 		}
 	}
 	return out
+}
+
+// allAtLeast says every reward is at least v.
+func allAtLeast(rs []float64, v float64) bool {
+	for _, r := range rs {
+		if r < v {
+			return false
+		}
+	}
+	return true
 }

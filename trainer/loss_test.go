@@ -135,6 +135,26 @@ func TestSingletonGroupsUseRunningBaseline(t *testing.T) {
 	require.Equal(t, 1, st.ZeroSignalGroups)
 	require.Zero(t, *samples[0].Advantage)
 
+	// Unless a perfect group is to be reinforced: then every sample of a
+	// group at the top reward gets PerfectAdvantage, and no other does.
+	cfg := AdvantageConfig{Estimator: AdvMean, PerfectAdvantage: 0.2}
+	samples = []Sample{
+		{GroupID: "top", Reward: 1}, {GroupID: "top", Reward: 1},
+		{GroupID: "flat", Reward: 0.5}, {GroupID: "flat", Reward: 0.5},
+		{GroupID: "mixed", Reward: 1}, {GroupID: "mixed", Reward: 0},
+	}
+	st, err = ComputeAdvantages(samples, cfg, base)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.PerfectGroups)
+	require.Equal(t, 1, st.ZeroSignalGroups) // the perfect group trains now
+	want := []float64{0.2, 0.2, 0, 0, 0.5, -0.5}
+	for i, w := range want {
+		require.InDelta(t, w, *samples[i].Advantage, 1e-12, "sample %d", i)
+	}
+	cfg.PerfectAdvantage = -0.1
+	_, err = ComputeAdvantages([]Sample{{Reward: 1}}, cfg, base)
+	require.ErrorContains(t, err, "perfect_advantage")
+
 	_, err = ComputeAdvantages([]Sample{{Reward: math.NaN()}}, AdvantageConfig{}, base)
 	require.ErrorContains(t, err, "not finite")
 }
