@@ -147,7 +147,7 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 	prep, err := store.PrepareRun(ctx, t.DB, run.ID, store.PreparedRun{
 		Base: in.Base, Baselines: adv.Baselines, Observed: adv.Observed, Flat: sampleIDs(live, adv.Flat),
 		Samples: allIDs(live),
-		Stats: map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups,
+		Stats: map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups, "perfect_groups": adv.PerfectGroups,
 			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator},
 	})
 	if err != nil {

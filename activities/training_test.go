@@ -61,6 +61,15 @@ func TestFormAdvantagesUsesTheTrainersEstimator(t *testing.T) {
 	require.NoError(t, err)
 	require.InDeltaSlice(t, []float64{1, -1}, advs(grpo)[:2], 1e-12, "GRPO divides by the group's std")
 
+	// A group that earned the top reward throughout is trained with the
+	// configured perfect advantage: it is not flat.
+	top := []trainer.Sample{{GroupID: "g", TaskID: "a", Reward: 1}, {GroupID: "g", TaskID: "a", Reward: 1}}
+	adv, err = formAdvantages(top, trainer.AdvantageConfig{Estimator: trainer.AdvMean, PerfectAdvantage: 0.2}, stored)
+	require.NoError(t, err)
+	require.InDeltaSlice(t, []float64{0.2, 0.2}, advs(top), 1e-12)
+	require.Equal(t, 1, adv.PerfectGroups)
+	require.Empty(t, adv.Flat)
+
 	// With no history at all, singletons are compared with the batch mean:
 	// not a silent zero, and reported.
 	solo := []trainer.Sample{{TaskID: "x", Reward: 1}, {TaskID: "y", Reward: 0}}
