@@ -65,27 +65,31 @@ type SoakResult struct {
 	Samples                 []SoakSample   `json:"samples"`
 }
 
+func (c *SoakConfig) fill() {
+	if c.Capacity <= 0 {
+		c.Capacity = 15 * time.Second
+	}
+	if c.CapacityClients <= 0 {
+		c.CapacityClients = 32
+	}
+	if c.Load <= 0 {
+		c.Load = 0.5
+	}
+	if c.Duration <= 0 {
+		c.Duration = 20 * time.Minute
+	}
+	if c.Sample <= 0 {
+		c.Sample = 30 * time.Second
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+}
+
 // RunSoak measures the stack's capacity, then offers a share of it for a
 // long time and samples what the process and Postgres hold.
 func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
-	if cfg.Capacity <= 0 {
-		cfg.Capacity = 15 * time.Second
-	}
-	if cfg.CapacityClients <= 0 {
-		cfg.CapacityClients = 32
-	}
-	if cfg.Load <= 0 {
-		cfg.Load = 0.5
-	}
-	if cfg.Duration <= 0 {
-		cfg.Duration = 20 * time.Minute
-	}
-	if cfg.Sample <= 0 {
-		cfg.Sample = 30 * time.Second
-	}
-	if cfg.Out == nil {
-		cfg.Out = io.Discard
-	}
+	cfg.fill()
 	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
 	st, err := startStack(ctx, "flywheel-soak-", cfg.Bin, cfg.TemporalCLI)
 	if err != nil {
@@ -166,6 +170,15 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 	res.Statuses = sl.statuses
 	sl.mu.Unlock()
 	res.Dropped = dropped.Load()
+	res.fitSlopes()
+	logf("offered %.0f/s, acknowledged %.1f/s, statuses %v, %d not offered (behind); slopes per hour after warm-up: RSS %+.1f MB, goroutines %+.1f, Postgres connections %+.2f, rows per interaction %+.3f",
+		res.OfferedRPS, res.AckedRPS, res.Statuses, res.Dropped, res.RSSMBPerHour, res.GoroutinesPerHour, res.PGConnsPerHour, res.RowsPerInteractionSlope)
+	return res, nil
+}
+
+// fitSlopes fits the per-hour slopes over the samples after the first
+// fifth (warm-up).
+func (res *SoakResult) fitSlopes() {
 	warm := len(res.Samples) / 5
 	tail := res.Samples[warm:]
 	fit := func(f func(SoakSample) float64) float64 {
@@ -179,9 +192,6 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 	res.GoroutinesPerHour = fit(func(s SoakSample) float64 { return float64(s.Goroutines) })
 	res.PGConnsPerHour = fit(func(s SoakSample) float64 { return float64(s.PGConns) })
 	res.RowsPerInteractionSlope = fit(func(s SoakSample) float64 { return s.RowsPerInteraction })
-	logf("offered %.0f/s, acknowledged %.1f/s, statuses %v, %d not offered (behind); slopes per hour after warm-up: RSS %+.1f MB, goroutines %+.1f, Postgres connections %+.2f, rows per interaction %+.3f",
-		res.OfferedRPS, res.AckedRPS, res.Statuses, res.Dropped, res.RSSMBPerHour, res.GoroutinesPerHour, res.PGConnsPerHour, res.RowsPerInteractionSlope)
-	return res, nil
 }
 
 func sample(ctx context.Context, st *stack, sl *load, start time.Time, window []time.Duration) SoakSample {
