@@ -8,129 +8,34 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
-// The status view: what the control plane did with a deployment (versions,
-// releases and their gates, evolution decisions, training runs) and what a
-// tenant's own traffic looks like on it (recent sessions, the success
-// curve). The types are the wire format of GET /v1/status, shared by the
-// gateway and its clients.
-//
-// Deployments are shared between tenants, so a tenant sees a deployment
-// only once it has a session on it; sessions, the curve and per-tenant
-// counts are filtered by tenant, and nothing another tenant wrote (prompts,
-// answers, tool output) appears.
+// The status view: what the control plane did with a deployment and what a
+// tenant's own traffic looks like on it. Deployments are shared between
+// tenants, so LoadStatus shows a tenant a deployment only once it has a
+// session on it; sessions, the curve and per-tenant counts are filtered by
+// tenant, and nothing another tenant wrote (prompts, answers, tool output)
+// appears.
 
-// Status is a tenant's view of its deployments.
-type Status struct {
-	Tenant      string             `json:"tenant"`
-	GeneratedAt time.Time          `json:"generated_at"`
-	Deployments []DeploymentStatus `json:"deployments"`
-}
-
-// DeploymentStatus is one deployment.
-type DeploymentStatus struct {
-	Name string `json:"name"`
-	// Backend is "" for a deployment routed by configuration only (no
-	// deployments row).
-	Backend        string `json:"backend"`
-	ServingVersion string `json:"serving_version"`
-	// Canary is the running weights release, nil when none runs.
-	Canary   *CanaryStatus   `json:"canary"`
-	Versions []VersionStatus `json:"versions"`
-	Releases []ReleaseStatus `json:"releases"`
-	// ReleaseCounts counts every release the deployment ever had, by
-	// layer then status (the Releases list is capped): what happened
-	// during a run is the difference of two readings.
-	ReleaseCounts map[string]map[string]int `json:"release_counts"`
-	Decisions     []DecisionStatus          `json:"decisions"`
-	TrainingRuns  []TrainingRunStatus       `json:"training_runs"`
-	// TrainingCounts counts every training run by status (claimed,
-	// trained, failed); the TrainingRuns list is capped.
-	TrainingCounts map[string]int `json:"training_counts"`
-	// Anchor is the best version promoted on the held-out suite, which
-	// every release and the watchdog compare with (nil: no suite, or none
-	// measured yet).
-	Anchor *AnchorStatus `json:"anchor"`
-	// Watchdog lists the latest re-measurements of the serving version.
-	Watchdog []WatchdogCheck  `json:"watchdog"`
-	Sessions []SessionSummary `json:"sessions"`
-	Curve    Curve            `json:"curve"`
-}
-
-// CanaryStatus is a running weights release: its candidate takes Share of
-// the traffic once the release reaches its canary phase.
-type CanaryStatus struct {
-	ReleaseID int64   `json:"release_id"`
-	Candidate string  `json:"candidate"`
-	Baseline  string  `json:"baseline"`
-	Phase     string  `json:"phase"`
-	Share     float64 `json:"share"`
-}
-
-// VersionStatus is a model version with its lineage.
-type VersionStatus struct {
-	ID     string `json:"id"`
-	Parent string `json:"parent"`
-	// Status is candidate, serving, superseded, rolled_back or retired.
-	Status string `json:"status"`
-	// Serving and Canary say whether it takes traffic now.
-	Serving       bool           `json:"serving"`
-	Canary        bool           `json:"canary"`
-	Metrics       map[string]any `json:"metrics"`
-	RetiredReason string         `json:"retired_reason,omitempty"`
-	CreatedAt     time.Time      `json:"created_at"`
-	// TrainedSamples is how many samples trained it (all tenants);
-	// TenantSessions how many of this tenant's sessions they came from.
-	TrainedSamples int `json:"trained_samples"`
-	TenantSessions int `json:"tenant_sessions"`
-}
-
-// ReleaseStatus is a release with every gate's numbers.
-type ReleaseStatus struct {
-	ID          int64        `json:"id"`
-	Layer       string       `json:"layer"`
-	Candidate   string       `json:"candidate"`
-	Baseline    string       `json:"baseline"`
-	Status      string       `json:"status"`
-	Phase       string       `json:"phase"`
-	CanaryShare float64      `json:"canary_share"`
-	Reason      string       `json:"reason"`
-	StartedAt   time.Time    `json:"started_at"`
-	FinishedAt  *time.Time   `json:"finished_at"`
-	Gates       []GateStatus `json:"gates"`
-}
-
-// GateStatus is one gate's verdict and numbers.
-type GateStatus struct {
-	Gate      string         `json:"gate"`
-	Passed    bool           `json:"passed"`
-	Metrics   map[string]any `json:"metrics"`
-	CreatedAt time.Time      `json:"created_at"`
-}
-
-// DecisionStatus is an evolution decision with the evidence it rested on.
-type DecisionStatus struct {
-	ID        int64           `json:"id"`
-	Decision  string          `json:"decision"`
-	Reason    string          `json:"reason"`
-	Evidence  json.RawMessage `json:"evidence"`
-	CreatedAt time.Time       `json:"created_at"`
-}
-
-// TrainingRunStatus is one training step of the deployment.
-type TrainingRunStatus struct {
-	ID int64 `json:"id"`
-	// Status is claimed (training now), trained or failed.
-	Status  string `json:"status"`
-	Version string `json:"version"`
-	Samples int    `json:"samples"`
-	// TenantSamples of them are this tenant's.
-	TenantSamples int            `json:"tenant_samples"`
-	Stats         map[string]any `json:"stats"`
-	CreatedAt     time.Time      `json:"created_at"`
-	FinishedAt    *time.Time     `json:"finished_at"`
-}
+// The status view's types are the wire format of GET /v1/status; they live
+// in statusapi so that clients of the HTTP API need not import the store.
+type (
+	Status            = statusapi.Status
+	DeploymentStatus  = statusapi.DeploymentStatus
+	CanaryStatus      = statusapi.CanaryStatus
+	VersionStatus     = statusapi.VersionStatus
+	ReleaseStatus     = statusapi.ReleaseStatus
+	GateStatus        = statusapi.GateStatus
+	DecisionStatus    = statusapi.DecisionStatus
+	TrainingRunStatus = statusapi.TrainingRunStatus
+	SessionSummary    = statusapi.SessionSummary
+	Curve             = statusapi.Curve
+	CurvePoint        = statusapi.CurvePoint
+	AnchorStatus      = statusapi.AnchorStatus
+	WatchdogCheck     = statusapi.WatchdogCheck
+)
 
 // Why a session did or did not train, beyond the ATDP ineligibility
 // reasons (no_reward, redacted, …) its steps carry.
@@ -144,42 +49,6 @@ const (
 	TrainingForgotten    = "forgotten"
 	TrainingNoSamples    = "no_trainable_steps"
 )
-
-// SessionSummary is one of the tenant's recent sessions.
-type SessionSummary struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
-	TaskID string `json:"task_id,omitempty"`
-	Steps  int    `json:"steps"`
-	// Version served the session's last step.
-	Version string `json:"version"`
-	// Reward is the session's outcome (its outcome rewards' mean, else its
-	// step rewards' mean); nil when it has none.
-	Reward *float64 `json:"reward"`
-	// Trained says whether a version trained on it (TrainedInto lists
-	// them); Reason is why not, or TrainingTrained.
-	Trained      bool      `json:"trained"`
-	TrainedInto  []string  `json:"trained_into"`
-	Reason       string    `json:"reason"`
-	CreatedAt    time.Time `json:"created_at"`
-	LastActiveAt time.Time `json:"last_active_at"`
-}
-
-// Curve is the success curve of the tenant's traffic: the mean reward of
-// rewarded interactions per time bucket, per version that served them.
-type Curve struct {
-	// BucketSeconds is the bucket width, chosen from the span.
-	BucketSeconds int          `json:"bucket_seconds"`
-	Points        []CurvePoint `json:"points"`
-}
-
-// CurvePoint is one bucket of one version.
-type CurvePoint struct {
-	Start      time.Time `json:"start"`
-	Version    string    `json:"version"`
-	Rewarded   int       `json:"rewarded"`
-	MeanReward float64   `json:"mean_reward"`
-}
 
 // StatusQuery selects what LoadStatus reads.
 type StatusQuery struct {

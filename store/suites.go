@@ -384,16 +384,6 @@ func ArtefactSuffix(serving []StoredArtefact, kind, version string) string {
 	return b.String()
 }
 
-// AnchorStatus is a deployment's anchor on its held-out suite.
-type AnchorStatus struct {
-	Version string `json:"version"`
-	// PassRate is its result on the suite's Prompts prompts.
-	PassRate float64 `json:"pass_rate"`
-	Prompts  int     `json:"prompts"`
-	// ServingPassRate is the serving version's, when it has one.
-	ServingPassRate *float64 `json:"serving_pass_rate,omitempty"`
-}
-
 // AnchorOf is the deployment's anchor under its serving artefacts (nil
 // with no held-out suite or no measured promoted version).
 func AnchorOf(ctx context.Context, db DBTX, deployment string) (*AnchorStatus, error) {

@@ -6,23 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // VersionNumber parses the policy version number out of a model version id
 // "<name>@v<N>" (the in-process engine's naming); ok is false for other
 // names (upstream models), whose staleness cannot be judged.
-func VersionNumber(id string) (int64, bool) {
-	i := strings.LastIndex(id, "@v")
-	if i < 0 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(id[i+2:], 10, 64)
-	return n, err == nil && n >= 0
-}
+func VersionNumber(id string) (int64, bool) { return statusapi.VersionNumber(id) }
 
 // VersionID names version n of a deployment as the engine does.
 func VersionID(deployment string, n int64) string {

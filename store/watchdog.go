@@ -9,19 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// WatchdogCheck is one re-measurement of a deployment's serving version.
-type WatchdogCheck struct {
-	ID         int64          `json:"id"`
-	Deployment string         `json:"deployment"`
-	Serving    string         `json:"serving"`
-	Anchor     string         `json:"anchor"`
-	Verdict    string         `json:"verdict"`
-	Reason     string         `json:"reason"`
-	Metrics    map[string]any `json:"metrics"`
-	WorkflowID string         `json:"workflow_id"`
-	CreatedAt  time.Time      `json:"created_at"`
-}
-
 // watchdogKeep is how long checks are kept (one a minute is 1,440 a day).
 const watchdogKeep = 7 * 24 * time.Hour
 

@@ -1,4 +1,4 @@
-// Package statuspage draws the status view (store.Status: what the control
+// Package statuspage draws the status view (statusapi.Status: what the control
 // plane did with a tenant's deployments) as one HTML page: the gateway's
 // live GET /status and the demo's static status.html are this page. It
 // owns the rendering only; it must not read the database or know HTTP.
@@ -17,12 +17,12 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/internal/chart"
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // section is one deployment on the page.
 type section struct {
-	store.DeploymentStatus
+	statusapi.DeploymentStatus
 	CurveSVG  template.HTML
 	CurveNote string
 }
@@ -46,7 +46,7 @@ type Page struct {
 }
 
 type pageData struct {
-	*store.Status
+	*statusapi.Status
 	Page
 	RefreshSeconds int
 	Sections       []section
@@ -54,7 +54,7 @@ type pageData struct {
 
 // Render draws the reading as one self-contained HTML page (no external
 // assets; the curves inline as SVG).
-func Render(st *store.Status, p Page) ([]byte, error) {
+func Render(st *statusapi.Status, p Page) ([]byte, error) {
 	if p.Title == "" {
 		p.Title = "Flywheel status"
 	}
@@ -82,7 +82,7 @@ func Render(st *store.Status, p Page) ([]byte, error) {
 
 // curveChart is a deployment's curve (at least one point): one line per
 // version that served, and their weighted mean when more than one did.
-func curveChart(d store.DeploymentStatus) chart.Chart {
+func curveChart(d statusapi.DeploymentStatus) chart.Chart {
 	start := d.Curve.Points[0].Start
 	x := func(t time.Time) float64 { return t.Sub(start).Minutes() }
 	byVersion := map[string][]chart.Point{}
@@ -136,8 +136,8 @@ func curveChart(d store.DeploymentStatus) chart.Chart {
 // compareVersions orders "<name>@vN" ids by N, other names after them by
 // name.
 func compareVersions(a, b string) int {
-	na, oka := store.VersionNumber(a)
-	nb, okb := store.VersionNumber(b)
+	na, oka := statusapi.VersionNumber(a)
+	nb, okb := statusapi.VersionNumber(b)
 	switch {
 	case oka && okb:
 		return cmp.Compare(na, nb)
