@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/artefact"
 )
 
 // ForgetResult is a completed forget request.
@@ -131,7 +131,7 @@ func forgetArtefacts(ctx context.Context, tx pgx.Tx, tenantID string, sessions [
 	}
 	var released []string
 	for _, a := range all {
-		var set evolution.ArtefactSet
+		var set artefact.Set
 		if err := set.Decode(a.Kind, a.Content); err != nil {
 			continue // unreadable content was never applied: nothing of the sessions reached a prompt
 		}
@@ -139,7 +139,7 @@ func forgetArtefacts(ctx context.Context, tx pgx.Tx, tenantID string, sessions [
 			continue
 		}
 		var clean any = set.Playbook
-		if a.Kind == evolution.KindToolSchema {
+		if a.Kind == artefact.KindToolSchema {
 			clean = set.ToolSchema
 		}
 		content, err := json.Marshal(clean)
