@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/modelserver"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/modelserver"
 )
 
 // TestNoFailedRequestDuringSwaps: while requests run against every served
