@@ -37,19 +37,6 @@ type (
 	WatchdogCheck     = statusapi.WatchdogCheck
 )
 
-// Why a session did or did not train, beyond the ATDP ineligibility
-// reasons (no_reward, redacted, …) its steps carry.
-const (
-	TrainingTrained      = "trained"
-	TrainingQueued       = "queued"
-	TrainingNotAssembled = "not_assembled"
-	TrainingSessionOpen  = "session_open"
-	TrainingDroppedStale = "dropped_stale"
-	TrainingRetired      = "retired"
-	TrainingForgotten    = "forgotten"
-	TrainingNoSamples    = "no_trainable_steps"
-)
-
 // StatusQuery selects what LoadStatus reads.
 type StatusQuery struct {
 	TenantID string
@@ -62,27 +49,6 @@ type StatusQuery struct {
 	Limit int
 	// Now stamps GeneratedAt; zero: time.Now.
 	Now time.Time
-}
-
-// curveBuckets is about how many buckets the curve spans, whatever its
-// length; bucketSteps are the widths it picks from.
-const curveBuckets = 60
-
-var bucketSteps = []time.Duration{
-	10 * time.Second, 15 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
-	10 * time.Minute, 15 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour,
-	6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
-}
-
-// BucketFor picks the smallest step that covers span in about
-// curveBuckets buckets.
-func BucketFor(span time.Duration) time.Duration {
-	for _, s := range bucketSteps {
-		if span <= s*curveBuckets {
-			return s
-		}
-	}
-	return bucketSteps[len(bucketSteps)-1]
 }
 
 // LoadStatus reads the tenant's status. A named deployment the tenant has
@@ -259,26 +225,6 @@ func trainingCountsOf(ctx context.Context, db DBTX, deployment string) (map[stri
 	return out, nil
 }
 
-func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limit int) ([]DecisionStatus, error) {
-	rows, err := ListDecisions(ctx, db, deployment, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]DecisionStatus, len(rows))
-	for i, r := range rows {
-		ev, theirs, err := scrubEvidence(r.Evidence, tenantID)
-		if err != nil {
-			return nil, fmt.Errorf("decision %d: %w", r.ID, err)
-		}
-		reason := r.Reason
-		if theirs {
-			reason = "a tool of another tenant failed often: its description changes for that tenant only"
-		}
-		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
-	}
-	return out, nil
-}
-
 // jsonObject decodes a jsonb metrics column for display. Writers store any
 // JSON there (a null, or an array where `stats || null` appended one), so
 // what is not an object shows as empty instead of failing the whole view.
@@ -288,42 +234,6 @@ func jsonObject(raw []byte) map[string]any {
 		return map[string]any{}
 	}
 	return m
-}
-
-// scrubEvidence keeps, of a decision's evidence, what the tenant may see:
-// the deployment's decisions are shown to every tenant that uses it, and
-// tool failure clusters are one tenant's tool names and results. Other
-// tenants' clusters (and clusters of no tenant, recorded before clusters
-// were per tenant) go; theirs reports a decision about another tenant's
-// tool, whose target goes too.
-func scrubEvidence(raw json.RawMessage, tenantID string) (json.RawMessage, bool, error) {
-	if len(raw) == 0 {
-		return json.RawMessage(`{}`), false, nil
-	}
-	var ev map[string]any
-	if err := json.Unmarshal(raw, &ev); err != nil {
-		return nil, false, fmt.Errorf("decode evidence: %w", err)
-	}
-	if tools, ok := ev["tool_failures"].([]any); ok {
-		mine := []any{}
-		for _, t := range tools {
-			if m, ok := t.(map[string]any); ok && m["tenant"] == tenantID {
-				mine = append(mine, m)
-			}
-		}
-		ev["tool_failures"] = mine
-	}
-	theirs := false
-	if t, ok := ev["tenant"].(string); ok && t != tenantID {
-		theirs = true
-		delete(ev, "target")
-		delete(ev, "tenant")
-	}
-	out, err := json.Marshal(ev)
-	if err != nil {
-		return nil, false, fmt.Errorf("encode evidence: %w", err)
-	}
-	return out, theirs, nil
 }
 
 func trainingRunsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]TrainingRunStatus, error) {
@@ -343,131 +253,4 @@ ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 		t.Stats = jsonObject(stats)
 		return t, err
 	})
-}
-
-// sessionsOf lists the tenant's latest sessions on the deployment with
-// whether they trained and, if not, why.
-func sessionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]SessionSummary, error) {
-	rows, err := db.Query(ctx, `
-SELECT s.id, s.status, s.task_id, s.created_at, s.last_active_at,
-       st.steps, coalesce(st.version, ''), rw.outcome,
-       coalesce(ln.versions, '{}'), smp.queued, smp.stale, smp.retired, tj.id IS NOT NULL, coalesce(why.reason, '')
-FROM (
-    -- The latest sessions first, so the per-session lookups run only for
-    -- the rows shown.
-    SELECT * FROM sessions WHERE tenant_id = $1 AND deployment = $2
-    ORDER BY last_active_at DESC, id LIMIT $3) s
-CROSS JOIN LATERAL (
-    SELECT count(*) AS steps, (array_agg(i.model_version ORDER BY i.seq DESC))[1] AS version
-    FROM interactions i WHERE i.tenant_id = s.tenant_id AND i.session_id = s.id) st
-CROSS JOIN LATERAL (
-    SELECT coalesce(avg(r.value) FILTER (WHERE r.interaction_id IS NULL), avg(r.value)) AS outcome
-    FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.id) rw
-CROSS JOIN LATERAL (
-    SELECT array_agg(DISTINCT l.version_id ORDER BY l.version_id) AS versions
-    FROM model_version_lineage l WHERE l.tenant_id = s.tenant_id AND l.session_id = s.id) ln
-CROSS JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE ts.status = 'queued') AS queued,
-           count(*) FILTER (WHERE ts.status = 'dropped_stale') AS stale,
-           count(*) FILTER (WHERE ts.status = 'retired') AS retired
-    FROM atdp_steps a JOIN training_samples ts ON ts.step_id = a.id
-    WHERE a.tenant_id = s.tenant_id AND a.session_id = s.id) smp
-LEFT JOIN LATERAL (
-    SELECT t.id FROM trajectories t WHERE t.tenant_id = s.tenant_id AND t.session_id = s.id
-    ORDER BY t.assembled_at DESC, t.id DESC LIMIT 1) tj ON true
-LEFT JOIN LATERAL (
-    SELECT a.ineligible_reason AS reason FROM atdp_steps a
-    WHERE a.trajectory_id = tj.id AND NOT a.eligible AND a.ineligible_reason <> ''
-    GROUP BY a.ineligible_reason ORDER BY count(*) DESC, a.ineligible_reason LIMIT 1) why ON true
-ORDER BY s.last_active_at DESC, s.id`, q.TenantID, deployment, q.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("sessions: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SessionSummary, error) {
-		var s SessionSummary
-		var queued, stale, retired int
-		var assembled bool
-		var ineligible string
-		err := r.Scan(&s.ID, &s.Status, &s.TaskID, &s.CreatedAt, &s.LastActiveAt, &s.Steps, &s.Version, &s.Reward,
-			&s.TrainedInto, &queued, &stale, &retired, &assembled, &ineligible)
-		s.Trained = len(s.TrainedInto) > 0
-		s.Reason = trainingReason(s, queued, stale, retired, assembled, ineligible)
-		return s, err
-	})
-}
-
-// trainingReason says why a session did not train, most decisive first.
-func trainingReason(s SessionSummary, queued, stale, retired int, assembled bool, ineligible string) string {
-	switch {
-	case s.Trained:
-		return TrainingTrained
-	case s.Status == "forgotten":
-		return TrainingForgotten
-	case queued > 0:
-		return TrainingQueued
-	case !assembled && s.Status == "open":
-		return TrainingSessionOpen
-	case !assembled:
-		return TrainingNotAssembled
-	case stale > 0:
-		return TrainingDroppedStale
-	case retired > 0:
-		return TrainingRetired
-	case ineligible != "":
-		return ineligible
-	}
-	return TrainingNoSamples
-}
-
-// curveOf buckets the tenant's rewarded interactions on the deployment
-// since q.CurveSince. An interaction's reward is its own step rewards'
-// mean, else its session's outcome rewards' mean, as the canary gate
-// scores versions.
-func curveOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) (Curve, error) {
-	var first, last *time.Time
-	err := db.QueryRow(ctx, `SELECT min(created_at), max(created_at) FROM interactions
-WHERE tenant_id = $1 AND deployment = $2 AND created_at >= $3`, q.TenantID, deployment, q.CurveSince).Scan(&first, &last)
-	if err != nil {
-		return Curve{}, fmt.Errorf("curve span: %w", err)
-	}
-	c := Curve{Points: []CurvePoint{}}
-	if first == nil {
-		c.BucketSeconds = int(bucketSteps[0].Seconds())
-		return c, nil
-	}
-	bucket := BucketFor(last.Sub(*first))
-	c.BucketSeconds = int(bucket.Seconds())
-	// Joins over the window's rewards rather than two lookups per
-	// interaction: BenchmarkLoadStatus (6,000 steps) reads the whole view
-	// in about 15 ms instead of 55.
-	rows, err := db.Query(ctx, `
-WITH inter AS (
-    SELECT i.id, i.session_id, i.created_at, i.model_version FROM interactions i
-    WHERE i.tenant_id = $1 AND i.deployment = $2 AND i.created_at >= $3
-), step AS (
-    SELECT w.interaction_id, avg(w.value) AS v FROM rewards w JOIN inter ON inter.id = w.interaction_id
-    GROUP BY w.interaction_id
-), outcome AS (
-    SELECT w.session_id, avg(w.value) AS v FROM rewards w
-    WHERE w.tenant_id = $1 AND w.interaction_id IS NULL AND w.session_id IN (SELECT session_id FROM inter)
-    GROUP BY w.session_id
-)
-SELECT floor(extract(epoch FROM inter.created_at) / $4)::bigint, inter.model_version, count(*), avg(coalesce(step.v, outcome.v))
-FROM inter LEFT JOIN step ON step.interaction_id = inter.id LEFT JOIN outcome ON outcome.session_id = inter.session_id
-WHERE coalesce(step.v, outcome.v) IS NOT NULL
-GROUP BY 1, 2 ORDER BY 1, 2`, q.TenantID, deployment, q.CurveSince, c.BucketSeconds)
-	if err != nil {
-		return c, fmt.Errorf("curve: %w", err)
-	}
-	var b int64
-	var p CurvePoint
-	_, err = pgx.ForEachRow(rows, []any{&b, &p.Version, &p.Rewarded, &p.MeanReward}, func() error {
-		p.Start = time.Unix(b*int64(c.BucketSeconds), 0).UTC()
-		c.Points = append(c.Points, p)
-		return nil
-	})
-	if err != nil {
-		return c, fmt.Errorf("curve: %w", err)
-	}
-	return c, nil
 }

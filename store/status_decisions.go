@@ -1,0 +1,65 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// decisionsOf lists the deployment's latest evolution decisions, their
+// evidence cut to what the tenant may see.
+func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limit int) ([]DecisionStatus, error) {
+	rows, err := ListDecisions(ctx, db, deployment, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DecisionStatus, len(rows))
+	for i, r := range rows {
+		ev, theirs, err := scrubEvidence(r.Evidence, tenantID)
+		if err != nil {
+			return nil, fmt.Errorf("decision %d: %w", r.ID, err)
+		}
+		reason := r.Reason
+		if theirs {
+			reason = "a tool of another tenant failed often: its description changes for that tenant only"
+		}
+		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
+	}
+	return out, nil
+}
+
+// scrubEvidence keeps, of a decision's evidence, what the tenant may see:
+// the deployment's decisions are shown to every tenant that uses it, and
+// tool failure clusters are one tenant's tool names and results. Other
+// tenants' clusters (and clusters of no tenant, recorded before clusters
+// were per tenant) go; theirs reports a decision about another tenant's
+// tool, whose target goes too.
+func scrubEvidence(raw json.RawMessage, tenantID string) (json.RawMessage, bool, error) {
+	if len(raw) == 0 {
+		return json.RawMessage(`{}`), false, nil
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return nil, false, fmt.Errorf("decode evidence: %w", err)
+	}
+	if tools, ok := ev["tool_failures"].([]any); ok {
+		mine := []any{}
+		for _, t := range tools {
+			if m, ok := t.(map[string]any); ok && m["tenant"] == tenantID {
+				mine = append(mine, m)
+			}
+		}
+		ev["tool_failures"] = mine
+	}
+	theirs := false
+	if t, ok := ev["tenant"].(string); ok && t != tenantID {
+		theirs = true
+		delete(ev, "target")
+		delete(ev, "tenant")
+	}
+	out, err := json.Marshal(ev)
+	if err != nil {
+		return nil, false, fmt.Errorf("encode evidence: %w", err)
+	}
+	return out, theirs, nil
+}
