@@ -1,0 +1,136 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/flywheel-ai/flywheel/inference"
+)
+
+// post sends one attempt; a non-2xx status becomes an *inference.Error.
+func (b *Backend) post(ctx context.Context, body []byte) (*http.Response, error) {
+	return b.postTo(ctx, b.cfg.BaseURL+"/chat/completions", body)
+}
+
+func (b *Backend) postTo(ctx context.Context, url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("upstream: build request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	// The caller's trace goes on to the engine (vLLM and SGLang read it).
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	if b.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.cfg.APIKey)
+	}
+	resp, err := b.cfg.Client.Do(req)
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	e := &inference.Error{Status: resp.StatusCode, Message: upstreamMessage(msg, resp.StatusCode), Err: statusError(resp.StatusCode)}
+	if s := resp.Header.Get("Retry-After"); s != "" {
+		if secs, err := strconv.Atoi(s); err == nil {
+			e.RetryAfter = time.Duration(secs) * time.Second
+		}
+	}
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+	case resp.StatusCode >= 500:
+		e.Status = http.StatusBadGateway
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			e.Status = http.StatusServiceUnavailable
+		}
+	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
+		e.Status = http.StatusBadRequest
+	default:
+		e.Status = http.StatusBadGateway
+	}
+	return nil, e
+}
+
+// statusError is the status the upstream answered, kept under the one
+// the gateway answers.
+type statusError int
+
+func (s statusError) Error() string { return fmt.Sprintf("upstream answered %d", int(s)) }
+
+func upstreamMessage(body []byte, status int) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		if e.Error.Message != "" {
+			return "upstream: " + e.Error.Message
+		}
+		if e.Message != "" {
+			return "upstream: " + e.Message
+		}
+	}
+	return fmt.Sprintf("upstream answered %d", status)
+}
+
+// Retryable reports whether err is worth another attempt (or a fallback).
+func Retryable(err error) bool {
+	var ie *inference.Error
+	if errors.As(err, &ie) {
+		return ie.Status == http.StatusTooManyRequests || ie.Status >= 500
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+func (b *Backend) retry(ctx context.Context, attempt func(ctx context.Context) error) error {
+	var err error
+	for i := 0; ; i++ {
+		actx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+		err = attempt(actx)
+		cancel()
+		if err == nil || errors.Is(err, errNoRetry) {
+			return err
+		}
+		var nr noRetry
+		if errors.As(err, &nr) || ctx.Err() != nil || !Retryable(err) || i >= b.cfg.Retries {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return &inference.Error{Status: http.StatusBadGateway, Message: "upstream timed out", Err: err}
+			}
+			return err
+		}
+		wait := b.cfg.Backoff << i
+		wait = wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		var ie *inference.Error
+		if errors.As(err, &ie) && ie.RetryAfter > wait {
+			wait = ie.RetryAfter
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// errNoRetry and noRetry end retry at once: a stream that emitted cannot
+// be tried again (streamFrom).
+var errNoRetry = errors.New("upstream: stream already started")
+
+type noRetry struct{ err error }
+
+func (n noRetry) Error() string { return n.err.Error() }
+func (n noRetry) Unwrap() error { return n.err }
