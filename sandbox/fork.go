@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 
-	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 )
@@ -108,8 +107,7 @@ func underDir(tree []byte, dir string) ([]byte, error) {
 
 // RemoveSnapshot deletes a snapshot image once no sandbox uses it.
 func (m *Manager) RemoveSnapshot(ctx context.Context, img Image) error {
-	_, err := m.cli.ImageRemove(ctx, img.Ref, client.ImageRemoveOptions{PruneChildren: true})
-	if err != nil && !cerrdefs.IsNotFound(err) {
+	if err := removeImage(ctx, m.cli, img.Ref, false); err != nil {
 		return fmt.Errorf("remove snapshot %s: %w", img.Ref, err)
 	}
 	return nil

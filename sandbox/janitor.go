@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 )
 
@@ -27,7 +26,8 @@ type JanitorOptions struct {
 	Logger *slog.Logger
 }
 
-// JanitorReport counts what a run removed.
+// JanitorReport counts the leftovers a run found and saw gone: removed by
+// this run, or by a concurrent sweep that reached them first.
 type JanitorReport struct {
 	Containers int
 	Snapshots  int
@@ -37,7 +37,9 @@ type JanitorReport struct {
 // process that died without cleaning up (crash, kill -9). An object is a
 // leftover when its owner label names a process on this host that no longer
 // exists, or when it is older than MaxAge. Objects of live owners, and
-// anything without the LabelManaged label, are never touched.
+// anything without the LabelManaged label, are never touched. Concurrent
+// janitors on one host are safe: an object another sweep is removing, or
+// has removed, counts as cleared.
 func Janitor(ctx context.Context, cli *client.Client, opts JanitorOptions) (JanitorReport, error) {
 	if opts.MaxAge == 0 {
 		opts.MaxAge = 24 * time.Hour
@@ -71,7 +73,7 @@ func Janitor(ctx context.Context, cli *client.Client, opts JanitorOptions) (Jani
 		if !stale(c.Labels[LabelOwner], time.Unix(c.Created, 0)) {
 			continue
 		}
-		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		if err := removeContainer(ctx, cli, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("janitor: remove container %s: %w", short(c.ID), err))
 			continue
 		}
@@ -86,7 +88,7 @@ func Janitor(ctx context.Context, cli *client.Client, opts JanitorOptions) (Jani
 		if img.Labels[LabelManaged] != "1" || !stale(img.Labels[LabelOwner], time.Unix(img.Created, 0)) {
 			continue
 		}
-		if _, err := cli.ImageRemove(ctx, img.ID, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		if err := removeImage(ctx, cli, img.ID, true); err != nil {
 			errs = append(errs, fmt.Errorf("janitor: remove snapshot %s: %w", short(img.ID), err))
 			continue
 		}

@@ -399,8 +399,7 @@ func (m *Manager) Release(ctx context.Context, sb *Sandbox) error {
 	if sb.conn != nil {
 		sb.conn.close()
 	}
-	_, err := m.cli.ContainerRemove(ctx, sb.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !cerrdefs.IsNotFound(err) {
+	if err := removeContainer(ctx, m.cli, sb.ID); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", short(sb.ID), err)
 	}
 	return nil
@@ -420,7 +419,7 @@ func (m *Manager) ReleaseID(ctx context.Context, id string) error {
 func (m *Manager) removeContainer(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := m.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+	if err := removeContainer(ctx, m.cli, id); err != nil {
 		m.log.Warn("remove failed sandbox", "container", short(id), "error", err)
 	}
 }
