@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
@@ -91,18 +92,18 @@ type upstreamEngine struct {
 
 // engine is deployment's engine here (nil: none) and the version its
 // routes serve.
-func (e *Engines) engine(ctx context.Context, deployment string) (c Completer, serving string, err error) {
+func (e *Engines) engine(ctx context.Context, name string) (c Completer, serving string, err error) {
 	if e.DB == nil {
 		return nil, "", nil
 	}
-	d, err := store.GetDeployment(ctx, e.DB, deployment)
+	d, err := store.GetDeployment(ctx, e.DB, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, "", nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("engine of %s: %w", deployment, err)
+		return nil, "", fmt.Errorf("engine of %s: %w", name, err)
 	}
-	if d.Backend != store.BackendUpstream {
+	if d.Backend != deployment.BackendUpstream {
 		return nil, "", nil // a row from before the model server (backend 'policy'): nothing to ask
 	}
 	key := d.Name + "\x00" + string(d.Config)
@@ -111,11 +112,11 @@ func (e *Engines) engine(ctx context.Context, deployment string) (c Completer, s
 	if u, ok := e.upstreams[key]; ok {
 		return u, d.ServingVersion, nil
 	}
-	s, err := upstream.ParseSettings(d.Config)
+	s, err := deployment.Parse(d.Config)
 	if err != nil {
 		return nil, "", nil // the gateway cannot serve it either; nothing to evaluate
 	}
-	b, err := s.Backend(d.Name, e.Timeout, e.Retries)
+	b, err := upstream.ForDeployment(s, d.Name, e.Timeout, e.Retries)
 	if err != nil {
 		return nil, "", nil
 	}

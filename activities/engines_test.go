@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
@@ -32,19 +32,19 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	fx := &fakevllm.Fixture{}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	_, err := store.CreateUpstreamDeployment(ctx, db, "team", upstream.Settings{BaseURL: srv.URL + "/v1", Model: "served-name"})
+	_, err := store.CreateUpstreamDeployment(ctx, db, "team", deployment.Settings{BaseURL: srv.URL + "/v1", Model: "served-name"})
 	require.NoError(t, err)
 	policy := policytest.Start(t, db, policytest.Options{Name: "dep"})
 	// A row from before the model server: the policy of a process this
 	// worker cannot reach.
-	require.NoError(t, store.UpsertDeployment(ctx, db, "elsewhere", store.BackendPolicy, nil, ""))
+	require.NoError(t, store.UpsertDeployment(ctx, db, "elsewhere", deployment.BackendPolicy, nil, ""))
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	seedBananaSuite(t, db, "team", "say banana")
 	seedBananaSuite(t, db, "elsewhere", "say banana")
 
 	a, err := store.CreateArtefact(ctx, db, "team", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
-	gp := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	in := workflows.GateInput{Deployment: "team", Layer: workflows.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: workflows.GateRegression, Policy: gp}
 	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
@@ -88,7 +88,7 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 		AdapterReply: func(adapter, last string) string { return "banana from " + adapter }}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
 	require.NoError(t, err)
 	dir := t.TempDir()
@@ -100,7 +100,7 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 	sync, err := r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "qwen", Candidate: "qwen@v1"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"qwen@v1"}, sync.Loaded, "the release loads its candidate first")
-	gp := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v1", Gate: workflows.GateRegression, Policy: gp}
 	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
@@ -135,7 +135,7 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	fake := &fakesglang.Fake{}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, `UPDATE deployments SET serving_version = 'qwen@v1' WHERE name = 'qwen'`)
@@ -144,7 +144,7 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	require.NoError(t, err)
 	seedBananaSuite(t, db, "qwen", "say banana")
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
-	gp := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	for _, gate := range []string{workflows.GateShadow, workflows.GateReplay, workflows.GateRegression, workflows.GateSafety} {
 		in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
 		in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
@@ -187,9 +187,8 @@ func TestDeploymentGatesWin(t *testing.T) {
 	ctx := context.Background()
 	srv := httptest.NewServer(&fakesglang.Fake{})
 	t.Cleanup(srv.Close)
-	allow, drop := true, 0.0
-	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk},
-		BaseModel: "Qwen/Qwen3-8B", Gates: &upstream.Gates{AllowUnevaluated: &allow, MaxRewardDrop: &drop}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk},
+		BaseModel: "Qwen/Qwen3-8B", Gates: json.RawMessage(`{"allow_unevaluated": true, "max_reward_drop": 0}`)}
 	require.NoError(t, settings.Validate())
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
 	require.NoError(t, err)
@@ -197,7 +196,7 @@ func TestDeploymentGatesWin(t *testing.T) {
 	require.NoError(t, err)
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
-		Gate: workflows.GateShadow, Policy: workflows.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
+		Gate: workflows.GateShadow, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
 	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -208,9 +207,12 @@ func TestDeploymentGatesWin(t *testing.T) {
 	require.Zero(t, p.MaxRewardDrop, "an explicit 0 is kept, not defaulted")
 	require.Equal(t, 0.05, p.AnchorBudget, "what the deployment does not set stays the release's, with defaults")
 
-	bad := 2.0
-	settings.Gates = &upstream.Gates{MaxSafetyDrop: &bad}
+	settings.Gates = json.RawMessage(`{"max_safety_drop": 2}`)
 	require.ErrorContains(t, settings.Validate(), "gates.max_safety_drop")
+	settings.Gates = json.RawMessage(`{"shadow_duration": 5}`)
+	require.ErrorContains(t, settings.Validate(), "gates.shadow_duration: unknown threshold")
+	settings.Gates = json.RawMessage(`{"alpha": "high"}`)
+	require.ErrorContains(t, settings.Validate(), "gates.alpha")
 }
 
 // seedBananaSuite registers 30 regression prompts on dep ("<ask> <i>"),

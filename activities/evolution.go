@@ -15,8 +15,8 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -285,8 +285,8 @@ func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTra
 	}
 	if in.Policy.TrainerQueue == "" {
 		// The deployment names the workers that train it.
-		if d, err := store.GetDeployment(ctx, e.DB, in.Deployment); err == nil && d.Backend == store.BackendUpstream {
-			if up, err := upstream.ParseSettings(d.Config); err == nil {
+		if d, err := store.GetDeployment(ctx, e.DB, in.Deployment); err == nil && d.Backend == deployment.BackendUpstream {
+			if up, err := deployment.Parse(d.Config); err == nil {
 				in.Policy.TrainerQueue = up.TrainerQueue
 			}
 		} else if err != nil && !errors.Is(err, store.ErrNotFound) {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/testsuite"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
@@ -99,7 +100,7 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	require.Equal(t, "dep@v2", running.Candidate)
 
 	since := time.Now().Add(-time.Minute)
-	policy := workflows.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}
+	policy := deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}
 	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerWeights,
 		Candidate: "dep@v2", Baseline: "dep@v1", Gate: workflows.GateCanary, Since: since, Policy: policy}
 
@@ -169,7 +170,7 @@ func TestReleaseOfflineGates(t *testing.T) {
 	seedTraffic(t, db, "acme", "dep", "dep@v1", 3, 1)
 	fb := &fakeBackend{refuse: map[string]bool{"dep@v1": true}}
 	r := &Release{DB: db, Backend: fb}
-	policy := workflows.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
+	policy := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	in := workflows.GateInput{ReleaseID: beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
 		Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
 
@@ -317,7 +318,7 @@ func TestCanaryOfAnArtefactRelease(t *testing.T) {
 	tag("+harness:2")
 
 	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
-		Gate: workflows.GateCanary, Since: time.Now().Add(-time.Minute), Policy: workflows.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
+		Gate: workflows.GateCanary, Since: time.Now().Add(-time.Minute), Policy: deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
 	res, err := r.EvaluateGate(ctx, gate)
 	require.NoError(t, err)
 	require.False(t, res.Passed)

@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
@@ -671,18 +670,15 @@ func (t *Training) logger() *slog.Logger {
 
 // baseModel is the deployment's base model and tokenizer, as its settings
 // name them ("" for a deployment without settings, or none set).
-func baseModel(ctx context.Context, db store.DBTX, deployment string) (model, tokenizer string, err error) {
-	d, err := store.GetDeployment(ctx, db, deployment)
+func baseModel(ctx context.Context, db store.DBTX, name string) (model, tokenizer string, err error) {
+	d, err := store.GetDeployment(ctx, db, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", "", nil
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("base model of %s: %w", deployment, err)
+		return "", "", fmt.Errorf("base model of %s: %w", name, err)
 	}
-	if d.Backend != store.BackendUpstream {
-		return "", "", nil
-	}
-	up, err := upstream.ParseSettings(d.Config)
+	up, err := d.Settings()
 	if err != nil {
 		return "", "", nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
@@ -104,7 +105,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 		require.NoError(t, err)
 		rel := begin(cand)
 		in := workflows.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: workflows.LayerWeights, Candidate: cand,
-			Baseline: rel.Baseline, Gate: workflows.GateRegression, Policy: workflows.ReleasePolicy{MaxRewardDrop: 0.05}}
+			Baseline: rel.Baseline, Gate: workflows.GateRegression, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}}
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err)
 		require.Equal(t, "dep@v0", res.Anchor, "no candidate beats the first anchor")

@@ -8,7 +8,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -24,13 +24,13 @@ import (
 // (WeightSync); no answer or a 5xx is retried.
 func (r *Release) SyncWeights(ctx context.Context, in workflows.SyncWeightsInput) (workflows.SyncWeightsOutput, error) {
 	d, err := store.GetDeployment(ctx, r.DB, in.Deployment)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && d.Backend != store.BackendUpstream) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && d.Backend != deployment.BackendUpstream) {
 		return workflows.SyncWeightsOutput{}, nil
 	}
 	if err != nil {
 		return workflows.SyncWeightsOutput{}, err
 	}
-	s, err := upstream.ParseSettings(d.Config)
+	s, err := deployment.Parse(d.Config)
 	if err != nil {
 		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("deployment %s: %v", d.Name, err), "BadInput", err)
 	}

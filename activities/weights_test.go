@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
@@ -40,7 +40,7 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	fx := &fakevllm.Fixture{RuntimeLoRA: true, Model: "meta-llama/Llama-3.1-8B"}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	settings := upstream.Settings{BaseURL: srv.URL + "/v1", Model: "meta-llama/Llama-3.1-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "meta-llama/Llama-3.1-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "llama", settings)
 	require.NoError(t, err)
 	v1, v2, foreign := adapterDir(t), adapterDir(t), adapterDir(t)
@@ -97,7 +97,7 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	require.Contains(t, fx.Adapters(), "llama@v2")
 
 	// A deployment without weight sync is left alone.
-	_, err = store.CreateUpstreamDeployment(ctx, db, "plain", upstream.Settings{BaseURL: srv.URL + "/v1"})
+	_, err = store.CreateUpstreamDeployment(ctx, db, "plain", deployment.Settings{BaseURL: srv.URL + "/v1"})
 	require.NoError(t, err)
 	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "plain", Candidate: "plain@v2"})
 	require.NoError(t, err)

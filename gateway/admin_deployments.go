@@ -6,7 +6,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -18,8 +18,8 @@ import (
 // from the command line.
 
 type deploymentRequest struct {
-	Name     string             `json:"name"`
-	Upstream *upstream.Settings `json:"upstream"`
+	Name     string               `json:"name"`
+	Upstream *deployment.Settings `json:"upstream"`
 }
 
 // adminCreateDeployment is POST /admin/v1/deployments {name, upstream}.
@@ -29,7 +29,7 @@ func (s *Server) adminCreateDeployment(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	if err := store.ValidDeploymentName(r.Name); err != nil {
+	if err := deployment.ValidName(r.Name); err != nil {
 		abort(c, errf(422, "%v", err))
 		return
 	}
@@ -87,7 +87,7 @@ func (s *Server) adminUpdateDeployment(c *gin.Context) {
 	case errors.Is(err, store.ErrNotFound):
 		abort(c, errf(http.StatusNotFound, "no deployment %q", name))
 		return
-	case errors.Is(err, store.ErrNotUpstream):
+	case errors.Is(err, deployment.ErrNotUpstream):
 		abort(c, errf(http.StatusConflict, "deployment %q is served by the in-process policy; it has no upstream to change", name))
 		return
 	case err != nil:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -98,7 +99,7 @@ func TestUpstreamDeploymentsThroughTheAdminAPI(t *testing.T) {
 	st, _ = e.doJSON("PUT", "/admin/v1/deployments/team-model", admin, map[string]any{"name": "renamed",
 		"upstream": map[string]any{"base_url": urlA}})
 	require.Equal(t, 422, st)
-	require.NoError(t, store.UpsertDeployment(context.Background(), e.pool, "local-policy", store.BackendPolicy, nil, ""))
+	require.NoError(t, store.UpsertDeployment(context.Background(), e.pool, "local-policy", deployment.BackendPolicy, nil, ""))
 	st, _ = e.doJSON("PUT", "/admin/v1/deployments/local-policy", admin, map[string]any{"upstream": map[string]any{"base_url": urlA}})
 	require.Equal(t, 409, st, "the in-process policy has no upstream to change")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -43,8 +44,8 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 		return store.KeySpec{}, errf(422, "models: at most %d", maxKeyModels)
 	}
 	for _, m := range r.Models {
-		if m == "" || len(m) > store.MaxDeploymentName {
-			return store.KeySpec{}, errf(422, "models: a model name has 1..%d characters", store.MaxDeploymentName)
+		if m == "" || len(m) > deployment.MaxName {
+			return store.KeySpec{}, errf(422, "models: a model name has 1..%d characters", deployment.MaxName)
 		}
 	}
 	if err := store.ValidBudget(r.TokenBudget, r.BudgetPeriod); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -22,7 +23,7 @@ type suiteRequest struct {
 // deploymentParam is the {name} of an admin deployment path.
 func deploymentParam(c *gin.Context) (string, *apiError) {
 	name := c.Param("name")
-	if err := store.ValidDeploymentName(name); err != nil {
+	if err := deployment.ValidName(name); err != nil {
 		return "", errf(http.StatusBadRequest, "%v", err)
 	}
 	return name, nil

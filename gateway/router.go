@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
@@ -27,8 +28,8 @@ const (
 
 // Backend kinds in the deployments table.
 const (
-	BackendPolicy   = store.BackendPolicy
-	BackendUpstream = store.BackendUpstream
+	BackendPolicy   = deployment.BackendPolicy
+	BackendUpstream = deployment.BackendUpstream
 )
 
 // routeTTL is how stale the routing rows (serving version, canary share,
@@ -98,7 +99,7 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 type router struct {
 	static map[string]inference.Backend
 	// upstreams are the configured upstream models' deployments rows.
-	upstreams map[string]upstream.Settings
+	upstreams map[string]deployment.Settings
 	// started is when the static routes were built: their models' created
 	// time in /v1/models.
 	started time.Time
@@ -119,7 +120,7 @@ type router struct {
 // their fallbacks. Every other model, the policy among them (its own model
 // server, an upstream deployment), is routed by its deployments row.
 func newRouter(cfg config.GatewayConfig, db store.DBTX, logger *slog.Logger) (*router, error) {
-	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]upstream.Settings{}, started: time.Now(),
+	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]deployment.Settings{}, started: time.Now(),
 		db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
 	if cfg.UpstreamURL != "" {
 		dialect := upstream.DialectOpenAI
@@ -137,7 +138,7 @@ func newRouter(cfg config.GatewayConfig, db store.DBTX, logger *slog.Logger) (*r
 				return nil, err
 			}
 			r.static[name] = b
-			r.upstreams[name] = upstream.Settings{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, Dialect: dialect}
+			r.upstreams[name] = deployment.Settings{BaseURL: cfg.UpstreamURL, Model: remote, APIKeyEnv: cfg.UpstreamAPIKeyEnv, Dialect: dialect}
 		}
 		for _, fb := range cfg.UpstreamFallbacks {
 			model, alts, _ := strings.Cut(fb, "=")
@@ -300,11 +301,11 @@ func (r *router) dynamicBackend(route *store.Route) (inference.Backend, error) {
 	if b, ok := r.dynamic[key]; ok {
 		return b, nil
 	}
-	dc, err := upstream.ParseSettings(route.Config)
+	dc, err := deployment.Parse(route.Config)
 	if err != nil {
 		return nil, errf(http.StatusServiceUnavailable, "model %q has no usable upstream config: %v", route.Deployment, err)
 	}
-	b, err := dc.Backend(route.Deployment, r.cfg.UpstreamTimeout, r.cfg.UpstreamRetries)
+	b, err := upstream.ForDeployment(dc, route.Deployment, r.cfg.UpstreamTimeout, r.cfg.UpstreamRetries)
 	if err != nil {
 		return nil, err
 	}

@@ -5,105 +5,67 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 )
-
-// Backend kinds of a deployment.
-const (
-	// BackendPolicy is the in-process policy of `flywheel up`.
-	BackendPolicy = "policy"
-	// BackendUpstream is an OpenAI-compatible server (vLLM, SGLang, …).
-	BackendUpstream = "upstream"
-)
-
-// MaxDeploymentName bounds a deployment name.
-const MaxDeploymentName = 200
-
-// ValidDeploymentName checks a name clients can ask for as a model: 1 to
-// 200 characters, none of them '@' (it separates a version), '/' (it
-// would not fit in an admin path), whitespace or control characters.
-func ValidDeploymentName(name string) error {
-	if name == "" || len(name) > MaxDeploymentName || strings.ContainsAny(name, "@/") ||
-		strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		return fmt.Errorf("deployment name %q: want 1..%d characters, no '@', '/', spaces or control characters", name, MaxDeploymentName)
-	}
-	return nil
-}
-
-// Deployment is a deployments row.
-type Deployment struct {
-	Name           string          `json:"name"`
-	Backend        string          `json:"backend"`
-	Config         json.RawMessage `json:"config"`
-	ServingVersion string          `json:"serving_version,omitempty"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
-}
 
 // ErrExists is returned when creating something that already exists.
 var ErrExists = errors.New("already exists")
 
-// ErrNotUpstream is returned when changing the upstream config of a
-// deployment that another backend serves.
-var ErrNotUpstream = errors.New("the deployment is not served by an upstream")
-
 const deploymentColumns = `name, backend, config, coalesce(serving_version, ''), created_at, updated_at`
 
-func scanDeployment(row pgx.Row) (Deployment, error) {
-	var d Deployment
+func scanDeployment(row pgx.Row) (deployment.Deployment, error) {
+	var d deployment.Deployment
 	err := row.Scan(&d.Name, &d.Backend, &d.Config, &d.ServingVersion, &d.CreatedAt, &d.UpdatedAt)
 	return d, err
 }
 
 // CreateUpstreamDeployment registers an upstream deployment; a name that
 // exists is ErrExists.
-func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (Deployment, error) {
-	if err := ValidDeploymentName(name); err != nil {
-		return Deployment{}, err
+func CreateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg deployment.Settings) (deployment.Deployment, error) {
+	if err := deployment.ValidName(name); err != nil {
+		return deployment.Deployment{}, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return Deployment{}, err
+		return deployment.Deployment{}, err
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return Deployment{}, err
+		return deployment.Deployment{}, err
 	}
 	d, err := scanDeployment(db.QueryRow(ctx, `INSERT INTO deployments (name, backend, config) VALUES ($1, $2, $3)
-		ON CONFLICT (name) DO NOTHING RETURNING `+deploymentColumns, name, BackendUpstream, raw))
+		ON CONFLICT (name) DO NOTHING RETURNING `+deploymentColumns, name, deployment.BackendUpstream, raw))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrExists)
+		return deployment.Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrExists)
 	}
 	if err != nil {
-		return Deployment{}, fmt.Errorf("create deployment %s: %w", name, err)
+		return deployment.Deployment{}, fmt.Errorf("create deployment %s: %w", name, err)
 	}
 	return d, nil
 }
 
 // UpdateUpstreamDeployment replaces an upstream deployment's config; its
 // versions, releases and artefacts stay.
-func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (Deployment, error) {
+func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg deployment.Settings) (deployment.Deployment, error) {
 	if err := cfg.Validate(); err != nil {
-		return Deployment{}, err
+		return deployment.Deployment{}, err
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return Deployment{}, err
+		return deployment.Deployment{}, err
 	}
 	d, err := scanDeployment(db.QueryRow(ctx, `UPDATE deployments SET config = $3, updated_at = now()
-		WHERE name = $1 AND backend = $2 RETURNING `+deploymentColumns, name, BackendUpstream, raw))
+		WHERE name = $1 AND backend = $2 RETURNING `+deploymentColumns, name, deployment.BackendUpstream, raw))
 	if errors.Is(err, pgx.ErrNoRows) {
 		if _, gerr := GetDeployment(ctx, db, name); gerr == nil {
-			return Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrNotUpstream)
+			return deployment.Deployment{}, fmt.Errorf("deployment %s: %w", name, deployment.ErrNotUpstream)
 		}
-		return Deployment{}, ErrNotFound
+		return deployment.Deployment{}, ErrNotFound
 	}
 	if err != nil {
-		return Deployment{}, fmt.Errorf("update deployment %s: %w", name, err)
+		return deployment.Deployment{}, fmt.Errorf("update deployment %s: %w", name, err)
 	}
 	return d, nil
 }
@@ -112,13 +74,13 @@ func UpdateUpstreamDeployment(ctx context.Context, db DBTX, name string, cfg ups
 // deployment, so it gets the artefacts, canary, gates and status every
 // deployment has; a row that exists (registered before, or through the
 // admin API) is left as it is. It reports whether the row is new.
-func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg upstream.Settings) (bool, error) {
+func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg deployment.Settings) (bool, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return false, err
 	}
 	tag, err := db.Exec(ctx, `INSERT INTO deployments (name, backend, config) VALUES ($1, $2, $3)
-		ON CONFLICT (name) DO NOTHING`, name, BackendUpstream, raw)
+		ON CONFLICT (name) DO NOTHING`, name, deployment.BackendUpstream, raw)
 	if err != nil {
 		return false, fmt.Errorf("register deployment %s: %w", name, err)
 	}
@@ -126,18 +88,18 @@ func RegisterUpstream(ctx context.Context, db DBTX, name string, cfg upstream.Se
 }
 
 // GetDeployment reads one deployment, or ErrNotFound.
-func GetDeployment(ctx context.Context, db DBTX, name string) (Deployment, error) {
+func GetDeployment(ctx context.Context, db DBTX, name string) (deployment.Deployment, error) {
 	d, err := scanDeployment(db.QueryRow(ctx, `SELECT `+deploymentColumns+` FROM deployments WHERE name = $1`, name))
 	return d, notFound(err)
 }
 
 // ListDeployments lists every deployment by name.
-func ListDeployments(ctx context.Context, db DBTX) ([]Deployment, error) {
+func ListDeployments(ctx context.Context, db DBTX) ([]deployment.Deployment, error) {
 	rows, err := db.Query(ctx, `SELECT `+deploymentColumns+` FROM deployments ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list deployments: %w", err)
 	}
-	ds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Deployment, error) { return scanDeployment(r) })
+	ds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deployment.Deployment, error) { return scanDeployment(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list deployments: %w", err)
 	}

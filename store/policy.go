@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 )
 
 // EnsurePolicyDeployment registers the in-process policy deployment name,
@@ -19,7 +18,7 @@ import (
 // where it is); otherwise a stored config stays as it is. Serving always
 // goes through an explicit version, so a freshly trained candidate only
 // reaches users through a release.
-func EnsurePolicyDeployment(ctx context.Context, db Beginner, name, baseVersion, checkpoint string, server upstream.Settings, record bool) (string, error) {
+func EnsurePolicyDeployment(ctx context.Context, db Beginner, name, baseVersion, checkpoint string, server deployment.Settings, record bool) (string, error) {
 	if err := server.Validate(); err != nil {
 		return "", fmt.Errorf("ensure policy deployment %s: model server: %w", name, err)
 	}
@@ -40,7 +39,7 @@ func EnsurePolicyDeployment(ctx context.Context, db Beginner, name, baseVersion,
 				backend = EXCLUDED.backend,
 				config = CASE WHEN $5 OR deployments.backend <> EXCLUDED.backend THEN EXCLUDED.config ELSE deployments.config END,
 				updated_at = CASE WHEN $5 OR deployments.backend <> EXCLUDED.backend THEN now() ELSE deployments.updated_at END`,
-			name, baseVersion, raw, BackendUpstream, record); err != nil {
+			name, baseVersion, raw, deployment.BackendUpstream, record); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = $1`, name).Scan(&serving)

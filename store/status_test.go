@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -84,7 +84,7 @@ func TestLoadStatus(t *testing.T) {
 	for _, tn := range []string{"a", "b"} {
 		require.NoError(t, store.EnsureTenant(ctx, pool, tn))
 	}
-	_, err := store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "/ckpt/v0", upstream.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
+	_, err := store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "/ckpt/v0", deployment.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
 	require.NoError(t, err)
 
 	// Buckets are 30 s wide for a 20-minute span; t0 starts one.
@@ -153,7 +153,7 @@ func TestLoadStatus(t *testing.T) {
 	require.Len(t, st.Deployments, 1, "a has sessions on dep only")
 	d := st.Deployments[0]
 	require.Equal(t, "dep", d.Name)
-	require.Equal(t, store.BackendUpstream, d.Backend)
+	require.Equal(t, deployment.BackendUpstream, d.Backend)
 	require.Equal(t, "dep@v1", d.ServingVersion)
 	require.Equal(t, &store.CanaryStatus{ReleaseID: rel2.ID, Candidate: "dep@v2", Baseline: "dep@v1", Phase: "canary", Share: 0.25}, d.Canary)
 
@@ -290,7 +290,7 @@ func BenchmarkLoadStatus(b *testing.B) {
 	ctx := context.Background()
 	pool := testenv.Pool(b)
 	require.NoError(b, store.EnsureTenant(ctx, pool, "a"))
-	_, err := store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "", upstream.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
+	_, err := store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "", deployment.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
 	require.NoError(b, err)
 	_, err = pool.Exec(ctx, `
 INSERT INTO sessions (id, tenant_id, deployment, identity_mode, status, last_active_at)

@@ -26,7 +26,7 @@ import (
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
@@ -145,7 +145,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	srv := httptest.NewServer(vllm)
 	t.Cleanup(srv.Close)
 	const dep, queue = "team-model", "team-model-gpu"
-	_, err := store.CreateUpstreamDeployment(ctx, s.pool, dep, upstream.Settings{BaseURL: srv.URL + "/v1", Model: "base-model",
+	_, err := store.CreateUpstreamDeployment(ctx, s.pool, dep, deployment.Settings{BaseURL: srv.URL + "/v1", Model: "base-model",
 		WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}})
 	require.NoError(t, err)
 
@@ -178,7 +178,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 			TrainerQueue: queue, StepsPerRun: 1,
 			// No held-out suite or live canary traffic here: the replay
 			// gate judges the candidate, the others cannot evaluate.
-			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
+			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
 				AllowUnevaluated: true, WeightDrain: time.Second}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })

@@ -24,6 +24,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -300,7 +301,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	id := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
 	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.ReleaseWorkflowName,
 		workflows.ReleaseInput{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, Reason: "integration test",
-			Policy: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
+			Policy: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
 				CanaryChecks: 8, MinCanarySamples: 5, MaxRewardDrop: 0.05}})
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -417,7 +418,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
 		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
-			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
+			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
 	require.NoError(t, err)
 	v2 := store.VersionID(policyName, 2)
 	rid := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
@@ -551,7 +552,7 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 			// own tests), hence a drop allowance wider than the score range,
 			// and unevaluated gates allowed: the corrections came before the
 			// shadow window and the canary, which see no traffic.
-			Release: workflows.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
+			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
 				MaxRewardDrop: 2, AllowUnevaluated: true}})
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -80,7 +80,7 @@ func WatchdogWorkflow(ctx workflow.Context, in WatchdogInput) (WatchdogResult, e
 	if in.Deployment == "" {
 		return WatchdogResult{}, temporal.NewNonRetryableApplicationError("watchdog needs a Deployment", "BadInput", nil)
 	}
-	in.Policy = in.Policy.withDefaults()
+	in.Policy = in.Policy.WithDefaults()
 	_ = workflow.UpsertTypedSearchAttributes(ctx, DeploymentKey.ValueSet(in.Deployment))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 10 * time.Minute,

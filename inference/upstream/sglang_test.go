@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
@@ -217,7 +218,7 @@ func TestSGLangWithoutIDs(t *testing.T) {
 // TestDialectSettings: a deployment names its server's dialect; the older
 // "vllm" flag still reads, and an SGLang weight sync implies SGLang.
 func TestDialectSettings(t *testing.T) {
-	for raw, want := range map[string]upstream.Dialect{
+	for raw, want := range map[string]deployment.Dialect{
 		`{"base_url":"http://e/v1"}`:                                                   upstream.DialectVLLM,
 		`{"base_url":"http://e/v1","vllm":false}`:                                      upstream.DialectOpenAI,
 		`{"base_url":"http://e/v1","vllm":true,"dialect":"vllm"}`:                      upstream.DialectVLLM,
@@ -226,7 +227,7 @@ func TestDialectSettings(t *testing.T) {
 		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"}}`:              upstream.DialectSGLang,
 		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"},"vllm":false}`: upstream.DialectOpenAI,
 	} {
-		s, err := upstream.ParseSettings(json.RawMessage(raw))
+		s, err := deployment.Parse(json.RawMessage(raw))
 		require.NoError(t, err, raw)
 		require.Equal(t, want, s.ServerDialect(), raw)
 	}
@@ -235,7 +236,7 @@ func TestDialectSettings(t *testing.T) {
 		`{"base_url":"http://e/v1","dialect":"sglang","vllm":true}`: `vllm true contradicts dialect "sglang"`,
 		`{"base_url":"http://e/v1","dialect":"vllm","vllm":false}`:  `vllm false contradicts dialect "vllm"`,
 	} {
-		_, err := upstream.ParseSettings(json.RawMessage(raw))
+		_, err := deployment.Parse(json.RawMessage(raw))
 		require.ErrorContains(t, err, msg, raw)
 	}
 }

@@ -44,22 +44,6 @@ type Config struct {
 	Client         *http.Client
 }
 
-// Dialect names the extensions a server understands for returning the
-// engine's token ids.
-type Dialect string
-
-const (
-	// DialectVLLM asks the chat endpoint for ids with vLLM's
-	// return_token_ids (return_tokens_as_token_ids on an older vLLM).
-	DialectVLLM Dialect = "vllm"
-	// DialectSGLang generates through SGLang's native /generate with the
-	// prompt's input_ids and return_logprob (sglang.go).
-	DialectSGLang Dialect = "sglang"
-	// DialectOpenAI is plain OpenAI Chat Completions: no ids, so its
-	// samples never train (for servers that reject unknown parameters).
-	DialectOpenAI Dialect = "openai"
-)
-
 // Backend talks to one upstream model.
 type Backend struct {
 	cfg Config

@@ -20,9 +20,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/inference/modelserver"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/modelserver"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
@@ -108,7 +108,7 @@ func Start(t testing.TB, db DB, o Options) *Policy {
 	}))
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL + "/v1"
-	settings := upstream.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
 	ctx := context.Background()
 	serving, err := store.EnsurePolicyDeployment(ctx, db, o.Name, p.Serving, path, settings, true)
 	require.NoError(t, err)

@@ -1,0 +1,84 @@
+package deployment
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// WithGates returns p with each threshold that gates (a deployment's
+// Settings.Gates) sets in its place; empty gates leave p as it is. A key
+// outside gateRange, a value of the wrong type or out of range is an error
+// that names it.
+func (p ReleasePolicy) WithGates(gates json.RawMessage) (ReleasePolicy, error) {
+	if len(bytes.TrimSpace(gates)) == 0 || bytes.Equal(bytes.TrimSpace(gates), []byte("null")) {
+		return p, nil
+	}
+	var set map[string]json.RawMessage
+	if err := json.Unmarshal(gates, &set); err != nil {
+		return p, fmt.Errorf("gates: want an object of thresholds: %w", err)
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	// The policy's JSON names are its Go field names; encoding/json
+	// matches them without regard to case, so the snake-case key without
+	// its underscores finds its field, and one decoder fills every type.
+	for _, k := range keys {
+		if gateRange[k] == nil {
+			return p, fmt.Errorf("gates.%s: unknown threshold, want one of %s", k, strings.Join(gateKeys(), ", "))
+		}
+		field, err := json.Marshal(map[string]json.RawMessage{strings.ReplaceAll(k, "_", ""): set[k]})
+		if err != nil {
+			return p, err
+		}
+		if err := json.Unmarshal(field, &p); err != nil {
+			return p, fmt.Errorf("gates.%s %s: wrong type", k, set[k])
+		}
+	}
+	for _, k := range keys {
+		if err := gateRange[k](p); err != nil {
+			return p, fmt.Errorf("gates.%s %w", k, err)
+		}
+	}
+	return p, nil
+}
+
+// gateRange checks the range of each threshold in GateKeys.
+var gateRange = map[string]func(ReleasePolicy) error{
+	"allow_unevaluated": func(ReleasePolicy) error { return nil },
+	"alpha":             func(p ReleasePolicy) error { return within(p.Alpha, p.Alpha > 0 && p.Alpha <= 0.5, "(0, 0.5]") },
+	"anchor_budget":     func(p ReleasePolicy) error { return fraction(p.AnchorBudget) },
+	"max_error_rise":    func(p ReleasePolicy) error { return fraction(p.MaxErrorRise) },
+	"max_reward_drop":   func(p ReleasePolicy) error { return fraction(p.MaxRewardDrop) },
+	"max_safety_drop":   func(p ReleasePolicy) error { return fraction(p.MaxSafetyDrop) },
+	"min_canary_samples": func(p ReleasePolicy) error {
+		n := p.MinCanarySamples
+		return within(n, n >= 1 && n <= 1_000_000, "1..1000000")
+	},
+}
+
+func fraction(v float64) error { return within(v, v >= 0 && v <= 1, "a fraction in [0, 1]") }
+
+func within[T any](v T, ok bool, want string) error {
+	if ok {
+		return nil
+	}
+	return fmt.Errorf("%v: want %s", v, want)
+}
+
+// gateKeys are the ReleasePolicy fields a deployment's settings may set, by
+// their snake-case names: what the gates compute. When the gates run
+// (durations, shares, approval) stays the release's own.
+func gateKeys() []string {
+	keys := make([]string, 0, len(gateRange))
+	for k := range gateRange {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

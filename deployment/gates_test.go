@@ -1,0 +1,50 @@
+package deployment
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestWithGatesSetsOnlyWhatItNames(t *testing.T) {
+	base := DefaultReleasePolicy()
+	p, err := base.WithGates(json.RawMessage(`{"max_reward_drop": 0, "allow_unevaluated": true, "min_canary_samples": 7}`))
+	require.NoError(t, err)
+	require.Zero(t, p.MaxRewardDrop, "an explicit 0 is kept, not defaulted")
+	require.True(t, p.AllowUnevaluated)
+	require.Equal(t, 7, p.MinCanarySamples)
+	p.MaxRewardDrop, p.AllowUnevaluated, p.MinCanarySamples = base.MaxRewardDrop, base.AllowUnevaluated, base.MinCanarySamples
+	require.Equal(t, base, p, "what the gates do not name stays the release's")
+
+	same, err := base.WithGates(nil)
+	require.NoError(t, err)
+	require.Equal(t, base, same)
+}
+
+func TestWithGatesNamesTheBadField(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"max_safety_drop": 2}`:      "gates.max_safety_drop 2: want a fraction in [0, 1]",
+		`{"alpha": 0.7}`:              "gates.alpha 0.7: want (0, 0.5]",
+		`{"min_canary_samples": 0}`:   "gates.min_canary_samples 0: want 1..1000000",
+		`{"alpha": "high"}`:           "gates.alpha",
+		`{"shadow_duration": 5}`:      "gates.shadow_duration: unknown threshold",
+		`{"MaxRewardDrop": 0.1}`:      "gates.MaxRewardDrop: unknown threshold",
+		`[1, 2]`:                      "gates: want an object of thresholds",
+		`{"max_reward_drop": 0.1} {}`: "gates: want an object of thresholds",
+	} {
+		_, err := DefaultReleasePolicy().WithGates(json.RawMessage(raw))
+		require.ErrorContains(t, err, want, raw)
+	}
+}
+
+func TestSettingsRoundTripKeepsTheGates(t *testing.T) {
+	raw := []byte(`{"base_url":"http://vllm:8000/v1","gates":{"max_reward_drop":0.02}}`)
+	s, err := Parse(raw)
+	require.NoError(t, err)
+	out, err := json.Marshal(s)
+	require.NoError(t, err)
+	require.JSONEq(t, string(raw), string(out))
+	_, err = Parse([]byte(`{"base_url":"http://vllm:8000/v1","gates":{"alpha":1}}`))
+	require.ErrorContains(t, err, "deployment settings: gates.alpha 1")
+}
