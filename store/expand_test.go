@@ -24,21 +24,9 @@ func TestSuffixRowsReadWhole(t *testing.T) {
 	pool := testenv.Pool(t)
 	require.NoError(t, store.EnsureTenant(ctx, pool, "sx"))
 	dep := "suffix-" + time.Now().Format("150405.000000")
-	msg := func(role, content string) string { return `{"role":"` + role + `","content":"` + content + `"}` }
+	msg := suffixMessage
 	row := func(id string, msgs []string, reply string, prompt, completion []int32, p store.Prefix) *store.NewInteraction {
-		req := `{"model":"` + dep + `","max_tokens":9,"messages":[`
-		for i, m := range msgs {
-			if i > 0 {
-				req += ","
-			}
-			req += m
-		}
-		req += `],"protocol":"openai"}`
-		return &store.NewInteraction{TenantID: "sx", SessionID: dep, IdentityMode: "header", CompletionID: dep + id,
-			Protocol: "openai", Deployment: dep, ModelVersion: dep, Request: json.RawMessage(req),
-			Response:       json.RawMessage(`{"message":` + msg("assistant", reply) + `,"finish_reason":"stop"}`),
-			PromptTokenIDs: prompt, CompletionTokenIDs: completion, Logprobs: make([]float32, len(completion)),
-			FinishReason: "stop", Status: "ok", Prefix: p}
+		return suffixRow(dep, id, msgs, reply, prompt, completion, p)
 	}
 	sys, u1, a1, u2, a2, u3, edit := msg("system", "be brief"), msg("user", "hi"), msg("assistant", "a1"),
 		msg("user", "more"), msg("assistant", "a2"), msg("user", "and?"), msg("user", "hi, edited")
@@ -120,4 +108,26 @@ func TestSuffixRowsReadWhole(t *testing.T) {
 	require.ErrorContains(t, err, "which is gone")
 	_, err = store.InteractionByCompletion(ctx, pool, "sx", dep+"-5")
 	require.ErrorContains(t, err, "which is gone")
+}
+
+func suffixMessage(role, content string) string {
+	return `{"role":"` + role + `","content":"` + content + `"}`
+}
+
+// suffixRow is interaction dep+id of tenant sx's session dep, asking with
+// msgs and answered reply, stored as the suffix p says.
+func suffixRow(dep, id string, msgs []string, reply string, prompt, completion []int32, p store.Prefix) *store.NewInteraction {
+	req := `{"model":"` + dep + `","max_tokens":9,"messages":[`
+	for i, m := range msgs {
+		if i > 0 {
+			req += ","
+		}
+		req += m
+	}
+	req += `],"protocol":"openai"}`
+	return &store.NewInteraction{TenantID: "sx", SessionID: dep, IdentityMode: "header", CompletionID: dep + id,
+		Protocol: "openai", Deployment: dep, ModelVersion: dep, Request: json.RawMessage(req),
+		Response:       json.RawMessage(`{"message":` + suffixMessage("assistant", reply) + `,"finish_reason":"stop"}`),
+		PromptTokenIDs: prompt, CompletionTokenIDs: completion, Logprobs: make([]float32, len(completion)),
+		FinishReason: "stop", Status: "ok", Prefix: p}
 }
