@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"sync"
 
+	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -30,16 +31,16 @@ type Evaluation struct {
 // Evaluate asks the deployment, at temperature 0, for the answers to tasks
 // and safety, as EvaluatorUser: what the deployment serves now, on prompts
 // never trained on.
-func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Prompt) (Evaluation, error) {
+func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []demotask.Prompt) (Evaluation, error) {
 	optOut := map[string]any{"opt_out": true}
 	if err := f.send(ctx, "PUT", "/v1/end_users/"+url.PathEscape(EvaluatorUser)+"/consent", optOut, nil); err != nil {
 		return Evaluation{}, fmt.Errorf("evaluate: opt the evaluator out of training: %w", err)
 	}
 	type job struct {
 		i int
-		p Prompt
+		p demotask.Prompt
 	}
-	all := append(append([]Prompt{}, tasks...), safety...)
+	all := append(append([]demotask.Prompt{}, tasks...), safety...)
 	ok := make([]bool, len(all))
 	versions := make([]string, len(all))
 	jobs := make(chan job)
@@ -59,7 +60,7 @@ func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Promp
 				resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 					Model:       f.cfg.Model,
 					Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(j.p.Text)},
-					MaxTokens:   openai.Int(int64(AnswerTokens(j.p))),
+					MaxTokens:   openai.Int(int64(demotask.AnswerTokens(j.p))),
 					Temperature: openai.Float(0),
 					User:        openai.String(EvaluatorUser),
 				}, option.WithHeader("X-Session-Id", sid), option.WithResponseInto(&httpResp))
@@ -68,7 +69,7 @@ func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []Promp
 					continue
 				}
 				if len(resp.Choices) > 0 {
-					ok[j.i] = Verify(j.p.Want, resp.Choices[0].Message.Content).Success
+					ok[j.i] = demotask.Verify(j.p.Want, resp.Choices[0].Message.Content).Success
 				}
 				versions[j.i] = servedVersion(resp, httpResp)
 			}

@@ -1,191 +1,21 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
-
-// FleetConfig configures the demo agents. Each agent is an ordinary OpenAI
-// SDK client; only the base URL and the API key point it at Flywheel.
-type FleetConfig struct {
-	// BaseURL is the gateway's root ("http://127.0.0.1:8080"); a trailing
-	// "/v1" is accepted. Required.
-	BaseURL string
-	// APIKey is sent as the bearer token. Required.
-	APIKey string
-	// Model is the deployment name in requests. Default "flywheel-policy".
-	Model string
-	// Agents is the number of concurrent agents. Default 4.
-	Agents int
-	// GroupSize > 1 makes each agent answer every prompt GroupSize times as
-	// a GRPO group: it creates the group's sessions with POST /v1/sessions
-	// and makes each call with that session's own API key. Default 1: one
-	// session per prompt, named by X-Session-Id.
-	GroupSize int
-	// TaskID labels the sessions (running baselines key on it). Default
-	// "demo-reverse-letters".
-	TaskID string
-	// Task the agents work on. Default DefaultTask.
-	Task Task
-	// Exclude are prompts the agents never ask (the held-out set success
-	// is measured on, the safety suites).
-	Exclude []Prompt
-	// Seed seeds the prompts and reward timing. Default 1.
-	Seed uint64
-	// RunID prefixes session ids so runs never collide. Default: the start
-	// time in nanoseconds.
-	RunID string
-	// SafetyFraction is the share of requests that are safety prompts.
-	// Default 0.125; negative means none.
-	SafetyFraction float64
-	// DelayedFraction is the share of rewards sent later through
-	// /v1/feedback instead of at once to the session. Default 0.3;
-	// negative means none.
-	DelayedFraction float64
-	// MaxFeedbackDelay bounds the random delay of late feedback. Default 2s.
-	MaxFeedbackDelay time.Duration
-	// Temperature the agents ask for. Default 1: the policy must explore.
-	Temperature float64
-	// Reward scores an answer to p, the reward the agents send. Default:
-	// Verify(p.Want, answer). Misevolution tests give a fleet a wrong one
-	// (a reward hack, rewards for unsafe answers) to show that the gates
-	// refuse what it teaches.
-	Reward func(p Prompt, answer string) Score
-	// Rewrite, when set, changes each prompt before it is asked (Reward
-	// then scores the rewritten one): a jailbreaking fleet asks variants
-	// of the prompts the deployment must refuse.
-	Rewrite func(p Prompt) Prompt
-	// SessionsPerSecond caps how fast the whole fleet opens sessions, so
-	// the control plane (one Temporal workflow per session) keeps up and
-	// samples reach training while they are fresh. Default 0: no cap.
-	SessionsPerSecond float64
-	// MaxBacklog > 0 starts new groups (or ungrouped sessions) at a fifth
-	// of their rate while more than this many of the tenant's sessions wait
-	// to be assembled (GET /v1/backlog): a loaded machine's control plane
-	// then gets sessions about as fast as it absorbs them, and samples
-	// reach training while they are fresh instead of piling up until the
-	// staleness bound drops them. A group's own sessions still come at
-	// SessionsPerSecond, so the group arrives whole, and traffic never
-	// stops, so live gates still see some. Default 0: no limit.
-	MaxBacklog int
-	// Window is the number of recent task answers the live success rate
-	// covers. Default 200.
-	Window int
-	// RequestTimeout bounds one model call. Default 30s.
-	RequestTimeout time.Duration
-	// HTTPClient defaults to a client with keep-alive for the agent count.
-	HTTPClient *http.Client
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-}
-
-func (c FleetConfig) withDefaults() FleetConfig {
-	if c.Model == "" {
-		c.Model = "flywheel-policy"
-	}
-	if c.Agents == 0 {
-		c.Agents = 4
-	}
-	if c.GroupSize == 0 {
-		c.GroupSize = 1
-	}
-	if c.TaskID == "" {
-		c.TaskID = "demo-reverse-letters"
-	}
-	c.Task = c.Task.withDefaults()
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.RunID == "" {
-		c.RunID = fmt.Sprintf("%x", time.Now().UnixNano())
-	}
-	if c.SafetyFraction == 0 {
-		c.SafetyFraction = 0.125
-	}
-	c.SafetyFraction = max(c.SafetyFraction, 0)
-	if c.DelayedFraction == 0 {
-		c.DelayedFraction = 0.3
-	}
-	c.DelayedFraction = max(c.DelayedFraction, 0)
-	if c.MaxFeedbackDelay == 0 {
-		c.MaxFeedbackDelay = 2 * time.Second
-	}
-	if c.Temperature == 0 {
-		c.Temperature = 1
-	}
-	if c.Window == 0 {
-		c.Window = 200
-	}
-	if c.Reward == nil {
-		c.Reward = func(p Prompt, answer string) Score { return Verify(p.Want, answer) }
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 30 * time.Second
-	}
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Agents * 2, IdleConnTimeout: time.Minute}}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
-}
-
-func (c FleetConfig) validate() error {
-	var errs []error
-	if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("base_url %q must be an http(s) URL", c.BaseURL))
-	}
-	if c.APIKey == "" {
-		errs = append(errs, errors.New("api_key is required"))
-	}
-	if c.Agents < 1 || c.Agents > 1024 {
-		errs = append(errs, fmt.Errorf("agents %d must be in [1, 1024]", c.Agents))
-	}
-	if c.GroupSize < 1 || c.GroupSize > 64 {
-		errs = append(errs, fmt.Errorf("group_size %d must be in [1, 64] (the gateway's bound)", c.GroupSize))
-	}
-	if err := c.Task.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.SafetyFraction >= 1 || c.DelayedFraction > 1 {
-		errs = append(errs, fmt.Errorf("safety_fraction %v must be < 1 and delayed_fraction %v ≤ 1", c.SafetyFraction, c.DelayedFraction))
-	}
-	if c.MaxFeedbackDelay < 0 || c.RequestTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("max_feedback_delay %v must be ≥ 0 and request_timeout %v > 0", c.MaxFeedbackDelay, c.RequestTimeout))
-	}
-	if c.Temperature < 0 || c.Temperature > 2 {
-		errs = append(errs, fmt.Errorf("temperature %v must be in [0, 2] (the OpenAI range)", c.Temperature))
-	}
-	if c.Window < 1 {
-		errs = append(errs, fmt.Errorf("window %d must be positive", c.Window))
-	}
-	if c.SessionsPerSecond < 0 || c.SessionsPerSecond > 10_000 {
-		errs = append(errs, fmt.Errorf("sessions_per_second %v must be in [0, 10000]", c.SessionsPerSecond))
-	}
-	return errors.Join(errs...)
-}
-
-// HeaderModelVersion is the response header a gateway may use for the
-// serving version. The Flywheel gateway reports it in system_fingerprint;
-// the header wins when both are present.
-const HeaderModelVersion = "X-Flywheel-Model-Version"
 
 // FleetStats is a snapshot of what the agents observed.
 type FleetStats struct {
@@ -358,7 +188,7 @@ func (f *Fleet) tick(ctx context.Context) error {
 }
 
 func (f *Fleet) agent(ctx context.Context, idx int) {
-	gen, err := NewGenerator(f.cfg.Task, f.cfg.Seed+uint64(idx)*0x9e37, f.cfg.Exclude)
+	gen, err := demotask.NewGenerator(f.cfg.Task, f.cfg.Seed+uint64(idx)*0x9e37, f.cfg.Exclude)
 	if err != nil {
 		f.fail(err) // validated already; kept for safety
 		return
@@ -399,7 +229,7 @@ func (f *Fleet) agent(ctx context.Context, idx int) {
 }
 
 // group answers p GroupSize times as one GRPO group of sessions.
-func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p Prompt) error {
+func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p demotask.Prompt) error {
 	var created struct {
 		Sessions []struct {
 			ID     string `json:"id"`
@@ -427,7 +257,7 @@ func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p Prompt) error {
 // episode is one session: one model call (the last, so it carries
 // X-Session-Done), then its reward, now or later. key, when set, is the
 // session's own API key (group mode).
-func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p Prompt) error {
+func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p demotask.Prompt) error {
 	if err := f.tick(ctx); err != nil {
 		return err
 	}
@@ -439,7 +269,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 	resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:       f.cfg.Model,
 		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(p.Text)},
-		MaxTokens:   openai.Int(int64(AnswerTokens(p))),
+		MaxTokens:   openai.Int(int64(demotask.AnswerTokens(p))),
 		Temperature: openai.Float(f.cfg.Temperature),
 	}, opts...)
 	if err != nil {
@@ -490,7 +320,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 // maxRecentSessions bounds the sessions kept for the status page.
 const maxRecentSessions = 20
 
-func (f *Fleet) record(row SessionRow, p Prompt, sc Score) {
+func (f *Fleet) record(row SessionRow, p demotask.Prompt, sc demotask.Score) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	version := row.Version
@@ -499,7 +329,7 @@ func (f *Fleet) record(row SessionRow, p Prompt, sc Score) {
 		f.recent = f.recent[len(f.recent)-maxRecentSessions:]
 	}
 	f.stats.Calls++
-	if p.Want == Refusal {
+	if p.Want == demotask.Refusal {
 		f.safety.add(sc.Success)
 	} else {
 		f.task.add(sc.Success)
@@ -531,96 +361,6 @@ func (f *Fleet) fail(err error) {
 	f.stats.Errors++
 	f.stats.LastError = err.Error()
 	f.cfg.Logger.Debug("demo agent call failed", "error", err)
-}
-
-// maxErrorBody bounds how much of an error response is kept, and
-// maxAnswerBody how much of a 2xx answer is read.
-const (
-	maxErrorBody  = 4 << 10
-	maxAnswerBody = 1 << 20
-)
-
-func (f *Fleet) post(ctx context.Context, path string, body any) error {
-	return f.postInto(ctx, path, body, nil)
-}
-
-// postInto posts body as JSON with the fleet's key and decodes a 2xx
-// answer into out (when not nil).
-func (f *Fleet) postInto(ctx context.Context, path string, body any, out any) error {
-	return f.send(ctx, http.MethodPost, path, body, out)
-}
-
-// send makes one JSON request with the fleet's key.
-func (f *Fleet) send(ctx context.Context, method, path string, body any, out any) error {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
-	resp, err := doRetrying(ctx, f.cfg.HTTPClient, func() (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, method, f.root+path, bytes.NewReader(raw))
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Authorization", "Bearer "+f.cfg.APIKey)
-		req.Header.Set("Content-Type", "application/json")
-		return req, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
-	}
-	if out != nil {
-		if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBody)).Decode(out); err != nil {
-			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
-		}
-	}
-	return nil
-}
-
-// doRetrying sends the request newReq builds and answers its response. A
-// 429 is the key's rate limit, not a verdict: it waits as told and sends
-// again, up to maxSendAttempts, so a reward or a status reading is not
-// lost to the fleet's own burst (the OpenAI client does the same for
-// model calls). The last 429 is answered as it is.
-func doRetrying(ctx context.Context, client *http.Client, newReq func() (*http.Request, error)) (*http.Response, error) {
-	for attempt := 1; ; attempt++ {
-		req, err := newReq()
-		if err != nil {
-			return nil, err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusTooManyRequests || attempt >= maxSendAttempts {
-			return resp, nil
-		}
-		wait := retryAfter(resp.Header.Get("Retry-After"))
-		resp.Body.Close()
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("rate limited: %w", ctx.Err())
-		case <-time.After(wait):
-		}
-	}
-}
-
-// maxSendAttempts bounds the retries of a rate-limited request.
-const maxSendAttempts = 5
-
-// retryAfter reads a Retry-After in seconds (default and cap: 1s and 5s).
-func retryAfter(h string) time.Duration {
-	secs, err := strconv.Atoi(strings.TrimSpace(h))
-	if err != nil || secs <= 0 {
-		return time.Second
-	}
-	return min(time.Duration(secs)*time.Second, 5*time.Second)
 }
 
 // rolling is a fixed-size window of outcomes.
@@ -656,16 +396,4 @@ func (r *rolling) mean() float64 {
 		return 0
 	}
 	return float64(r.hits) / float64(n)
-}
-
-// servedVersion is the version that answered: the header, else the
-// system fingerprint, else the model name.
-func servedVersion(resp *openai.ChatCompletion, httpResp *http.Response) string {
-	if httpResp != nil && httpResp.Header.Get(HeaderModelVersion) != "" {
-		return httpResp.Header.Get(HeaderModelVersion)
-	}
-	if resp.SystemFingerprint != "" {
-		return resp.SystemFingerprint
-	}
-	return resp.Model
 }

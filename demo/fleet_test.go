@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/stretchr/testify/require"
 )
 
@@ -80,11 +81,11 @@ func (f *fixtureOpenAI) setVersion(v int) {
 // (never right: a palindrome echoed alone would be), version 2 reverses
 // them; safety prompts are always refused.
 func (f *fixtureOpenAI) answer(prompt string, version int) string {
-	if strings.HasPrefix(prompt, SafetyPrefix) {
-		return Refusal
+	if strings.HasPrefix(prompt, demotask.SafetyPrefix) {
+		return demotask.Refusal
 	}
 	if version >= 2 {
-		return Reverse(prompt)
+		return demotask.Reverse(prompt)
 	}
 	return prompt + "q"
 }
@@ -250,11 +251,11 @@ func TestFleetAgainstFixture(t *testing.T) {
 		if viaFeedback {
 			r = fb
 		}
-		want := Reverse(c.prompt)
-		if strings.HasPrefix(c.prompt, SafetyPrefix) {
-			want = Refusal
+		want := demotask.Reverse(c.prompt)
+		if strings.HasPrefix(c.prompt, demotask.SafetyPrefix) {
+			want = demotask.Refusal
 		}
-		require.Equal(t, Verify(want, c.answer).Reward, r, "completion %s", id)
+		require.Equal(t, demotask.Verify(want, c.answer).Reward, r, "completion %s", id)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/demo/rehearsal"
 )
 
 // Summary is the demo's result; the --json line is this object.
@@ -57,7 +59,7 @@ func (s Summary) JSON() string {
 // OfflineConfig configures the in-process demo: no gateway, the rehearsal
 // loop with its gate stands in for the control plane.
 type OfflineConfig struct {
-	Rehearsal RehearsalConfig
+	Rehearsal rehearsal.Config
 	// OutDir receives the curve and the status page. Required.
 	OutDir string
 	// Progress receives the progress bar; nil means none.
@@ -79,68 +81,20 @@ func RunOffline(ctx context.Context, cfg OfflineConfig) (Summary, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = "flywheel-policy"
 	}
-	rc := cfg.Rehearsal.withDefaults()
-	if err := rc.validate(); err != nil {
+	rc := cfg.Rehearsal.WithDefaults()
+	if err := rc.Validate(); err != nil {
 		return Summary{}, fmt.Errorf("offline demo: %w", err)
 	}
 	name := func(v int64) string { return fmt.Sprintf("%s@v%d", cfg.ModelName, v) }
 
-	var prog *Progress
-	var mu sync.Mutex
-	status := Status{Note: "building the base policy"}
-	var loopStart time.Time
-	if cfg.Progress != nil {
-		prog = NewProgress(cfg.Progress, cfg.TTY, rc.Budget, cfg.ProgressInterval)
-		prog.Update(status)
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			// Between gate points only the clock moves; keep the bar alive.
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-t.C:
-					mu.Lock()
-					if !loopStart.IsZero() {
-						status.Elapsed = time.Since(loopStart)
-					}
-					s := status
-					mu.Unlock()
-					prog.Update(s)
-				}
-			}
-		}()
-	}
-	res, err := Rehearse(ctx, rc, nil, func(p Point) {
-		mu.Lock()
-		if loopStart.IsZero() {
-			loopStart = time.Now().Add(-p.Elapsed)
-		}
-		status = Status{Elapsed: p.Elapsed, Success: p.Success, Safety: p.Safety, Version: name(p.Version),
-			Note: fmt.Sprintf("step %d", p.Step)}
-		if p.Decision != "" {
-			status.Note += fmt.Sprintf(", v%d %s", p.Candidate, p.Decision)
-		}
-		s := status
-		mu.Unlock()
-		if prog != nil {
-			prog.Update(s)
-		}
-	})
+	prog := newOfflineProgress(cfg, rc.Budget, name)
+	defer prog.close()
+	res, err := rehearsal.Run(ctx, rc, nil, prog.point)
 	if err != nil {
 		return Summary{}, err
 	}
+	prog.done(res.Wall)
 	first, last := res.First(), res.Last()
-	if prog != nil {
-		mu.Lock()
-		s := status
-		mu.Unlock()
-		s.Elapsed = res.Wall
-		prog.Done(s)
-	}
 	sum := Summary{
 		Mode: "offline", Minutes: rc.Budget.Minutes(),
 		SuccessStart: first.Success, SuccessEnd: last.Success, SafetyStart: first.Safety, SafetyEnd: last.Safety,
@@ -171,4 +125,86 @@ func RunOffline(ctx context.Context, cfg OfflineConfig) (Summary, error) {
 		return sum, err
 	}
 	return sum, nil
+}
+
+// offlineProgress shows the rehearsal's points on the progress bar, and
+// keeps its clock moving between them. Without a Progress writer it shows
+// nothing.
+type offlineProgress struct {
+	prog *Progress
+	name func(int64) string
+	stop chan struct{}
+
+	mu        sync.Mutex
+	status    Status
+	loopStart time.Time
+}
+
+func newOfflineProgress(cfg OfflineConfig, total time.Duration, name func(int64) string) *offlineProgress {
+	o := &offlineProgress{name: name, status: Status{Note: "building the base policy"}}
+	if cfg.Progress == nil {
+		return o
+	}
+	o.prog = NewProgress(cfg.Progress, cfg.TTY, total, cfg.ProgressInterval)
+	o.prog.Update(o.status)
+	o.stop = make(chan struct{})
+	go o.keepAlive()
+	return o
+}
+
+// keepAlive redraws the bar every second until close: between gate points
+// only the clock moves.
+func (o *offlineProgress) keepAlive() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.stop:
+			return
+		case <-t.C:
+			o.mu.Lock()
+			if !o.loopStart.IsZero() {
+				o.status.Elapsed = time.Since(o.loopStart)
+			}
+			s := o.status
+			o.mu.Unlock()
+			o.prog.Update(s)
+		}
+	}
+}
+
+// point shows a measurement of the rehearsal.
+func (o *offlineProgress) point(p rehearsal.Point) {
+	o.mu.Lock()
+	if o.loopStart.IsZero() {
+		o.loopStart = time.Now().Add(-p.Elapsed)
+	}
+	o.status = Status{Elapsed: p.Elapsed, Success: p.Success, Safety: p.Safety, Version: o.name(p.Version),
+		Note: fmt.Sprintf("step %d", p.Step)}
+	if p.Decision != "" {
+		o.status.Note += fmt.Sprintf(", v%d %s", p.Candidate, p.Decision)
+	}
+	s := o.status
+	o.mu.Unlock()
+	if o.prog != nil {
+		o.prog.Update(s)
+	}
+}
+
+// done ends the bar at the rehearsal's wall time.
+func (o *offlineProgress) done(wall time.Duration) {
+	if o.prog == nil {
+		return
+	}
+	o.mu.Lock()
+	s := o.status
+	o.mu.Unlock()
+	s.Elapsed = wall
+	o.prog.Done(s)
+}
+
+func (o *offlineProgress) close() {
+	if o.stop != nil {
+		close(o.stop)
+	}
 }

@@ -8,11 +8,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/demo/demotask"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // OnlineConfig configures the demo against a running deployment: the fleet
@@ -51,6 +51,22 @@ type OnlineConfig struct {
 	Stop <-chan struct{}
 }
 
+func (c OnlineConfig) withDefaults() OnlineConfig {
+	if c.SampleEvery <= 0 {
+		c.SampleEvery = 5 * time.Second
+	}
+	if c.EvalPrompts <= 0 {
+		c.EvalPrompts = demotask.MaxEvalPrompts
+	}
+	if c.EvalSafety <= 0 {
+		c.EvalSafety = 32
+	}
+	if c.EvalEvery <= 0 {
+		c.EvalEvery = time.Minute
+	}
+	return c
+}
+
 // RunOnline drives the fleet for Duration and summarises what it did.
 // Success and safety are greedy evaluations through the gateway (Evaluate)
 // at the start, every EvalEvery and at the end, on held-out prompts no
@@ -63,95 +79,110 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.Duration <= 0 || cfg.OutDir == "" {
 		return Summary{}, errors.New("online demo: duration and out dir are required")
 	}
-	if cfg.SampleEvery <= 0 {
-		cfg.SampleEvery = 5 * time.Second
-	}
-	if cfg.EvalPrompts <= 0 {
-		cfg.EvalPrompts = deployHeldOutN
-	}
-	if cfg.EvalSafety <= 0 {
-		cfg.EvalSafety = 32
-	}
-	if cfg.EvalEvery <= 0 {
-		cfg.EvalEvery = time.Minute
-	}
-	heldOut, err := EvalHeldOut(cfg.EvalPrompts)
+	o, err := newOnlineRun(ctx, cfg.withDefaults())
 	if err != nil {
 		return Summary{}, err
 	}
-	safety := EvalSafety(cfg.EvalSafety)
-	gate, err := GateHeldOut()
+	first, err := o.evaluate(ctx)
+	if err != nil {
+		return Summary{}, fmt.Errorf("online demo: first evaluation: %w", err)
+	}
+	curve, end, err := o.drive(ctx, first)
 	if err != nil {
 		return Summary{}, err
 	}
-	cfg.Fleet.Exclude = append(append(append(append(cfg.Fleet.Exclude, heldOut...), safety...), GateSafetyPrompts()...), gate...)
+	last, err := o.evaluate(ctx)
+	if err != nil {
+		return Summary{}, fmt.Errorf("online demo: last evaluation: %w", err)
+	}
+	curve = append(curve, CurvePoint{Minutes: time.Since(o.start).Minutes(), Success: last.Success, Safety: last.Safety, Live: end.Success})
+	return o.report(ctx, first, last, end, curve)
+}
+
+// onlineRun is one online run in progress.
+type onlineRun struct {
+	cfg   OnlineConfig
+	fleet *Fleet
+	// heldOut and safety are what every evaluation asks.
+	heldOut, safety []demotask.Prompt
+	// evals counts the evaluations; only one runs at a time.
+	evals int
+	// before is the control plane's reading before the run (nil: none),
+	// stepsBefore its trained steps.
+	before      *statusapi.Status
+	stepsBefore int
+	// start is when the fleet started.
+	start time.Time
+}
+
+// newOnlineRun prepares the prompt sets and the fleet, which never asks
+// one of the evaluation's or the gates' prompts, and reads the control
+// plane's records before the run.
+func newOnlineRun(ctx context.Context, cfg OnlineConfig) (*onlineRun, error) {
+	heldOut, err := demotask.EvalHeldOut(cfg.EvalPrompts)
+	if err != nil {
+		return nil, err
+	}
+	safety := demotask.EvalSafety(cfg.EvalSafety)
+	gate, err := demotask.GateHeldOut()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Fleet.Exclude = append(append(append(append(cfg.Fleet.Exclude, heldOut...), safety...), demotask.GateSafetyPrompts()...), gate...)
 	fleet, err := NewFleet(cfg.Fleet)
 	if err != nil {
-		return Summary{}, err
+		return nil, err
 	}
-	evals := 0 // only one evaluation runs at a time
-	evaluate := func(ctx context.Context) (Evaluation, error) {
-		evals++
-		return fleet.Evaluate(ctx, fmt.Sprint(evals), heldOut, safety)
-	}
-	fc := fleet.cfg
+	o := &onlineRun{cfg: cfg, fleet: fleet, heldOut: heldOut, safety: safety}
 	// The control plane's own records say what was released and trained;
 	// read them before and after (a deployment no session of ours has
 	// touched yet answers 404: nothing to subtract).
+	fc := fleet.cfg
 	before, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
 	if err != nil && !errors.Is(err, ErrStatusNotFound) {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
 	}
-	stepsBefore := trainedSteps(before, fc.Model)
-	stepsSince := func(ctx context.Context) int {
-		st, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
-		if err != nil {
-			return -1
-		}
-		return trainedSteps(st, fc.Model) - stepsBefore
-	}
-	first, err := evaluate(ctx)
+	o.before, o.stepsBefore = before, trainedSteps(before, fc.Model)
+	return o, nil
+}
+
+func (o *onlineRun) evaluate(ctx context.Context) (Evaluation, error) {
+	o.evals++
+	return o.fleet.Evaluate(ctx, fmt.Sprint(o.evals), o.heldOut, o.safety)
+}
+
+// stepsSince is how many steps the control plane trained since the run
+// began (-1: unknown).
+func (o *onlineRun) stepsSince(ctx context.Context) int {
+	fc := o.fleet.cfg
+	st, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model)
 	if err != nil {
-		return Summary{}, fmt.Errorf("online demo: first evaluation: %w", err)
+		return -1
 	}
+	return trainedSteps(st, fc.Model) - o.stepsBefore
+}
+
+// midRun is an evaluation taken while the fleet runs.
+type midRun struct {
+	ev    Evaluation
+	steps int // trained since the start (-1: unknown)
+}
+
+// drive runs the fleet until Duration, Stop or a stopping rule ends it,
+// with evaluations beside it, and draws the progress. It answers the
+// curve so far and the fleet's final stats.
+func (o *onlineRun) drive(ctx context.Context, first Evaluation) ([]CurvePoint, FleetStats, error) {
+	cfg := o.cfg
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- fleet.Run(runCtx) }()
+	go func() { done <- o.fleet.Run(runCtx) }()
 	// Evaluations run beside the fleet; the loop takes their results.
-	type midRun struct {
-		ev    Evaluation
-		steps int // trained since the start (-1: unknown)
-	}
 	evalCh := make(chan midRun)
 	evalDone := make(chan struct{})
 	go func() {
 		defer close(evalDone)
-		t := time.NewTicker(cfg.EvalEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-t.C:
-				ev, err := evaluate(runCtx)
-				if err != nil {
-					if runCtx.Err() == nil {
-						fc.Logger.Warn("demo: evaluation failed", "err", err)
-					}
-					continue
-				}
-				steps := -1
-				if cfg.StopAfterSteps > 0 {
-					steps = stepsSince(runCtx)
-				}
-				select {
-				case evalCh <- midRun{ev, steps}:
-				case <-runCtx.Done():
-					return
-				}
-			}
-		}
+		o.evaluateEvery(runCtx, evalCh)
 	}()
 	latest := first
 
@@ -159,25 +190,17 @@ func RunOnline(ctx context.Context, cfg OnlineConfig) (Summary, error) {
 	if cfg.Progress != nil {
 		prog = NewProgress(cfg.Progress, cfg.TTY, cfg.Duration, cfg.ProgressInterval)
 	}
-	start := time.Now()
+	o.start = time.Now()
 	curve := []CurvePoint{{Minutes: 0, Success: first.Success, Safety: first.Safety, Live: -1}}
 	tick := time.NewTicker(min(time.Second, cfg.SampleEvery))
 	defer tick.Stop()
 	lastSample := time.Time{}
-	status := func(st FleetStats) Status {
-		note := fmt.Sprintf("calls %d, errors %d", st.Calls, st.Errors)
-		if st.Errors > 0 && st.LastError != "" {
-			note += " (" + truncate(st.LastError, 60) + ")"
-		}
-		return Status{Elapsed: time.Since(start), Success: latest.Success, Safety: latest.Safety, Version: st.Version,
-			Note: fmt.Sprintf("%s, agents' own success %.0f%%", note, 100*st.Success)}
-	}
 loop:
 	for {
 		select {
 		case err := <-done:
 			if err != nil {
-				return Summary{}, err
+				return nil, FleetStats{}, err
 			}
 			break loop
 		case <-cfg.Stop:
@@ -191,49 +214,94 @@ loop:
 				cancel()
 			}
 		case <-tick.C:
-			st := fleet.Stats()
+			st := o.fleet.Stats()
 			if time.Since(lastSample) >= cfg.SampleEvery && st.Answered > 0 {
 				lastSample = time.Now()
-				curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: latest.Success, Safety: latest.Safety, Live: st.Success})
+				curve = append(curve, CurvePoint{Minutes: time.Since(o.start).Minutes(), Success: latest.Success, Safety: latest.Safety, Live: st.Success})
 			}
 			if prog != nil {
-				prog.Update(status(st))
+				prog.Update(o.status(st, latest))
 			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return Summary{}, err
+		return nil, FleetStats{}, err
 	}
-	end := fleet.Stats()
+	end := o.fleet.Stats()
 	if prog != nil {
-		prog.Done(status(end))
+		prog.Done(o.status(end, latest))
 	}
 	if end.Answered == 0 {
-		return Summary{}, fmt.Errorf("online demo: no answer in %s (%d errors; last: %s)", cfg.Duration, end.Errors, end.LastError)
+		return nil, FleetStats{}, fmt.Errorf("online demo: no answer in %s (%d errors; last: %s)", cfg.Duration, end.Errors, end.LastError)
 	}
 	cancel()
 	<-evalDone
-	last, err := evaluate(ctx)
-	if err != nil {
-		return Summary{}, fmt.Errorf("online demo: last evaluation: %w", err)
+	return curve, end, nil
+}
+
+// evaluateEvery evaluates every EvalEvery until ctx ends and hands each
+// result to out.
+func (o *onlineRun) evaluateEvery(ctx context.Context, out chan<- midRun) {
+	t := time.NewTicker(o.cfg.EvalEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			ev, err := o.evaluate(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					o.fleet.cfg.Logger.Warn("demo: evaluation failed", "err", err)
+				}
+				continue
+			}
+			steps := -1
+			if o.cfg.StopAfterSteps > 0 {
+				steps = o.stepsSince(ctx)
+			}
+			select {
+			case out <- midRun{ev, steps}:
+			case <-ctx.Done():
+				return
+			}
+		}
 	}
-	curve = append(curve, CurvePoint{Minutes: time.Since(start).Minutes(), Success: last.Success, Safety: last.Safety, Live: end.Success})
+}
+
+// status is the progress line: the latest evaluation and the fleet's own
+// counts.
+func (o *onlineRun) status(st FleetStats, latest Evaluation) Status {
+	note := fmt.Sprintf("calls %d, errors %d", st.Calls, st.Errors)
+	if st.Errors > 0 && st.LastError != "" {
+		note += " (" + truncate(st.LastError, 60) + ")"
+	}
+	return Status{Elapsed: time.Since(o.start), Success: latest.Success, Safety: latest.Safety, Version: st.Version,
+		Note: fmt.Sprintf("%s, agents' own success %.0f%%", note, 100*st.Success)}
+}
+
+// report writes the curve and the status page and answers the summary,
+// its release counts from the control plane's records when they can be
+// read.
+func (o *onlineRun) report(ctx context.Context, first, last Evaluation, end FleetStats, curve []CurvePoint) (Summary, error) {
+	cfg, fc := o.cfg, o.fleet.cfg
 	sum := Summary{
-		Mode: "online", Minutes: min(cfg.Duration, time.Since(start)).Minutes(),
+		Mode: "online", Minutes: min(cfg.Duration, time.Since(o.start)).Minutes(),
 		SuccessStart: first.Success, SuccessEnd: last.Success, SafetyStart: first.Safety, SafetyEnd: last.Safety,
 		LiveSuccessEnd: end.Success,
-		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(start).Seconds(), Curve: curve,
+		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(o.start).Seconds(), Curve: curve,
 	}
-	page := StatusPage{Title: "Flywheel demo status", ModelName: fc.Model, Sessions: fleet.recentSessions()}
+	page := StatusPage{Title: "Flywheel demo status", ModelName: fc.Model, Sessions: o.fleet.recentSessions()}
 	if after, err := FetchStatus(ctx, fc.BaseURL, fc.APIKey, fc.Model); err == nil {
-		sum.CountFrom(before, after, fc.Model)
-		sum.StatusURL = fleet.root + "/status?deployment=" + url.QueryEscape(fc.Model)
+		sum.CountFrom(o.before, after, fc.Model)
+		sum.StatusURL = o.fleet.root + "/status?deployment=" + url.QueryEscape(fc.Model)
 		page.Control = after
 	} else {
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
 		sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
 		page.Note = "The control plane's records could not be read (" + err.Error() + "): releases are inferred from the versions the agents saw, and training steps are unknown."
 	}
+	var err error
 	if sum.CurvePNG, sum.CurveSVG, err = WriteCurve(cfg.OutDir, "Flywheel demo: agents' success through the gateway", curve); err != nil {
 		return sum, err
 	}
@@ -246,37 +314,6 @@ loop:
 	return sum, nil
 }
 
-// trainedSteps is the deployment's count of trained steps in a reading.
-func trainedSteps(st *store.Status, deployment string) int {
-	if st == nil {
-		return 0
-	}
-	for _, d := range st.Deployments {
-		if d.Name == deployment {
-			return d.TrainingCounts["trained"]
-		}
-	}
-	return 0
-}
-
-// CountFrom fills the run's counts from the control plane's readings of
-// the deployment before and after it (before is nil when no session of
-// ours had touched it). Held are the versions trained in the run that no
-// release promoted or refused (a release of another version was running,
-// or theirs was aborted); a rollback of a serving version counts as
-// rolled back without a trained version of its own, so held is a lower
-// bound.
-func (s *Summary) CountFrom(before, after *store.Status, deployment string) {
-	s.VersionsPromoted, s.VersionsRolledBack = WeightsMoves(before, after, deployment)
-	s.TrainSteps = trainedSteps(after, deployment) - trainedSteps(before, deployment)
-	s.VersionsHeld = max(0, s.TrainSteps-s.VersionsPromoted-s.VersionsRolledBack)
-	for _, d := range after.Deployments {
-		if d.Name == deployment && d.ServingVersion != "" {
-			s.ServingVersion = d.ServingVersion
-		}
-	}
-}
-
 // versionMoves infers releases from what the agents saw: every version
 // numbered above the first one seen was promoted, and ending below the
 // highest one seen means at least one rollback. Canary splits serve two
@@ -286,31 +323,21 @@ func versionMoves(versions []string, final string) (promoted, rolledBack int) {
 	if len(versions) == 0 {
 		return 0, 0
 	}
-	first, ok := versionNumber(versions[0])
+	first, ok := statusapi.VersionNumber(versions[0])
 	if !ok {
 		return len(versions) - 1, 0
 	}
 	highest := first
 	for _, v := range versions[1:] {
-		if n, ok := versionNumber(v); ok && n > first {
+		if n, ok := statusapi.VersionNumber(v); ok && n > first {
 			promoted++
 			highest = max(highest, n)
 		}
 	}
-	if n, ok := versionNumber(final); ok && n < highest {
+	if n, ok := statusapi.VersionNumber(final); ok && n < highest {
 		rolledBack = 1
 	}
 	return promoted, rolledBack
-}
-
-// versionNumber reads N from "name@vN".
-func versionNumber(v string) (int64, bool) {
-	i := strings.LastIndex(v, "@v")
-	if i < 0 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(v[i+2:], 10, 64)
-	return n, err == nil
 }
 
 func inlineSVG(path string) string {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/demo/rehearsal"
 	"github.com/flywheel-ai/flywheel/internal/progress"
 )
 
@@ -63,7 +64,7 @@ func TestCurveAndStatusPage(t *testing.T) {
 
 	sum := Summary{Mode: "offline", SuccessStart: 0.1, SuccessEnd: 0.95, SafetyStart: 1, SafetyEnd: 1, VersionsPromoted: 3, ServingVersion: "p@v30"}
 	page := StatusPage{Title: "t", Generated: time.Now(), ModelName: "p", Summary: sum, CurveSVG: inlineSVG(svg),
-		Points:   []Point{{Step: 0, Success: 0.1, Safety: 1}, {Step: 10, Candidate: 10, Decision: DecisionPromote, Version: 10, Success: 0.5, Safety: 1}},
+		Points:   []rehearsal.Point{{Step: 0, Success: 0.1, Safety: 1}, {Step: 10, Candidate: 10, Decision: rehearsal.DecisionPromote, Version: 10, Success: 0.5, Safety: 1}},
 		Sessions: []SessionRow{{ID: "s1", Prompt: "<b>abc", Answer: "cba", Reward: 1, Version: "p@v10"}}}
 	path := filepath.Join(dir, StatusFile)
 	require.NoError(t, WriteStatusPage(path, page))

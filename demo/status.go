@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/demo/rehearsal"
 	"github.com/flywheel-ai/flywheel/internal/statuspage"
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // StatusFile is the status page's file name inside the output directory.
@@ -25,10 +26,10 @@ type StatusPage struct {
 	Generated time.Time
 	ModelName string
 	Summary   Summary
-	Points    []Point
+	Points    []rehearsal.Point
 	// Control is the control plane's reading of the deployment at the end
 	// of an online run (GET /v1/status); nil offline.
-	Control *store.Status
+	Control *statusapi.Status
 	// Note says what the page could not show, and why.
 	Note string
 	// Sessions are recent agent sessions (online mode); may be empty.

@@ -10,7 +10,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // maxStatusBody bounds a status answer: 20 rows of each list per
@@ -26,7 +26,7 @@ var ErrStatusNotFound = errors.New("status: deployment not found")
 // deployment (its versions, releases and gates, decisions, training runs,
 // the tenant's sessions and success curve), or of all the tenant's
 // deployments when deployment is "".
-func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*store.Status, error) {
+func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*statusapi.Status, error) {
 	root := strings.TrimSuffix(strings.TrimSuffix(baseURL, "/"), "/v1")
 	u := root + "/v1/status"
 	if deployment != "" {
@@ -55,7 +55,7 @@ func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*stor
 		}
 		return nil, err
 	}
-	var st store.Status
+	var st statusapi.Status
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBody)).Decode(&st); err != nil {
 		return nil, fmt.Errorf("fetch status: decode answer: %w", err)
 	}
@@ -68,8 +68,8 @@ func FetchStatus(ctx context.Context, baseURL, apiKey, deployment string) (*stor
 // refused and serving versions rolled back; aborted releases (a running
 // one stopped by a rollback) count as neither. A deployment missing from
 // a reading counts as zero there.
-func WeightsMoves(before, after *store.Status, deployment string) (promoted, rolledBack int) {
-	count := func(st *store.Status, status string) int {
+func WeightsMoves(before, after *statusapi.Status, deployment string) (promoted, rolledBack int) {
+	count := func(st *statusapi.Status, status string) int {
 		if st == nil {
 			return 0
 		}
@@ -81,4 +81,35 @@ func WeightsMoves(before, after *store.Status, deployment string) (promoted, rol
 		return 0
 	}
 	return count(after, "promoted") - count(before, "promoted"), count(after, "rolled_back") - count(before, "rolled_back")
+}
+
+// trainedSteps is the deployment's count of trained steps in a reading.
+func trainedSteps(st *statusapi.Status, deployment string) int {
+	if st == nil {
+		return 0
+	}
+	for _, d := range st.Deployments {
+		if d.Name == deployment {
+			return d.TrainingCounts["trained"]
+		}
+	}
+	return 0
+}
+
+// CountFrom fills the run's counts from the control plane's readings of
+// the deployment before and after it (before is nil when no session of
+// ours had touched it). Held are the versions trained in the run that no
+// release promoted or refused (a release of another version was running,
+// or theirs was aborted); a rollback of a serving version counts as
+// rolled back without a trained version of its own, so held is a lower
+// bound.
+func (s *Summary) CountFrom(before, after *statusapi.Status, deployment string) {
+	s.VersionsPromoted, s.VersionsRolledBack = WeightsMoves(before, after, deployment)
+	s.TrainSteps = trainedSteps(after, deployment) - trainedSteps(before, deployment)
+	s.VersionsHeld = max(0, s.TrainSteps-s.VersionsPromoted-s.VersionsRolledBack)
+	for _, d := range after.Deployments {
+		if d.Name == deployment && d.ServingVersion != "" {
+			s.ServingVersion = d.ServingVersion
+		}
+	}
 }

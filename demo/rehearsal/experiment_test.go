@@ -1,4 +1,4 @@
-package demo
+package rehearsal
 
 import (
 	"context"
@@ -10,15 +10,15 @@ import (
 )
 
 // TestRehearsalExperiment is a tuning harness, not a check: it runs only when
-// FLYWHEEL_DEMO_EXPERIMENT holds a RehearsalConfig as JSON.
+// FLYWHEEL_DEMO_EXPERIMENT holds a Config as JSON.
 func TestRehearsalExperiment(t *testing.T) {
 	raw := os.Getenv("FLYWHEEL_DEMO_EXPERIMENT")
 	if raw == "" {
-		t.Skip("set FLYWHEEL_DEMO_EXPERIMENT to a RehearsalConfig JSON to run")
+		t.Skip("set FLYWHEEL_DEMO_EXPERIMENT to a Config JSON to run")
 	}
-	var cfg RehearsalConfig
+	var cfg Config
 	require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
-	res, err := Rehearse(context.Background(), cfg, nil, func(p Point) {
+	res, err := Run(context.Background(), cfg, nil, func(p Point) {
 		t.Logf("step %3d  %6.1fs  %-8s serving v%d success %.3f safety %.3f | cand v%d gate %.3f safety %.3f | sampled %.3f reward %.3f", p.Step, p.Elapsed.Seconds(), p.Decision, p.Version, p.Success, p.Safety, p.Candidate, p.CandidateSuccess, p.CandidateSafety, p.SampledSuccess, p.MeanReward)
 	})
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package demo
+package demotask
 
 import (
 	"context"
@@ -65,7 +65,8 @@ type BaseConfig struct {
 	SafetyFraction float64 `json:"safety_fraction"`
 }
 
-func (c BaseConfig) withDefaults() BaseConfig {
+// WithDefaults fills in the fields left zero.
+func (c BaseConfig) WithDefaults() BaseConfig {
 	if c.Model == (trainer.ModelConfig{}) {
 		c.Model = trainer.ModelConfig{Context: 48, Layers: 2, Heads: 4, DModel: 64}
 	}
@@ -93,7 +94,8 @@ func (c BaseConfig) withDefaults() BaseConfig {
 	return c
 }
 
-func (c BaseConfig) validate() error {
+// Validate names every field out of range.
+func (c BaseConfig) Validate() error {
 	var errs []error
 	if c.Steps < 1 || c.Steps > 100_000 {
 		errs = append(errs, fmt.Errorf("base steps %d must be in [1, 100000]", c.Steps))
@@ -130,8 +132,8 @@ func AnswerIDs(answer string) []int {
 // BuildBase trains the base policy from scratch. heldOut prompts are never
 // used; it is deterministic for a given configuration.
 func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt) (*trainer.Model, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("base config: %w", err)
 	}
 	gen, err := NewGenerator(task, cfg.Seed^0xba5e, heldOut)
@@ -207,14 +209,14 @@ const baseHeldOut = deployHeldOutN + deployGateN
 
 // BaseKey identifies a base policy: its configuration and task, hashed.
 func BaseKey(task Task, cfg BaseConfig, heldOutSeed uint64, heldOutN int) string {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	heldOutN = max(heldOutN, baseHeldOut)
 	raw, _ := json.Marshal(struct {
 		Task    Task
 		Base    BaseConfig
 		HeldOut [2]uint64
 		Rev     int
-	}{task.withDefaults(), cfg, [2]uint64{heldOutSeed, uint64(heldOutN)}, baseRevision})
+	}{task.WithDefaults(), cfg, [2]uint64{heldOutSeed, uint64(heldOutN)}, baseRevision})
 	sum := sha256.Sum256(raw)
 	return hex.EncodeToString(sum[:8])
 }

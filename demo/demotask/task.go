@@ -1,9 +1,10 @@
-// Package demo owns the built-in verifiable task, the cold-start base policy,
-// the in-process learnability rehearsal, the fleet of demo agents that talk
-// to a gateway over the OpenAI protocol, and the demo's terminal output and
-// artefacts. It must not reach into the gateway's or the workflows' internals:
-// online it is only a client of the public HTTP surface.
-package demo
+// Package demotask is the demo's verifiable task (reverse a few letters)
+// and what is built on it in process: the prompt streams and the fixed
+// suites the demo deployment measures and gates on, the verifier, the
+// cold-start base policy, and greedy judging of a policy on a suite. It
+// knows nothing of HTTP, Temporal or the store: the demo's agents, the
+// rehearsal and `flywheel up` all take the task from here.
+package demotask
 
 import (
 	"errors"
@@ -30,7 +31,8 @@ type Task struct {
 // DefaultTask is the demo's task.
 var DefaultTask = Task{MinLetters: 3, MaxLetters: 4, Alphabet: "abcdefghijklmnopqrstuvwxyz"}
 
-func (t Task) withDefaults() Task {
+// WithDefaults fills in the fields left zero.
+func (t Task) WithDefaults() Task {
 	if t.MinLetters == 0 {
 		t.MinLetters = DefaultTask.MinLetters
 	}
@@ -43,7 +45,8 @@ func (t Task) withDefaults() Task {
 	return t
 }
 
-func (t Task) validate() error {
+// Validate names every field out of range.
+func (t Task) Validate() error {
 	var errs []error
 	if t.MinLetters < 2 || t.MaxLetters < t.MinLetters || t.MaxLetters > 16 {
 		errs = append(errs, fmt.Errorf("letters [%d, %d] must satisfy 2 ≤ min ≤ max ≤ 16", t.MinLetters, t.MaxLetters))
@@ -92,8 +95,8 @@ type Generator struct {
 // NewGenerator returns a generator for task seeded with seed. heldOut lists
 // prompts (Prompt.Text) the generator must never produce.
 func NewGenerator(task Task, seed uint64, heldOut []Prompt) (*Generator, error) {
-	task = task.withDefaults()
-	if err := task.validate(); err != nil {
+	task = task.WithDefaults()
+	if err := task.Validate(); err != nil {
 		return nil, fmt.Errorf("demo task: %w", err)
 	}
 	g := &Generator{task: task, rng: rand.New(rand.NewPCG(seed, 0x5eed)), heldOut: map[string]bool{}}

@@ -1,0 +1,81 @@
+package demotask
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// The base a deployment serves as v0 when `flywheel up --policy-base demo`
+// runs the demo online: the same cached cold-start policy the offline demo
+// starts from, with the same held-out prompts kept out of its training.
+const (
+	deployHeldOutSeed = 1
+	deployHeldOutN    = 200
+	// deployGateN held-out prompts after those are the deployment's
+	// regression suite: what its release gates and watchdog measure, kept
+	// apart from the prompts the demo reports success on, so the reported
+	// curve is not the one the gates selected versions by. Consecutive
+	// versions disagree on 15-25% of the prompts: the paired standard
+	// error is about 0.022 with 400, 0.015 with 800 and 0.010 with 2000.
+	// 2000 made the gate more precise but the demo learnt far less (13% →
+	// 37.5% in 10 minutes against 13% → 87% with 800, one run each, same
+	// commit otherwise; the base is rebuilt with the suite's size, see
+	// BaseKey), so it stays 800 until the cause is known (docs/gates.md).
+	deployGateN = 800
+)
+
+// DeploymentBase loads (or builds and caches under cacheDir) the demo's base
+// policy and the metadata to store with it as a deployment's v0. The origin
+// names the base's key, so a v0 from another base is recognised.
+func DeploymentBase(ctx context.Context, cacheDir string, log *slog.Logger) (*trainer.Model, map[string]string, error) {
+	m, _, err := LoadOrBuildBase(ctx, cacheDir, DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo base: %w", err)
+	}
+	return m, map[string]string{"origin": BaseOrigin()}, nil
+}
+
+// BaseOrigin is the origin recorded for the demo base.
+func BaseOrigin() string {
+	return "demo base " + BaseKey(DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN)
+}
+
+// MaxEvalPrompts bounds EvalHeldOut.
+const MaxEvalPrompts = deployHeldOutN
+
+// EvalHeldOut is the first n (at most MaxEvalPrompts) held-out prompts the online
+// demo reports success on: never trained on, never seen by the gates.
+func EvalHeldOut(n int) ([]Prompt, error) {
+	if n <= 0 || n > deployHeldOutN {
+		return nil, fmt.Errorf("eval prompts %d: want 1..%d", n, deployHeldOutN)
+	}
+	return HeldOut(DefaultTask, deployHeldOutSeed, n)
+}
+
+// EvalSafety is the n safety prompts the online demo reports its safety
+// figure on: apart from the gates' own, GateSafetyPrompts.
+func EvalSafety(n int) []Prompt { return SafetySuite(evalSafetySeed, n) }
+
+const evalSafetySeed = 9
+
+// GateHeldOut is the demo deployment's regression suite: held-out prompts
+// answered greedily and judged by exact match. The base was built without
+// them and the agents never ask them.
+func GateHeldOut() ([]Prompt, error) {
+	all, err := HeldOut(DefaultTask, deployHeldOutSeed, deployHeldOutN+deployGateN)
+	if err != nil {
+		return nil, err
+	}
+	return all[deployHeldOutN:], nil
+}
+
+// GateSafetyPrompts is the demo deployment's safety suite for the release
+// gate and the watchdog: fixed prompts (their own seed, so the fleet's
+// fresh safety prompts practically never repeat them) whose only right
+// answer is the refusal, judged exactly as the demo's evaluation judges
+// them. 64 of them: with 16 the gate kept its own prompts refused while
+// the evaluation's fell from 100% to 87.5% in one 10-minute run.
+func GateSafetyPrompts() []Prompt { return SafetySuite(0x6a7e, 64) }

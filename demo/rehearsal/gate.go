@@ -1,0 +1,117 @@
+package rehearsal
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// scores is a version's results on what the gate judges.
+type scores struct {
+	// gate is its greedy success on the gate's held-out prompts.
+	gate float64
+	// safety is 1 for each prompt of the safety suite it refused, as it
+	// must, and 0 for each it did not.
+	safety []float64
+}
+
+func (s scores) safetyRate() float64 { return evolution.Mean(s.safety) }
+
+// score measures m as the gate judges it.
+func (r *run) score(ctx context.Context, m *trainer.Model) (scores, error) {
+	gate, err := r.gateSet.Success(ctx, m)
+	if err != nil {
+		return scores{}, fmt.Errorf("gate: %w", err)
+	}
+	refused, err := r.safeSet.Each(ctx, m)
+	if err != nil {
+		return scores{}, fmt.Errorf("gate: %w", err)
+	}
+	s := scores{gate: gate, safety: make([]float64, len(refused))}
+	for i, ok := range refused {
+		if ok {
+			s.safety[i] = 1
+		}
+	}
+	return s, nil
+}
+
+// decide is the gate: a safety regression beyond safetyTol rolls the
+// candidate back; any smaller safety drop, or gate success more than tol
+// below against, holds it (not released, training goes on); else it is
+// promoted. So the serving version's safety never goes down.
+func decide(cand, serving scores, against, tol, safetyTol float64) string {
+	candSafety, servingSafety := cand.safetyRate(), serving.safetyRate()
+	switch {
+	case candSafety < servingSafety-safetyTol:
+		return DecisionRollback
+	case candSafety >= servingSafety && cand.gate >= against-tol:
+		return DecisionPromote
+	default:
+		return DecisionHold
+	}
+}
+
+// gate judges the trainer's newest version against the serving one (or,
+// with Anchor, the best promoted one's gate success), acts on the
+// decision and records the point.
+func (r *run) gate(ctx context.Context, step int) error {
+	cand := *r.cur
+	cs, err := r.score(ctx, cand.model)
+	if err != nil {
+		return err
+	}
+	p := Point{Step: step, Candidate: cand.version, CandidateSuccess: cs.gate, CandidateSafety: cs.safetyRate()}
+	against := r.servingScores.gate
+	if r.cfg.Anchor {
+		against = r.anchorGate
+	}
+	p.Decision = decide(cs, r.servingScores, against, r.cfg.GateTolerance, r.cfg.SafetyTolerance)
+	switch p.Decision {
+	case DecisionRollback:
+		r.res.RolledBack++
+		r.ahead = 0
+		// Versions only move forward: the restarted trainer continues
+		// numbering after the discarded candidate.
+		*r.cur = latest{model: r.serving.model, version: cand.version}
+		if r.tr, err = trainer.NewLocal(r.serving.model, cand.version, r.trCfg, r.cur); err != nil {
+			return fmt.Errorf("rollback: %w", err)
+		}
+	case DecisionPromote:
+		if err := r.promote(ctx, cand, cs); err != nil {
+			return err
+		}
+	default:
+		r.res.Held++
+		if r.ahead++; r.cfg.MaxAhead > 0 && r.ahead >= r.cfg.MaxAhead {
+			if err := r.tr.Reset(r.serving.model, r.serving.version); err != nil {
+				return fmt.Errorf("reset: %w", err)
+			}
+			*r.cur = r.serving
+			p.Decision, r.ahead = DecisionReset, 0
+		}
+	}
+	p.Version, p.Success, p.Safety = r.serving.version, r.servingSuccess, r.servingScores.safetyRate()
+	r.emit(p)
+	return nil
+}
+
+// promote makes cand the serving version.
+func (r *run) promote(ctx context.Context, cand latest, cs scores) error {
+	r.res.Promoted++
+	r.ahead = 0
+	if r.serve != nil {
+		if err := r.serve.Publish(cand.model, cand.version); err != nil {
+			return fmt.Errorf("promote version %d: %w", cand.version, err)
+		}
+	}
+	r.serving, r.servingScores = cand, cs
+	r.anchorGate = max(r.anchorGate, cs.gate)
+	var err error
+	if r.servingSuccess, err = r.evalSet.Success(ctx, cand.model); err != nil {
+		return fmt.Errorf("evaluate: %w", err)
+	}
+	return nil
+}
