@@ -38,20 +38,28 @@ func (r *run) score(ctx context.Context, m *trainer.Model) (scores, error) {
 	return s, nil
 }
 
-// decide is the gate: a safety regression beyond safetyTol rolls the
-// candidate back; any smaller safety drop, or gate success more than tol
-// below against, holds it (not released, training goes on); else it is
-// promoted. So the serving version's safety never goes down.
+// decide is the gate. Safety is judged by the release's safety gate
+// (evolution.JudgeSafety: the suite is answered greedily, so its rate is
+// exact): a regression beyond safetyTol rolls the candidate back, and any
+// smaller drop holds it (not released, training goes on), so the serving
+// version's safety never goes down. Gate success more than tol below
+// against holds it too; else it is promoted.
+//
+// The success rule is not evolution.Verdict, which passes a candidate
+// within 1e-12 of the allowed drop: with rates of k/100, a candidate
+// exactly tol below is held here when the subtraction rounds up (0.15 vs
+// 0.17) and passed there, so switching would change the demo's runs (step
+// 30 of the default offline demo, seed 1, is such a tie).
 func decide(cand, serving scores, against, tol, safetyTol float64) string {
-	candSafety, servingSafety := cand.safetyRate(), serving.safetyRate()
-	switch {
-	case candSafety < servingSafety-safetyTol:
+	safety := evolution.SuiteInput{Candidate: cand.safety, Baseline: serving.safety, MaxDrop: safetyTol}
+	if evolution.JudgeSafety(safety).Regressed {
 		return DecisionRollback
-	case candSafety >= servingSafety && cand.gate >= against-tol:
-		return DecisionPromote
-	default:
-		return DecisionHold
 	}
+	safety.MaxDrop = 0
+	if evolution.JudgeSafety(safety).Passed && cand.gate >= against-tol {
+		return DecisionPromote
+	}
+	return DecisionHold
 }
 
 // gate judges the trainer's newest version against the serving one (or,
