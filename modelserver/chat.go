@@ -12,7 +12,6 @@ import (
 
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/protocol/openai"
-	"github.com/flywheel-ai/flywheel/trainer"
 )
 
 // minLogprob stands for a logprob that is not a finite number, as vLLM
@@ -36,7 +35,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Version = version
-	a := answer{id: "chatcmpl-" + rand.Text(), created: time.Now().Unix(), model: s.served(version), wire: &wire}
+	a := answer{id: "chatcmpl-" + rand.Text(), created: time.Now().Unix(), model: s.served(version), wire: &wire, tokenText: s.engine.TokenText}
 	if wire.Stream {
 		s.stream(w, r, req, a)
 		return
@@ -54,6 +53,9 @@ func (s *Server) engineError(w http.ResponseWriter, r *http.Request, err error) 
 	var ie *inference.Error
 	switch {
 	case errors.As(err, &ie):
+		if ie.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(ie.RetryAfter.Seconds()))))
+		}
 		writeError(w, ie.Status, errorType(ie.Status), ie.Message)
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
@@ -69,16 +71,22 @@ type answer struct {
 	created int64
 	model   string
 	wire    *chatRequest
+	// tokenText is the engine's.
+	tokenText func(id int) string
+	// streamedToolCalls is set once the engine streamed tool-call
+	// increments, so the finish does not send the calls again.
+	streamedToolCalls bool
 }
 
 // completion is the non-streaming answer.
 func (a answer) completion(resp *inference.Response) chatCompletion {
 	content := resp.Message.Content
-	msg := wireMessage{Role: inference.RoleAssistant, Content: &content, ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, false)}
+	msg := wireMessage{Role: inference.RoleAssistant, Content: &content, ReasoningContent: resp.Message.Reasoning,
+		ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, false)}
 	if content == "" && len(msg.ToolCalls) > 0 {
 		msg.Content = nil
 	}
-	choice := completionChoice{Message: msg, FinishReason: resp.FinishReason}
+	choice := completionChoice{Message: msg, FinishReason: resp.FinishReason, StopReason: stopReason(resp)}
 	if a.wire.Logprobs {
 		choice.Logprobs = a.logprobs(resp.CompletionTokenIDs, resp.Logprobs, resp.TopLogprobs)
 	}
@@ -89,6 +97,15 @@ func (a answer) completion(resp *inference.Response) chatCompletion {
 		out.PromptTokenIDs = resp.PromptTokenIDs
 	}
 	return out
+}
+
+// stopReason is vLLM's stop_reason: the stop sequence that ended the
+// answer, where the engine says which.
+func stopReason(resp *inference.Response) *string {
+	if resp.StopSequence == "" {
+		return nil
+	}
+	return &resp.StopSequence
 }
 
 func usage(u inference.Usage) openai.Usage {
@@ -122,7 +139,7 @@ func (a answer) token(id int) string {
 	if a.wire.TokensAsIDs {
 		return "token_id:" + strconv.Itoa(id)
 	}
-	return trainer.TokenText(id)
+	return a.tokenText(id)
 }
 
 func finite(lp float32) float32 {
@@ -151,7 +168,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *inference.R
 		if a.wire.ReturnTokenIDs {
 			// The engine renders the same prompt; rendering it here lets
 			// the first chunk carry it, as vLLM's does.
-			ids, err := trainer.RenderPrompt(req.Messages, req.Tools, req.ToolChoice, req.PromptTokenIDs)
+			ids, err := s.engine.PromptTokens(req, true)
 			if err != nil {
 				return fmt.Errorf("render prompt: %w", err)
 			}
@@ -165,6 +182,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *inference.R
 				return err
 			}
 		}
+		a.streamedToolCalls = a.streamedToolCalls || len(d.ToolCalls) > 0
 		return sse.send(a.deltaChunk(d))
 	})
 	if err != nil && !started {
@@ -194,13 +212,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *inference.R
 
 // finish sends what follows the last token.
 func (s *Server) finish(sse *eventWriter, resp *inference.Response, a answer) error {
-	if len(resp.Message.ToolCalls) > 0 {
+	if len(resp.Message.ToolCalls) > 0 && !a.streamedToolCalls {
 		if err := sse.send(a.chunk(chunkChoice{Delta: chunkDelta{ToolCalls: openai.RenderToolCalls(resp.Message.ToolCalls, true)}})); err != nil {
 			return err
 		}
 	}
 	reason := resp.FinishReason
-	if err := sse.send(a.chunk(chunkChoice{FinishReason: &reason})); err != nil {
+	if err := sse.send(a.chunk(chunkChoice{FinishReason: &reason, StopReason: stopReason(resp)})); err != nil {
 		return err
 	}
 	if a.wire.StreamOptions != nil && a.wire.StreamOptions.IncludeUsage {
@@ -222,12 +240,19 @@ func (a answer) chunk(choices ...chunkChoice) chatChunk {
 	return chatChunk{ID: a.id, Object: "chat.completion.chunk", Created: a.created, Model: a.model, Choices: choices}
 }
 
-// deltaChunk carries one engine increment: its text, and its tokens' ids
-// and logprobs when asked. The engine's increments carry no alternatives,
-// so top_logprobs stay empty in a stream.
+// deltaChunk carries one engine increment: its text (or its tool-call
+// increments and its thinking, where the engine streams them), and its
+// tokens' ids and logprobs when asked. The engine's increments carry no
+// alternatives, so top_logprobs stay empty in a stream.
 func (a answer) deltaChunk(d inference.Delta) chatChunk {
 	text := d.Text
-	ch := chunkChoice{Delta: chunkDelta{Content: &text}}
+	ch := chunkChoice{Delta: chunkDelta{Content: &text, ReasoningContent: d.Reasoning}}
+	if len(d.ToolCalls) > 0 {
+		ch.Delta.ToolCalls = toolCallDeltas(d.ToolCalls)
+	}
+	if text == "" && (len(d.ToolCalls) > 0 || d.Reasoning != "") {
+		ch.Delta.Content = nil
+	}
 	if a.wire.ReturnTokenIDs {
 		ch.TokenIDs = d.TokenIDs
 	}
@@ -235,6 +260,22 @@ func (a answer) deltaChunk(d inference.Delta) chatChunk {
 		ch.Logprobs = a.logprobs(d.TokenIDs, d.Logprobs, nil)
 	}
 	return a.chunk(ch)
+}
+
+// toolCallDeltas are tool-call increments as a stream chunk carries them:
+// the first of a call with its id, type and name, later ones more
+// arguments.
+func toolCallDeltas(in []inference.ToolCallDelta) []openai.ToolCall {
+	out := make([]openai.ToolCall, len(in))
+	for i, d := range in {
+		idx := d.Index
+		out[i].Index, out[i].ID = &idx, d.ID
+		if d.ID != "" {
+			out[i].Type = "function"
+		}
+		out[i].Function.Name, out[i].Function.Arguments = d.Name, d.Arguments
+	}
+	return out
 }
 
 // eventWriter writes server-sent events. After a failed write it writes

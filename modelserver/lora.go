@@ -11,11 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/inference"
 )
 
 // loraError is a refused or failed load or unload, with vLLM's status,
@@ -79,56 +77,41 @@ func (s *Server) load(name, path string, inplace bool) error {
 		return &loraError{http.StatusInternalServerError, errInternal, fmt.Sprintf("Loading lora %s failed: %v", name, err)}
 	}
 	s.adapters[name] = a
-	s.lastPath[name] = path
+	s.engine.Loaded(name, path)
 	s.mu.Unlock()
 	// After the new path is registered, so no read of an older one stays.
-	s.engine.Evict(a.version)
+	s.engine.Evict(name)
 	s.cfg.Logger.Info(msgAdapterLoaded, "adapter", name, "path", path)
 	return nil
 }
 
-// prepare checks name and reads the checkpoint at path.
+// prepare has the engine check name and read the weights at path.
 func (s *Server) prepare(name, path string) (adapter, error) {
-	version, ok := s.adapterVersion(name)
-	if !ok {
-		return adapter{}, &loraError{http.StatusBadRequest, errInvalidInput, fmt.Sprintf(
-			"Loading lora %s failed: an adapter is named %s@v<N>, N its checkpoint's version", name, s.cfg.Name)}
-	}
-	m, stored, _, err := trainer.LoadCheckpoint(path)
+	maxLen, err := s.engine.Prepare(name, path)
 	if err != nil {
-		return adapter{}, &loraError{http.StatusNotFound, errNotFound, fmt.Sprintf(
-			"Loading lora %s failed: No adapter found for %s: %v", name, path, err)}
+		var ie *inference.Error
+		if errors.As(err, &ie) {
+			return adapter{}, &loraError{ie.Status, loraErrorType(ie.Status), ie.Message}
+		}
+		return adapter{}, &loraError{http.StatusInternalServerError, errInternal, fmt.Sprintf("Loading lora %s failed: %v", name, err)}
 	}
-	if stored != version {
-		return adapter{}, &loraError{http.StatusBadRequest, errInvalidInput, fmt.Sprintf(
-			"Loading lora %s failed: the checkpoint at %s holds version %d, not %d", name, path, stored, version)}
-	}
-	// The engine answers the base's version with the base: an adapter of
-	// that version must be the same weights, as it is when versions are
-	// immutable, or requests for it would get the wrong ones.
-	if version == s.baseVersion && (m.Config != s.base.Config || !slices.Equal(m.W, s.base.W)) {
-		return adapter{}, &loraError{http.StatusBadRequest, errInvalidInput, fmt.Sprintf(
-			"Loading lora %s failed: version %d is the base model's, and the checkpoint at %s holds other weights", name, version, path)}
-	}
-	return adapter{path: path, version: version, created: time.Now().Unix(), maxLen: m.Config.Context}, nil
+	return adapter{path: path, created: time.Now().Unix(), maxLen: maxLen}, nil
 }
 
-// adapterVersion reads N from "<Name>@v<N>", written canonically (the
-// engine names a version by its decimal form, so "v01" would never match).
-func (s *Server) adapterVersion(name string) (int64, bool) {
-	digits, ok := strings.CutPrefix(name, s.cfg.Name+"@v")
-	if !ok {
-		return 0, false
+// loraErrorType is the type vLLM names a refused load by: a bad request
+// is the user's input.
+func loraErrorType(status int) string {
+	if typ := errorType(status); typ != errBadRequest {
+		return typ
 	}
-	v, err := strconv.ParseInt(digits, 10, 64)
-	return v, err == nil && v >= 0 && strconv.FormatInt(v, 10) == digits
+	return errInvalidInput
 }
 
 // unload releases name; requests already running on it finish on the
 // weights they read.
 func (s *Server) unload(name string) error {
 	s.mu.Lock()
-	a, ok := s.adapters[name]
+	_, ok := s.adapters[name]
 	if !ok {
 		s.mu.Unlock()
 		return &loraError{http.StatusNotFound, errNotFound, fmt.Sprintf("The lora adapter '%s' cannot be found.", name)}
@@ -141,29 +124,9 @@ func (s *Server) unload(name string) error {
 	}
 	delete(s.adapters, name)
 	s.mu.Unlock()
-	s.engine.Evict(a.version)
+	s.engine.Evict(name)
 	s.cfg.Logger.Info(msgAdapterUnloaded, "adapter", name)
 	return nil
-}
-
-// loadVersion is the engine's Loader: it reads the checkpoint of
-// <Name>@v<version> from the path it was last loaded from.
-func (s *Server) loadVersion(version int64) (*trainer.Model, error) {
-	name := s.cfg.Name + "@v" + strconv.FormatInt(version, 10)
-	s.mu.RLock()
-	path, ok := s.lastPath[name]
-	s.mu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("adapter %s was never loaded", name)
-	}
-	m, stored, _, err := trainer.LoadCheckpoint(path)
-	if err != nil {
-		return nil, err
-	}
-	if stored != version {
-		return nil, fmt.Errorf("the checkpoint at %s now holds version %d, not %d", path, stored, version)
-	}
-	return m, nil
 }
 
 func (s *Server) pathsLocked() map[string]string {
@@ -294,7 +257,7 @@ func (s *Server) restore() error {
 			continue
 		}
 		s.adapters[name] = a
-		s.lastPath[name] = path
+		s.engine.Loaded(name, path)
 		s.cfg.Logger.Info(msgAdapterRestored, "adapter", name, "path", path)
 	}
 	return nil

@@ -1,8 +1,10 @@
-// Package modelserver is Flywheel's own model server: it serves the small
-// in-process policy (trainer.Engine) over vLLM's OpenAI-compatible HTTP
-// dialect, so the gateway's upstream backend, its release gates and its
-// weight sync reach the embedded policy exactly as they reach a vLLM
-// deployment with dynamic LoRA. It answers /v1/chat/completions (with
+// Package modelserver is Flywheel's own model server: it serves an Engine
+// over vLLM's OpenAI-compatible HTTP dialect. Its engine in production is
+// the small in-process policy (trainer.Engine; New), so the gateway's
+// upstream backend, its release gates and its weight sync reach the
+// embedded policy exactly as they reach a vLLM deployment with dynamic
+// LoRA. The tests' vLLM fake (internal/fakevllm) is this same server over
+// a scripted engine (NewWithEngine). It answers /v1/chat/completions (with
 // vLLM's token-id and logprob extensions, streamed or not), /tokenize,
 // /v1/models, /health, and /v1/load_lora_adapter and
 // /v1/unload_lora_adapter, where each trained version is an "adapter"
@@ -78,6 +80,12 @@ type Config struct {
 	// vLLM's max_cpu_loras); evicted ones reload from their path on
 	// demand. Registration is unbounded. Default 8.
 	KeepLoaded int
+	// BaseOnly serves the base alone, as vLLM without
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING: the adapter endpoints answer 404,
+	// and a request naming any model is answered by the base (vLLM would
+	// refuse a name it does not serve; a test fake stands behind
+	// deployments of any name). Default: false.
+	BaseOnly bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -115,36 +123,29 @@ func (c Config) validate() error {
 
 // adapter is one registered adapter.
 type adapter struct {
-	path    string
-	version int64
+	path string
 	// created is when it was loaded (its card's created).
 	created int64
-	// maxLen is its checkpoint's context.
+	// maxLen is its weights' context.
 	maxLen int
 }
 
-// Server serves one base policy and its adapters. It is an http.Handler.
+// Server serves one base model and its adapters. It is an http.Handler.
 type Server struct {
-	cfg         Config
-	engine      *trainer.Engine
-	mux         *http.ServeMux
-	base        *trainer.Model // read only: the engine owns it
-	baseVersion int64
-	maxLen      int   // the base's context
-	created     int64 // when the base was served
+	cfg     Config
+	engine  Engine
+	mux     *http.ServeMux
+	maxLen  int   // the base's context
+	created int64 // when the base was served
 
-	// mu guards the registry. Lock order: the engine's lock, then mu (the
-	// engine calls loadVersion while it holds its own), so nothing calls
-	// the engine while holding mu.
+	// mu guards the registry. Nothing calls the engine while holding it
+	// but Loaded, which must not call back.
 	mu       sync.RWMutex
 	adapters map[string]adapter
-	// lastPath is the latest path each name was loaded from. It outlives
-	// an unload, so a request admitted just before the unload still finds
-	// its weights when the engine has to read them.
-	lastPath map[string]string
 }
 
-// New serves base (version baseVersion) under cfg.Name.
+// New serves the policy base (version baseVersion) under cfg.Name; each
+// adapter is a whole checkpoint of the policy, named <Name>@v<N>.
 func New(base *trainer.Model, baseVersion int64, cfg Config) (*Server, error) {
 	if base == nil {
 		return nil, errors.New("model server: nil base model")
@@ -153,20 +154,23 @@ func New(base *trainer.Model, baseVersion int64, cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("model server config: %w", err)
 	}
-	s := &Server{cfg: cfg, base: base, baseVersion: baseVersion, maxLen: base.Config.Context, created: time.Now().Unix(),
-		adapters: map[string]adapter{}, lastPath: map[string]string{}}
-	engine, err := trainer.NewEngine(base, baseVersion, trainer.EngineConfig{
-		Name:             cfg.Name,
-		DefaultMaxTokens: cfg.DefaultMaxTokens,
-		// The engine's versions include the base, which it never evicts.
-		KeepVersions: cfg.KeepLoaded + 1,
-		Loader:       s.loadVersion,
-		Logger:       cfg.Logger,
-	})
+	p, err := newPolicy(base, baseVersion, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("model server: %w", err)
 	}
-	s.engine = engine
+	return NewWithEngine(p, cfg)
+}
+
+// NewWithEngine serves engine under cfg.Name.
+func NewWithEngine(engine Engine, cfg Config) (*Server, error) {
+	if engine == nil {
+		return nil, errors.New("model server: nil engine")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("model server config: %w", err)
+	}
+	s := &Server{cfg: cfg, engine: engine, maxLen: engine.MaxLen(), created: time.Now().Unix(), adapters: map[string]adapter{}}
 	if cfg.StateFile != "" {
 		if err := os.MkdirAll(filepath.Dir(cfg.StateFile), 0o755); err != nil {
 			return nil, fmt.Errorf("model server: state file directory: %w", err)
@@ -186,8 +190,10 @@ func (s *Server) routes() {
 	s.mux.Handle("/v1/chat/completions", only(http.MethodPost, s.handleChat))
 	s.mux.Handle("/tokenize", only(http.MethodPost, s.handleTokenize))
 	s.mux.Handle("/v1/tokenize", only(http.MethodPost, s.handleTokenize))
-	s.mux.Handle("/v1/load_lora_adapter", only(http.MethodPost, s.handleLoad))
-	s.mux.Handle("/v1/unload_lora_adapter", only(http.MethodPost, s.handleUnload))
+	if !s.cfg.BaseOnly {
+		s.mux.Handle("/v1/load_lora_adapter", only(http.MethodPost, s.handleLoad))
+		s.mux.Handle("/v1/unload_lora_adapter", only(http.MethodPost, s.handleUnload))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		// FastAPI's answer to a route it does not have.
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
@@ -216,7 +222,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // a registered adapter is not served, even while the engine still holds
 // its weights.
 func (s *Server) resolve(model string) (version string, maxLen int, ok bool) {
-	if model == "" || model == s.cfg.Name {
+	if model == "" || model == s.cfg.Name || s.cfg.BaseOnly {
 		return "", s.maxLen, true // vLLM answers a request without a model with the base
 	}
 	s.mu.RLock()

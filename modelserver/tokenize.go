@@ -6,7 +6,6 @@ import (
 
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/protocol/openai"
-	"github.com/flywheel-ai/flywheel/trainer"
 )
 
 // tokenizeRequest is vLLM's TokenizeChatRequest or, without messages,
@@ -28,10 +27,6 @@ type tokenizeResponse struct {
 	Tokens      []int `json:"tokens"`
 }
 
-// generationPrompt is what trainer.RenderPrompt appends after the
-// messages: the start of the assistant's turn.
-var generationPrompt = append([]int{trainer.TokImStart}, trainer.Tokenizer{}.Encode(inference.RoleAssistant+"\n")...)
-
 // handleTokenize is POST /tokenize: the ids a completion of the same
 // messages conditions on (what Engine.CountTokens counts), or a prompt's.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -48,12 +43,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case req.Messages != nil:
 		var err error
-		if ids, err = chatTokens(&req); err != nil {
+		if ids, err = s.chatTokens(&req); err != nil {
 			writeError(w, http.StatusBadRequest, errBadRequest, err.Error())
 			return
 		}
 	case req.Prompt != nil:
-		ids = trainer.Tokenizer{}.Encode(*req.Prompt)
+		ids = s.engine.Encode(*req.Prompt)
 	default:
 		writeError(w, http.StatusBadRequest, errBadRequest, "either messages or prompt is required")
 		return
@@ -61,7 +56,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(ids), MaxModelLen: maxLen, Tokens: ids})
 }
 
-func chatTokens(req *tokenizeRequest) ([]int, error) {
+func (s *Server) chatTokens(req *tokenizeRequest) ([]int, error) {
 	msgs, err := messages(req.Messages)
 	if err != nil {
 		return nil, err
@@ -74,12 +69,6 @@ func chatTokens(req *tokenizeRequest) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids, err := trainer.RenderPrompt(msgs, tls, choice, nil)
-	if err != nil {
-		return nil, err
-	}
-	if req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt {
-		ids = ids[:len(ids)-len(generationPrompt)]
-	}
-	return ids, nil
+	withGenerationPrompt := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	return s.engine.PromptTokens(&inference.Request{Messages: msgs, Tools: tls, ToolChoice: choice}, withGenerationPrompt)
 }

@@ -229,13 +229,17 @@ type completionChoice struct {
 	Message      wireMessage   `json:"message"`
 	Logprobs     *wireLogprobs `json:"logprobs"`
 	FinishReason string        `json:"finish_reason"`
+	StopReason   *string       `json:"stop_reason,omitempty"`
 	TokenIDs     []int         `json:"token_ids,omitempty"`
 }
 
 type wireMessage struct {
-	Role      string            `json:"role"`
-	Content   *string           `json:"content"`
-	ToolCalls []openai.ToolCall `json:"tool_calls"`
+	Role    string  `json:"role"`
+	Content *string `json:"content"`
+	// ReasoningContent is exposed thinking, as vLLM's reasoning parser
+	// returns it, where the engine has any.
+	ReasoningContent string            `json:"reasoning_content,omitempty"`
+	ToolCalls        []openai.ToolCall `json:"tool_calls"`
 }
 
 type wireLogprobs struct {
@@ -272,13 +276,15 @@ type chunkChoice struct {
 	Delta        chunkDelta    `json:"delta"`
 	Logprobs     *wireLogprobs `json:"logprobs,omitempty"`
 	FinishReason *string       `json:"finish_reason"`
+	StopReason   *string       `json:"stop_reason,omitempty"`
 	TokenIDs     []int         `json:"token_ids,omitempty"`
 }
 
 type chunkDelta struct {
-	Role      string            `json:"role,omitempty"`
-	Content   *string           `json:"content,omitempty"`
-	ToolCalls []openai.ToolCall `json:"tool_calls,omitempty"`
+	Role             string            `json:"role,omitempty"`
+	Content          *string           `json:"content,omitempty"`
+	ReasoningContent string            `json:"reasoning_content,omitempty"`
+	ToolCalls        []openai.ToolCall `json:"tool_calls,omitempty"`
 }
 
 // errorBody is vLLM's ErrorResponse.
