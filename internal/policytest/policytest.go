@@ -1,5 +1,5 @@
 // Package policytest serves the built-in policy to tests the way
-// `flywheel up` serves it: its own model server (inference/modelserver, in
+// `flywheel up` serves it: its own model server (modelserver, in
 // vLLM's dialect) on an HTTP listener, registered as the policy's upstream
 // deployment with vLLM's runtime LoRA weight sync, and the serving
 // version loaded into it by name. A test of the default policy through the
