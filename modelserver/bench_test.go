@@ -28,18 +28,7 @@ import (
 // their median in a phase without swaps, measured first in the same run.
 func BenchmarkWeightSwap(b *testing.B) {
 	ctx := context.Background()
-	dir := trainer.CheckpointDir{Dir: b.TempDir()}
-	versions := b.N + 1
-	paths := make([]string, versions+1)
-	for v := 1; v <= versions; v++ {
-		m, err := trainer.NewModel(trainer.ModelConfig{}, uint64(v))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if paths[v], err = dir.Save(m, int64(v), nil); err != nil {
-			b.Fatal(err)
-		}
-	}
+	paths := savedVersions(b, b.N+1)
 	base, err := trainer.NewModel(trainer.ModelConfig{}, 1000)
 	if err != nil {
 		b.Fatal(err)
@@ -128,6 +117,22 @@ func BenchmarkWeightSwap(b *testing.B) {
 	if len(quiet) > 0 && len(swapped) > 0 {
 		b.ReportMetric(float64(median(swapped))/float64(median(quiet)), "latency-during/quiet")
 	}
+}
+
+// savedVersions saves versions 1 to n of a policy; paths[v] is version v's.
+func savedVersions(b *testing.B, n int) []string {
+	dir := trainer.CheckpointDir{Dir: b.TempDir()}
+	paths := make([]string, n+1)
+	for v := 1; v <= n; v++ {
+		m, err := trainer.NewModel(trainer.ModelConfig{}, uint64(v))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if paths[v], err = dir.Save(m, int64(v), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return paths
 }
 
 func median(xs []time.Duration) time.Duration {

@@ -70,33 +70,7 @@ func TestWeightSyncLoadsAndServesVersions(t *testing.T) {
 	require.ErrorContains(t, ws.Load(ctx, v1, p2), "is loaded from")
 	require.ErrorContains(t, e.srv.Load(v1, p1), "has already been loaded")
 
-	// Refusals, each with vLLM's status.
-	refusals := []struct {
-		name, path string
-		status     int
-		message    string
-	}{
-		{"other@v1", p1, 400, "an adapter is named policy@v<N>"},
-		{served + "@v01", p1, 400, "an adapter is named policy@v<N>"},
-		{served, p1, 400, "an adapter is named policy@v<N>"},
-		{served + "@v3", p1, 400, "holds version 1, not 3"},
-		{served + "@v4", filepath.Join(t.TempDir(), "missing.safetensors"), 404, "Loading lora policy@v4 failed: No adapter found for "},
-		{served + "@v5", t.TempDir(), 404, "No adapter found for "},
-	}
-	for _, r := range refusals {
-		err := ws.Load(ctx, r.name, r.path)
-		var we *weightsync.Error
-		require.ErrorAs(t, err, &we, r.name)
-		require.Equal(t, r.status, we.Status, r.name)
-		require.Contains(t, we.Message, r.message, r.name)
-		require.False(t, weightsync.Temporary(err))
-	}
-	status, body = e.post(t, "/v1/load_lora_adapter", map[string]string{"lora_name": served + "@v6"})
-	require.Equal(t, http.StatusBadRequest, status)
-	require.Equal(t, "Both 'lora_name' and 'lora_path' must be provided.", body["message"])
-	status, body = e.post(t, "/v1/load_lora_adapter", `{"lora_name":`)
-	require.Equal(t, http.StatusBadRequest, status)
-	requireVLLMError(t, 400, "InvalidUserInput", body)
+	requireLoadRefusals(t, e, ws, p1)
 	require.Equal(t, want, e.srv.Adapters(), "nothing refused was registered")
 
 	// Unload: the name is no longer served.
@@ -139,6 +113,37 @@ func TestWeightSyncLoadsAndServesVersions(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, "Success: LoRA adapter '"+v2+"' removed successfully.", body["text"])
 	require.Equal(t, map[string]string{v1: p1b}, e.srv.Adapters())
+}
+
+// requireLoadRefusals: loads refused, each with vLLM's status and words.
+func requireLoadRefusals(t *testing.T, e *env, ws weightsync.Engine, p1 string) {
+	t.Helper()
+	refusals := []struct {
+		name, path string
+		status     int
+		message    string
+	}{
+		{"other@v1", p1, 400, "an adapter is named policy@v<N>"},
+		{served + "@v01", p1, 400, "an adapter is named policy@v<N>"},
+		{served, p1, 400, "an adapter is named policy@v<N>"},
+		{served + "@v3", p1, 400, "holds version 1, not 3"},
+		{served + "@v4", filepath.Join(t.TempDir(), "missing.safetensors"), 404, "Loading lora policy@v4 failed: No adapter found for "},
+		{served + "@v5", t.TempDir(), 404, "No adapter found for "},
+	}
+	for _, r := range refusals {
+		err := ws.Load(context.Background(), r.name, r.path)
+		var we *weightsync.Error
+		require.ErrorAs(t, err, &we, r.name)
+		require.Equal(t, r.status, we.Status, r.name)
+		require.Contains(t, we.Message, r.message, r.name)
+		require.False(t, weightsync.Temporary(err))
+	}
+	status, body := e.post(t, "/v1/load_lora_adapter", map[string]string{"lora_name": served + "@v6"})
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Equal(t, "Both 'lora_name' and 'lora_path' must be provided.", body["message"])
+	status, body = e.post(t, "/v1/load_lora_adapter", `{"lora_name":`)
+	require.Equal(t, http.StatusBadRequest, status)
+	requireVLLMError(t, 400, "InvalidUserInput", body)
 }
 
 // TestModelsListsBaseAndAdapters checks the cards themselves.

@@ -42,14 +42,7 @@ func TestNoFailedRequestDuringSwaps(t *testing.T) {
 	// generation waits inside the engine, on v1's weights, across the unload.
 	want := direct(t, m1, greedy("hi", ""))
 	require.Greater(t, len(want.CompletionTokenIDs), 3, "the paused stream is mid-generation")
-	paused := &pausingWriter{ResponseRecorder: httptest.NewRecorder(), at: 3, blocked: make(chan struct{}), release: make(chan struct{})}
-	pausedDone := make(chan struct{})
-	go func() {
-		defer close(pausedDone)
-		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":16,"temperature":0,"stream":true,"logprobs":true,"return_token_ids":true}`, v1)
-		e.srv.ServeHTTP(paused, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
-	}()
-	<-paused.blocked
+	paused, pausedDone := pausedStream(e, v1)
 
 	var (
 		routeMu  sync.RWMutex
@@ -133,6 +126,21 @@ func TestNoFailedRequestDuringSwaps(t *testing.T) {
 	require.Zero(t, failures.Load(), "first failure: %v", firstErr.Load())
 	status, _ := e.post(t, "/v1/chat/completions", map[string]any{"model": v1, "messages": []map[string]string{{"role": "user", "content": "hi"}}})
 	require.Equal(t, http.StatusNotFound, status, "v1 is gone for new requests")
+}
+
+// pausedStream starts a stream on version whose client stops reading
+// after its third write; it waits there until paused.release is closed,
+// and done is closed once the stream has finished.
+func pausedStream(e *env, version string) (paused *pausingWriter, done chan struct{}) {
+	paused = &pausingWriter{ResponseRecorder: httptest.NewRecorder(), at: 3, blocked: make(chan struct{}), release: make(chan struct{})}
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":16,"temperature":0,"stream":true,"logprobs":true,"return_token_ids":true}`, version)
+		e.srv.ServeHTTP(paused, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+	}()
+	<-paused.blocked
+	return paused, done
 }
 
 // pausingWriter blocks its at-th write until release: a client that stops
