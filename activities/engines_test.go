@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
@@ -19,7 +20,6 @@ import (
 	"github.com/flywheel-ai/flywheel/internal/policytest"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestGatesAnswerOnTheDeploymentsOwnEngine: a release of an upstream
@@ -45,8 +45,8 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	a, err := store.CreateArtefact(ctx, db, "team", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := workflows.GateInput{Deployment: "team", Layer: workflows.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: workflows.GateRegression, Policy: gp}
-	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	in := flow.GateInput{Deployment: "team", Layer: flow.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
+	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.NotEvaluated, res.Reason)
@@ -56,8 +56,8 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	require.Zero(t, policy.Completions.Load(), "the policy's model server was not asked about another model")
 
 	// A policy no engine here reaches: nothing can answer for it.
-	in.Deployment, in.Layer, in.Candidate = "elsewhere", workflows.LayerWeights, "elsewhere@v2"
-	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	in.Deployment, in.Layer, in.Candidate = "elsewhere", flow.LayerWeights, "elsewhere@v2"
+	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.True(t, res.NotEvaluated)
@@ -97,12 +97,12 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 	require.NoError(t, err)
 	seedBananaSuite(t, db, "qwen", "name a fruit")
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
-	sync, err := r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "qwen", Candidate: "qwen@v1"})
+	sync, err := r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "qwen", Candidate: "qwen@v1"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"qwen@v1"}, sync.Loaded, "the release loads its candidate first")
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v1", Gate: workflows.GateRegression, Policy: gp}
-	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v1", Gate: flow.GateRegression, Policy: gp}
+	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.NotEvaluated, res.Reason)
@@ -145,9 +145,9 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	seedBananaSuite(t, db, "qwen", "say banana")
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	for _, gate := range []string{workflows.GateShadow, workflows.GateReplay, workflows.GateRegression, workflows.GateSafety} {
-		in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
-		in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	for _, gate := range []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety} {
+		in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
+		in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err, gate)
 		require.False(t, res.Passed, "%s: %s", gate, res.Reason)
@@ -170,8 +170,8 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	// serving harness: judged, on the deployment's own engine.
 	a, err := store.CreateArtefact(ctx, db, "qwen", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
-	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: workflows.GateRegression, Policy: gp}
-	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
+	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.NotEvaluated, res.Reason)
@@ -195,9 +195,9 @@ func TestDeploymentGatesWin(t *testing.T) {
 	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ('qwen@v1', 'qwen', 'serving'), ('qwen@v2', 'qwen', 'candidate')`)
 	require.NoError(t, err)
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
-	in := workflows.GateInput{Deployment: "qwen", Layer: workflows.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
-		Gate: workflows.GateShadow, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
-	in.ReleaseID = beginRelease(t, r, workflows.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
+	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
+		Gate: flow.GateShadow, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
+	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.True(t, res.NotEvaluated)

@@ -17,9 +17,9 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
@@ -56,7 +56,7 @@ func (e *Evolution) now() time.Time {
 }
 
 // ComputeEvidence measures the window ending now against the one before.
-func (e *Evolution) ComputeEvidence(ctx context.Context, in workflows.EvidenceInput) (evolution.Evidence, error) {
+func (e *Evolution) ComputeEvidence(ctx context.Context, in flow.EvidenceInput) (evolution.Evidence, error) {
 	if in.Window <= 0 {
 		return evolution.Evidence{}, temporal.NewNonRetryableApplicationError("evidence window must be positive", "BadInput", nil)
 	}
@@ -109,7 +109,7 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in workflows.EvidenceIn
 	if ev.QueuedSamples, _, err = store.QueueStats(ctx, e.DB, in.Deployment); err != nil {
 		return evolution.Evidence{}, err
 	}
-	if ev.ServingVersion, err = store.ServingOf(ctx, e.DB, in.Deployment, workflows.LayerWeights); err != nil {
+	if ev.ServingVersion, err = store.ServingOf(ctx, e.DB, in.Deployment, flow.LayerWeights); err != nil {
 		return evolution.Evidence{}, err
 	}
 	if ev.ServingVersion != "" {
@@ -134,7 +134,7 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in workflows.EvidenceIn
 }
 
 // RecordDecision stores the decision and its evidence.
-func (e *Evolution) RecordDecision(ctx context.Context, in workflows.RecordDecisionInput) (int64, error) {
+func (e *Evolution) RecordDecision(ctx context.Context, in flow.RecordDecisionInput) (int64, error) {
 	raw, err := json.Marshal(struct {
 		evolution.Evidence
 		Trigger string `json:"trigger,omitempty"`
@@ -156,16 +156,16 @@ func (e *Evolution) RecordDecision(ctx context.Context, in workflows.RecordDecis
 }
 
 // ProposeArtefact writes the candidate artefact the decision calls for.
-func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArtefactInput) (workflows.ProposeArtefactOutput, error) {
+func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefactInput) (flow.ProposeArtefactOutput, error) {
 	serving, err := store.ServingArtefacts(ctx, e.DB, in.Deployment)
 	if err != nil {
-		return workflows.ProposeArtefactOutput{}, err
+		return flow.ProposeArtefactOutput{}, err
 	}
 	var cur evolution.ArtefactSet
 	for _, a := range serving {
 		if a.Kind == in.Kind {
 			if err := cur.Decode(a.Kind, a.Content); err != nil {
-				return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadData", err)
+				return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadData", err)
 			}
 		}
 	}
@@ -180,11 +180,11 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 		now := e.now()
 		corr, err := store.Corrections(ctx, e.DB, in.Deployment, now.Add(-window), now, 50)
 		if err != nil {
-			return workflows.ProposeArtefactOutput{}, err
+			return flow.ProposeArtefactOutput{}, err
 		}
 		lessons := e.lessons(corr)
 		if len(lessons) == 0 {
-			return workflows.ProposeArtefactOutput{Reason: "no corrected answers to learn from in the window"}, nil
+			return flow.ProposeArtefactOutput{Reason: "no corrected answers to learn from in the window"}, nil
 		}
 		var old evolution.Playbook
 		if cur.Playbook != nil {
@@ -203,7 +203,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 		}
 		h := evolution.Harness{System: evolution.HarnessFor(old, in.Evidence)}
 		if h.System == old {
-			return workflows.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
+			return flow.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
 		}
 		content, items = h, 1
 	case evolution.KindToolSchema:
@@ -214,7 +214,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 			}
 		}
 		if f == nil || f.Tenant == "" {
-			return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q of tenant %q is not in the evidence", in.Target, in.Tenant), "BadInput", nil)
+			return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q of tenant %q is not in the evidence", in.Target, in.Tenant), "BadInput", nil)
 		}
 		ts := evolution.ToolSchema{Tenants: map[string]map[string]evolution.ToolOverride{}}
 		if cur.ToolSchema != nil {
@@ -230,18 +230,18 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in workflows.ProposeArt
 		ts.Tenants[f.Tenant] = mine
 		content, items = ts, len(mine)
 	default:
-		return workflows.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown artefact kind %q", in.Kind), "BadInput", nil)
+		return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown artefact kind %q", in.Kind), "BadInput", nil)
 	}
 	raw, err := json.Marshal(content)
 	if err != nil {
-		return workflows.ProposeArtefactOutput{}, fmt.Errorf("encode %s: %w", in.Kind, err)
+		return flow.ProposeArtefactOutput{}, fmt.Errorf("encode %s: %w", in.Kind, err)
 	}
 	a, err := store.CreateArtefact(ctx, e.DB, in.Deployment, in.Kind, raw, in.Key)
 	if err != nil {
-		return workflows.ProposeArtefactOutput{}, err
+		return flow.ProposeArtefactOutput{}, err
 	}
 	e.logger().Info(msgArtefactProposed, "deployment", in.Deployment, "kind", in.Kind, "version", a.Version, "items", items)
-	return workflows.ProposeArtefactOutput{Version: a.Version, Items: items}, nil
+	return flow.ProposeArtefactOutput{Version: a.Version, Items: items}, nil
 }
 
 // lessons turns corrected answers into playbook items of their tenants,
@@ -279,7 +279,7 @@ func firstWords(s string, n int) string {
 
 // RequestTraining signals the deployment's TrainingWorkflow to train now,
 // starting it if it is not running.
-func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTrainingInput) error {
+func (e *Evolution) RequestTraining(ctx context.Context, in flow.RequestTrainingInput) error {
 	if e.Temporal == nil {
 		return temporal.NewNonRetryableApplicationError("request training: no Temporal client on this worker", "BadInput", nil)
 	}
@@ -293,9 +293,9 @@ func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTra
 			return err
 		}
 	}
-	_, err := e.Temporal.SignalWithStartWorkflow(ctx, workflows.TrainingWorkflowID(in.Deployment), workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: workflows.TrainingWorkflowID(in.Deployment), TaskQueue: workflows.TaskQueue},
-		workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: in.Deployment, Policy: in.Policy})
+	_, err := e.Temporal.SignalWithStartWorkflow(ctx, flow.TrainingWorkflowID(in.Deployment), flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: flow.TrainingWorkflowID(in.Deployment), TaskQueue: flow.TaskQueue},
+		flow.TrainingWorkflowName, flow.TrainingInput{Deployment: in.Deployment, Policy: in.Policy})
 	if err != nil {
 		return fmt.Errorf("signal-with-start training of %s: %w", in.Deployment, err)
 	}
@@ -303,7 +303,7 @@ func (e *Evolution) RequestTraining(ctx context.Context, in workflows.RequestTra
 }
 
 // RollbackVersion makes in.To serve again and returns what served before.
-func (e *Evolution) RollbackVersion(ctx context.Context, in workflows.RollbackInput) (string, error) {
+func (e *Evolution) RollbackVersion(ctx context.Context, in flow.RollbackInput) (string, error) {
 	from, err := store.RollbackTo(ctx, e.DB, in.Deployment, in.To, in.Reason)
 	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrCannotServe) {
 		return "", temporal.NewNonRetryableApplicationError(err.Error(), "BadData", err)

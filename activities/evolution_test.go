@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // seedCall writes one interaction with the given messages and answer at t.
@@ -72,7 +72,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	}
 
 	e := &Evolution{DB: db, Redactor: newRedactor(t), Now: func() time.Time { return now }}
-	ev, err := e.ComputeEvidence(ctx, workflows.EvidenceInput{Deployment: "dep", Window: time.Hour})
+	ev, err := e.ComputeEvidence(ctx, flow.EvidenceInput{Deployment: "dep", Window: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, 4, ev.Sessions)
 	require.Equal(t, 4, ev.RewardedSessions)
@@ -92,7 +92,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	d := evolution.Decide(ev, evolution.Thresholds{MinSessions: 4, MinToolCalls: 2, ToolFailureRate: 0.8})
 	require.Equal(t, evolution.DecisionToolSchema, d.Kind)
 	require.Equal(t, "acme", d.Tenant, "acme's cluster fails often enough; globex's does not")
-	id, err := e.RecordDecision(ctx, workflows.RecordDecisionInput{Deployment: "dep", Decision: d, Evidence: ev, Trigger: "test"})
+	id, err := e.RecordDecision(ctx, flow.RecordDecisionInput{Deployment: "dep", Decision: d, Evidence: ev, Trigger: "test"})
 	require.NoError(t, err)
 	rows, err := store.ListDecisions(ctx, db, "dep", 10)
 	require.NoError(t, err)
@@ -100,7 +100,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, id, rows[0].ID)
 	require.Contains(t, string(rows[0].Evidence), `"correction_rate": 0.5`)
 
-	ts, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
+	ts, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
 	require.NoError(t, err)
 	require.Equal(t, 1, ts.Version)
 	a, err := store.ArtefactVersion(ctx, db, "dep", evolution.KindToolSchema, "1")
@@ -110,7 +110,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Contains(t, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Description, "month must be a number")
 	require.Equal(t, []string{"new-0", "new-2"}, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Sessions)
 	require.NotContains(t, tools.ToolSchema.Tenants, "globex", "acme's tool override is acme's alone")
-	_, err = e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
+	_, err = e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
 	require.ErrorContains(t, err, "not in the evidence")
 
 	// A tenant that does not train by default corrects the agent too: its
@@ -121,13 +121,13 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	seedReward(t, db, "initech", "private-1", &oid, -1, false)
 	seedCall(t, db, "initech", "private-1", "dep", 1, append(optedOut, inference.Message{Role: "assistant", Content: "I do not know."},
 		inference.Message{Role: "user", Content: "No, it is BLUEBIRD-42"}), "Noted.", now.Add(-7*time.Minute))
-	again, err := e.ComputeEvidence(ctx, workflows.EvidenceInput{Deployment: "dep", Window: time.Hour})
+	again, err := e.ComputeEvidence(ctx, flow.EvidenceInput{Deployment: "dep", Window: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, 4, again.Sessions, "an opted-out session is not evidence for any layer")
 	require.Equal(t, 2, again.Tenants)
 	require.Equal(t, ev.CorrectionRate, again.CorrectionRate)
 
-	pb, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
+	pb, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
 	require.NoError(t, err)
 	require.Equal(t, 1, pb.Version)
 	require.Equal(t, 2, pb.Items, "the same correction from two tenants is two lessons, one for each")
@@ -146,13 +146,13 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.NotContains(t, string(a.Content), "bob@example.com", "lessons are redacted before other sessions see them")
 	require.NotContains(t, string(a.Content), "BLUEBIRD", "an opted-out session feeds no artefact")
 
-	h, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindHarness, Evidence: ev, Key: "w3"})
+	h, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindHarness, Evidence: ev, Key: "w3"})
 	require.NoError(t, err)
 	require.Equal(t, 1, h.Version)
 
 	// Nothing corrected in an empty window: nothing to propose.
 	e.Now = func() time.Time { return now.Add(24 * time.Hour) }
-	none, err := e.ProposeArtefact(ctx, workflows.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Window: time.Hour, Key: "w4"})
+	none, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Window: time.Hour, Key: "w4"})
 	require.NoError(t, err)
 	require.Zero(t, none.Version)
 	require.NotEmpty(t, none.Reason)
@@ -163,10 +163,10 @@ func TestRollbackVersion(t *testing.T) {
 	ctx := context.Background()
 	seedVersions(t, db, "dep", "dep@v2", "dep@v1")
 	e := &Evolution{DB: db}
-	from, err := e.RollbackVersion(ctx, workflows.RollbackInput{Deployment: "dep", To: "dep@v1", Reason: "reward fell"})
+	from, err := e.RollbackVersion(ctx, flow.RollbackInput{Deployment: "dep", To: "dep@v1", Reason: "reward fell"})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", from)
-	serving, err := store.ServingOf(ctx, db, "dep", workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, db, "dep", flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, "dep@v1", serving)
 	var status, why string
@@ -177,8 +177,8 @@ func TestRollbackVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "rolled_back", rel[0].Status)
 
-	_, err = e.RollbackVersion(ctx, workflows.RollbackInput{Deployment: "dep", To: "dep@v2", Reason: "x"})
+	_, err = e.RollbackVersion(ctx, flow.RollbackInput{Deployment: "dep", To: "dep@v2", Reason: "x"})
 	require.ErrorContains(t, err, "cannot serve")
-	_, err = e.RollbackVersion(ctx, workflows.RollbackInput{Deployment: "dep", To: "dep@v9", Reason: "x"})
+	_, err = e.RollbackVersion(ctx, flow.RollbackInput{Deployment: "dep", To: "dep@v9", Reason: "x"})
 	require.ErrorContains(t, err, "not found")
 }

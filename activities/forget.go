@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const msgVersionsRetired = "model versions retired for a forget request"
@@ -23,13 +23,13 @@ type Forget struct {
 
 // RetireForgotten retires the versions trained on a forget request's data
 // and deletes their checkpoints where this worker can reach them.
-func (f *Forget) RetireForgotten(ctx context.Context, in workflows.ForgetInput) (workflows.ForgetResult, error) {
+func (f *Forget) RetireForgotten(ctx context.Context, in flow.ForgetInput) (flow.ForgetResult, error) {
 	out, err := store.RetireForgotten(ctx, f.DB, in.RequestID)
 	if errors.Is(err, store.ErrNotFound) {
-		return workflows.ForgetResult{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.ForgetResult{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	if err != nil {
-		return workflows.ForgetResult{}, err
+		return flow.ForgetResult{}, err
 	}
 	removed := 0
 	for _, p := range out.Checkpoints {
@@ -42,6 +42,6 @@ func (f *Forget) RetireForgotten(ctx context.Context, in workflows.ForgetInput) 
 		logger = slog.Default()
 	}
 	logger.Info(msgVersionsRetired, "request_id", in.RequestID, "retired", out.Affected, "rollbacks", out.Rollbacks, "checkpoints_removed", removed)
-	return workflows.ForgetResult{Sessions: len(out.Sessions), Retired: out.Affected, Rollbacks: out.Rollbacks, Checkpoints: removed,
+	return flow.ForgetResult{Sessions: len(out.Sessions), Retired: out.Affected, Rollbacks: out.Rollbacks, Checkpoints: removed,
 		Restart: out.Restart}, nil
 }

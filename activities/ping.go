@@ -7,8 +7,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Ping answers workflows.PingWorkflow.
@@ -19,10 +19,10 @@ type Ping struct {
 }
 
 // Ping reads the database version, proving the worker reaches Postgres.
-func (p *Ping) Ping(ctx context.Context, in workflows.PingInput) (workflows.PingOutput, error) {
+func (p *Ping) Ping(ctx context.Context, in flow.PingInput) (flow.PingOutput, error) {
 	var version string
 	if err := p.DB.QueryRow(ctx, `SHOW server_version`).Scan(&version); err != nil {
-		return workflows.PingOutput{}, fmt.Errorf("read postgres version: %w", err)
+		return flow.PingOutput{}, fmt.Errorf("read postgres version: %w", err)
 	}
-	return workflows.PingOutput{Note: in.Note, Postgres: version, Worker: p.Worker, Compute: p.Compute}, nil
+	return flow.PingOutput{Note: in.Note, Postgres: version, Worker: p.Worker, Compute: p.Compute}, nil
 }

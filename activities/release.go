@@ -13,11 +13,11 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
@@ -56,24 +56,24 @@ type Release struct {
 }
 
 // BeginRelease writes (or finds) the release row of this workflow.
-func (r *Release) BeginRelease(ctx context.Context, in workflows.ReleaseInput) (workflows.BeginReleaseOutput, error) {
+func (r *Release) BeginRelease(ctx context.Context, in flow.ReleaseInput) (flow.BeginReleaseOutput, error) {
 	rel, err := store.BeginRelease(ctx, r.DB, store.Release{
 		Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate, Baseline: in.Baseline,
 		WorkflowID: workflowID(ctx), Reason: in.Reason,
 	})
 	if err != nil {
-		return workflows.BeginReleaseOutput{}, err
+		return flow.BeginReleaseOutput{}, err
 	}
-	return workflows.BeginReleaseOutput{ReleaseID: rel.ID, Baseline: rel.Baseline}, nil
+	return flow.BeginReleaseOutput{ReleaseID: rel.ID, Baseline: rel.Baseline}, nil
 }
 
 // SetReleasePhase records the phase and the canary share the gateway routes.
-func (r *Release) SetReleasePhase(ctx context.Context, in workflows.SetPhaseInput) error {
+func (r *Release) SetReleasePhase(ctx context.Context, in flow.SetPhaseInput) error {
 	return store.SetReleasePhase(ctx, r.DB, in.ReleaseID, in.Phase, in.CanaryShare)
 }
 
 // FinishRelease promotes or rolls back.
-func (r *Release) FinishRelease(ctx context.Context, in workflows.FinishReleaseInput) error {
+func (r *Release) FinishRelease(ctx context.Context, in flow.FinishReleaseInput) error {
 	if err := store.FinishRelease(ctx, r.DB, in.ReleaseID, in.Status, in.Reason); err != nil {
 		return err
 	}
@@ -84,25 +84,25 @@ func (r *Release) FinishRelease(ctx context.Context, in workflows.FinishReleaseI
 
 // EvaluateGate computes one gate's numbers, records them in gate_results
 // and returns the verdict.
-func (r *Release) EvaluateGate(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+func (r *Release) EvaluateGate(ctx context.Context, in flow.GateInput) (flow.GateResult, error) {
 	var err error
 	if in.Policy, err = gatePolicy(ctx, r.DB, in.Deployment, in.Policy); err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	if in.SetPhase {
 		if err := store.SetReleasePhase(ctx, r.DB, in.ReleaseID, in.Gate, 0); err != nil {
-			return workflows.GateResult{}, err
+			return flow.GateResult{}, err
 		}
 	}
-	var res workflows.GateResult
+	var res flow.GateResult
 	switch in.Gate {
-	case workflows.GateShadow:
+	case flow.GateShadow:
 		res, err = r.shadow(ctx, in)
-	case workflows.GateReplay:
+	case flow.GateReplay:
 		res, err = r.replay(ctx, in)
-	case workflows.GateRegression, workflows.GateSafety:
+	case flow.GateRegression, flow.GateSafety:
 		res, err = r.suite(ctx, in)
-	case workflows.GateCanary:
+	case flow.GateCanary:
 		res, err = r.canary(ctx, in)
 	default:
 		return res, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown gate %q", in.Gate), "BadInput", nil)
@@ -165,7 +165,7 @@ func (r *Release) weightsVariant(ctx context.Context, deployment, version string
 }
 
 // variants builds the candidate and baseline sides of a comparison.
-func (r *Release) variants(ctx context.Context, in workflows.GateInput) (cand, base variant, err error) {
+func (r *Release) variants(ctx context.Context, in flow.GateInput) (cand, base variant, err error) {
 	kind := store.ArtefactKind(in.Layer)
 	if kind == "" {
 		if cand, err = r.weightsVariant(ctx, in.Deployment, in.Candidate); err != nil {
@@ -179,7 +179,7 @@ func (r *Release) variants(ctx context.Context, in workflows.GateInput) (cand, b
 	if err != nil {
 		return cand, base, err
 	}
-	weights, err := store.ServingOf(ctx, r.DB, in.Deployment, workflows.LayerWeights)
+	weights, err := store.ServingOf(ctx, r.DB, in.Deployment, flow.LayerWeights)
 	if err != nil {
 		return cand, base, err
 	}
@@ -235,7 +235,7 @@ func (r *Release) answers(ctx context.Context, deployment string) (bool, error) 
 // its engine holds one set of weights, replaced in place, so a weights
 // candidate has no engine to answer on beside the serving version. Such a
 // gate is not evaluated; it is never judged on other weights.
-func (r *Release) unevaluable(ctx context.Context, in workflows.GateInput) (string, error) {
+func (r *Release) unevaluable(ctx context.Context, in flow.GateInput) (string, error) {
 	if ok, err := r.answers(ctx, in.Deployment); !ok || err != nil {
 		return "no engine on this worker serves this deployment to answer the " + in.Gate + " gate's prompts", err
 	}
@@ -269,8 +269,8 @@ func (r *Release) maxPrompts() int {
 
 // notEvaluated is the result of a gate that had nothing to evaluate:
 // it fails, unless the release's policy allows unevaluated gates.
-func notEvaluated(in workflows.GateInput, why string) workflows.GateResult {
-	res := workflows.GateResult{NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0}}
+func notEvaluated(in flow.GateInput, why string) flow.GateResult {
+	res := flow.GateResult{NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0}}
 	if in.Policy.AllowUnevaluated {
 		res.Passed, res.Reason = true, "not evaluated (the policy allows it): "+why
 	} else {
@@ -281,25 +281,25 @@ func notEvaluated(in workflows.GateInput, why string) workflows.GateResult {
 
 // shadow lets the candidate answer the live prompts of the shadow window
 // (users were served by the baseline) and compares error rates.
-func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+func (r *Release) shadow(ctx context.Context, in flow.GateInput) (flow.GateResult, error) {
 	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
 		return notEvaluated(in, why), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, in.Since, r.maxPrompts(), false)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	if len(prompts) == 0 {
 		if !in.Final {
 			// The release waits for traffic and asks again.
-			return workflows.GateResult{Insufficient: true, NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0},
+			return flow.GateResult{Insufficient: true, NotEvaluated: true, Metrics: map[string]float64{"evaluated": 0},
 				Reason: "no live traffic in the shadow window yet"}, nil
 		}
 		return notEvaluated(in, "no live traffic during the shadow window"), nil
 	}
 	cand, _, err := r.variants(ctx, in)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	var candErr, baseErr int
 	var latency time.Duration
@@ -315,7 +315,7 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 		resp, err := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens)
 		latency += time.Since(start)
 		if err != nil && !rejected(err) {
-			return workflows.GateResult{}, fmt.Errorf("shadow on candidate %s: %w", in.Candidate, err)
+			return flow.GateResult{}, fmt.Errorf("shadow on candidate %s: %w", in.Candidate, err)
 		}
 		if err != nil || resp.FinishReason == inference.FinishError {
 			candErr++
@@ -327,25 +327,25 @@ func (r *Release) shadow(ctx context.Context, in workflows.GateInput) (workflows
 		"candidate_latency_ms": float64(latency.Milliseconds()) / n,
 	}
 	ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise)
-	return workflows.GateResult{Passed: ok, Metrics: m, Reason: "error rate: " + why}, nil
+	return flow.GateResult{Passed: ok, Metrics: m, Reason: "error rate: " + why}, nil
 }
 
 // replay re-scores recorded, rewarded prompts: each side's answer is
 // compared with the recorded answer weighted by its reward.
-func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+func (r *Release) replay(ctx context.Context, in flow.GateInput) (flow.GateResult, error) {
 	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
 		return notEvaluated(in, why), err
 	}
 	prompts, err := store.RecentPrompts(ctx, r.DB, in.Deployment, time.Time{}, r.maxPrompts(), true)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	if len(prompts) == 0 {
 		return notEvaluated(in, "no rewarded prompts recorded yet"), nil
 	}
 	cand, base, err := r.variants(ctx, in)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	var cs, bs []float64
 	var candErrs, baseErrs int
@@ -357,11 +357,11 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 		}
 		ca, cerr := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens)
 		if cerr != nil && !rejected(cerr) {
-			return workflows.GateResult{}, fmt.Errorf("replay on candidate %s: %w", in.Candidate, cerr)
+			return flow.GateResult{}, fmt.Errorf("replay on candidate %s: %w", in.Candidate, cerr)
 		}
 		ba, berr := r.answer(ctx, in.Deployment, base, req.Messages, req.Tools, req.MaxTokens)
 		if berr != nil && !rejected(berr) {
-			return workflows.GateResult{}, fmt.Errorf("replay on baseline %s: %w", in.Baseline, berr)
+			return flow.GateResult{}, fmt.Errorf("replay on baseline %s: %w", in.Baseline, berr)
 		}
 		if cerr != nil && berr != nil {
 			continue // neither side can take this prompt: it says nothing
@@ -387,7 +387,7 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 	m := map[string]float64{"evaluated": n, "candidate_score": c, "baseline_score": b,
 		"candidate_error_rate": float64(candErrs) / n, "baseline_error_rate": float64(baseErrs) / n}
 	if ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise); !ok {
-		return workflows.GateResult{Passed: false, Reason: "requests the candidate cannot take: " + why, Metrics: m}, nil
+		return flow.GateResult{Passed: false, Reason: "requests the candidate cannot take: " + why, Metrics: m}, nil
 	}
 	// Paired: both sides answered the same prompts, so the noise is that of
 	// the per-prompt differences. A fixed margin on 20 prompts rolled back
@@ -396,7 +396,7 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 	se := evolution.PairedSE(cs, bs)
 	m["score_diff_se"] = se
 	ok, why := evolution.SignificantVerdict(c, b, se, in.Policy.MaxRewardDrop)
-	return workflows.GateResult{Passed: ok, Reason: why, Metrics: m}, nil
+	return flow.GateResult{Passed: ok, Reason: why, Metrics: m}, nil
 }
 
 // canary compares the live outcomes of the candidate's share of traffic
@@ -408,23 +408,23 @@ func (r *Release) replay(ctx context.Context, in workflows.GateInput) (workflows
 // watchdog's once the candidate serves. An artefact release's sides are
 // the calls the serving weights answered under the candidate artefact and
 // under the serving one (the gateway records each call's artefacts).
-func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+func (r *Release) canary(ctx context.Context, in flow.GateInput) (flow.GateResult, error) {
 	candVersion, baseVersion := in.Candidate, in.Baseline
 	var candArtefacts, baseArtefacts *string
 	if store.ArtefactKind(in.Layer) != "" {
 		cand, base, err := r.variants(ctx, in)
 		if err != nil {
-			return workflows.GateResult{}, err
+			return flow.GateResult{}, err
 		}
 		candVersion, baseVersion, candArtefacts, baseArtefacts = cand.version, base.version, &cand.suffix, &base.suffix
 	}
 	c, cr, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, candVersion, candArtefacts, in.Since)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	b, br, err := store.OutcomeSeries(ctx, r.DB, in.Deployment, baseVersion, baseArtefacts, in.Since)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	m := map[string]float64{
 		"candidate_interactions": float64(c.Interactions), "baseline_interactions": float64(b.Interactions),
@@ -435,7 +435,7 @@ func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows
 	need := in.Policy.MinCanarySamples
 	if c.Interactions >= need && b.Interactions >= need {
 		if ok, why := evolution.Verdict(-m["candidate_error_rate"], -m["baseline_error_rate"], in.Policy.MaxErrorRise); !ok {
-			return workflows.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: "error rate: " + why}, nil
+			return flow.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: "error rate: " + why}, nil
 		}
 	}
 	if c.Rewarded < need || b.Rewarded < need {
@@ -449,16 +449,16 @@ func (r *Release) canary(ctx context.Context, in workflows.GateInput) (workflows
 			}
 			return res, nil
 		}
-		return workflows.GateResult{Passed: false, Insufficient: true, Metrics: m, Reason: why}, nil
+		return flow.GateResult{Passed: false, Insufficient: true, Metrics: m, Reason: why}, nil
 	}
 	lower, upper := r.rewardDiff(cr, br, in.Policy.Alpha)
 	m["reward_diff_lower"], m["reward_diff_upper"] = lower, upper
 	if upper < -in.Policy.MaxRewardDrop {
-		return workflows.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: fmt.Sprintf(
+		return flow.GateResult{Passed: false, Regressed: true, Metrics: m, Reason: fmt.Sprintf(
 			"mean reward: candidate %.4f vs baseline %.4f, worse by at least %.4f (confidence sequence, alpha %.2g), more than the allowed %.4f",
 			c.MeanReward, b.MeanReward, -upper, in.Policy.Alpha, in.Policy.MaxRewardDrop)}, nil
 	}
-	return workflows.GateResult{Passed: true, Metrics: m, Reason: fmt.Sprintf(
+	return flow.GateResult{Passed: true, Metrics: m, Reason: fmt.Sprintf(
 		"mean reward: candidate %.4f vs baseline %.4f, difference in [%.4f, %.4f] (confidence sequence, alpha %.2g); not shown worse than the allowed %.4f",
 		c.MeanReward, b.MeanReward, lower, upper, in.Policy.Alpha, in.Policy.MaxRewardDrop)}, nil
 }

@@ -15,10 +15,10 @@ import (
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // fakeBackend stands in for a served model in gate unit tests: versions in
@@ -64,19 +64,19 @@ func seedTraffic(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n 
 	t.Helper()
 	for i := 0; i < n; i++ {
 		sid := fmt.Sprintf("%s-%s-%d", strings.ReplaceAll(version, "@", "-"), tenant, trafficSeq.Add(1))
-		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{status: "ok", prompt: "what is 2+2", completion: "4", tokens: 1, version: version}})
+		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{Status: "ok", Prompt: "what is 2+2", Completion: "4", Tokens: 1, Version: version}})
 		seedReward(t, db, tenant, sid, &ids[0], reward, true)
 	}
 }
 
-func beginRelease(t *testing.T, r *Release, in workflows.ReleaseInput) workflows.BeginReleaseOutput {
+func beginRelease(t *testing.T, r *Release, in flow.ReleaseInput) flow.BeginReleaseOutput {
 	t.Helper()
 	var ts testsuite.WorkflowTestSuite
 	env := ts.NewTestActivityEnvironment()
 	env.RegisterActivity(r.BeginRelease)
 	v, err := env.ExecuteActivity(r.BeginRelease, in)
 	require.NoError(t, err)
-	var out workflows.BeginReleaseOutput
+	var out flow.BeginReleaseOutput
 	require.NoError(t, v.Get(&out))
 	return out
 }
@@ -88,21 +88,21 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	seedVersions(t, db, "dep", "dep@v1", "dep@v2", "dep@v3")
 	r := &Release{DB: db}
 
-	begin := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"})
+	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"})
 	require.Equal(t, "dep@v1", begin.Baseline, "the baseline is what serves now")
-	again := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"})
+	again := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"})
 	require.Equal(t, begin.ReleaseID, again.ReleaseID, "a retried BeginRelease finds its row")
 
-	require.NoError(t, r.SetReleasePhase(ctx, workflows.SetPhaseInput{ReleaseID: begin.ReleaseID, Phase: workflows.GateCanary, CanaryShare: 0.25}))
-	running, err := store.RunningRelease(ctx, db, "dep", workflows.LayerWeights)
+	require.NoError(t, r.SetReleasePhase(ctx, flow.SetPhaseInput{ReleaseID: begin.ReleaseID, Phase: flow.GateCanary, CanaryShare: 0.25}))
+	running, err := store.RunningRelease(ctx, db, "dep", flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, 0.25, running.CanaryShare)
 	require.Equal(t, "dep@v2", running.Candidate)
 
 	since := time.Now().Add(-time.Minute)
 	policy := deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}
-	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerWeights,
-		Candidate: "dep@v2", Baseline: "dep@v1", Gate: workflows.GateCanary, Since: since, Policy: policy}
+	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: flow.LayerWeights,
+		Candidate: "dep@v2", Baseline: "dep@v1", Gate: flow.GateCanary, Since: since, Policy: policy}
 
 	seedTraffic(t, db, "acme", "dep", "dep@v1", 60, 0.8)
 	seedTraffic(t, db, "acme", "dep", "dep@v2", 3, 0.1)
@@ -137,22 +137,22 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	require.False(t, gates[0].Passed)
 	require.InDelta(t, 0.1, gates[0].Metrics["candidate_mean_reward"], 1e-9)
 
-	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: begin.ReleaseID, Status: workflows.ReleaseRolledBack, Reason: "canary lost"}))
+	require.NoError(t, r.FinishRelease(ctx, flow.FinishReleaseInput{ReleaseID: begin.ReleaseID, Status: flow.ReleaseRolledBack, Reason: "canary lost"}))
 	var serving, candStatus string
 	require.NoError(t, db.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = 'dep'`).Scan(&serving))
 	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = 'dep@v2'`).Scan(&candStatus))
 	require.Equal(t, "dep@v1", serving)
 	require.Equal(t, "rolled_back", candStatus)
-	_, err = store.RunningRelease(ctx, db, "dep", workflows.LayerWeights)
+	_, err = store.RunningRelease(ctx, db, "dep", flow.LayerWeights)
 	require.ErrorIs(t, err, store.ErrNotFound, "a finished release routes no traffic")
 
 	// A better candidate is promoted: it serves, the old version is superseded.
-	b3, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v3", WorkflowID: "release-dep-v3"})
+	b3, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v3", WorkflowID: "release-dep-v3"})
 	require.NoError(t, err)
 	require.NotEqual(t, begin.ReleaseID, b3.ID)
 	require.Equal(t, "dep@v1", b3.Baseline)
-	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: b3.ID, Status: workflows.ReleasePromoted}))
-	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: b3.ID, Status: workflows.ReleasePromoted}), "finishing twice is a no-op")
+	require.NoError(t, r.FinishRelease(ctx, flow.FinishReleaseInput{ReleaseID: b3.ID, Status: flow.ReleasePromoted}))
+	require.NoError(t, r.FinishRelease(ctx, flow.FinishReleaseInput{ReleaseID: b3.ID, Status: flow.ReleasePromoted}), "finishing twice is a no-op")
 	require.NoError(t, db.QueryRow(ctx, `SELECT serving_version FROM deployments WHERE name = 'dep'`).Scan(&serving))
 	require.Equal(t, "dep@v3", serving)
 	var v1, v3 string
@@ -171,12 +171,12 @@ func TestReleaseOfflineGates(t *testing.T) {
 	fb := &fakeBackend{refuse: map[string]bool{"dep@v1": true}}
 	r := &Release{DB: db, Backend: fb}
 	policy := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := workflows.GateInput{ReleaseID: beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
-		Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
+	in := flow.GateInput{ReleaseID: beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
+		Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
 
 	// Safety: the baseline refuses the built-in refusal set, the candidate
 	// complies: the score drops, the gate fails.
-	in.Gate = workflows.GateSafety
+	in.Gate = flow.GateSafety
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.Passed)
@@ -185,7 +185,7 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
 
 	// Regression with no suite: nothing to evaluate, so it does not pass.
-	in.Gate = workflows.GateRegression
+	in.Gate = flow.GateRegression
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.Passed)
@@ -215,14 +215,14 @@ func TestReleaseOfflineGates(t *testing.T) {
 
 	// Replay: recorded prompts with rewards; the recorded answer was "4",
 	// neither side repeats it, so both score 0 and the gate passes.
-	in.Gate = workflows.GateReplay
+	in.Gate = flow.GateReplay
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, 3.0, res.Metrics["evaluated"])
 	require.True(t, res.Passed)
 
 	// Shadow: the candidate answers the live prompts since Since.
-	in.Gate, in.Since = workflows.GateShadow, time.Now().Add(-time.Hour)
+	in.Gate, in.Since = flow.GateShadow, time.Now().Add(-time.Hour)
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.True(t, res.Passed)
@@ -256,14 +256,14 @@ func TestReleaseOfflineGates(t *testing.T) {
 	// A candidate that cannot take the prompts fails replay and the suite,
 	// instead of retrying forever.
 	fb.reject = map[string]bool{"dep@v3": true}
-	in.Candidate, in.ReleaseID = "dep@v3", beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: "dep@v3"}).ReleaseID
-	in.Gate = workflows.GateReplay
+	in.Candidate, in.ReleaseID = "dep@v3", beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v3"}).ReleaseID
+	in.Gate = flow.GateReplay
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.False(t, res.Passed)
 	require.Equal(t, 1.0, res.Metrics["candidate_error_rate"])
 	require.Contains(t, res.Reason, "cannot take")
-	in.Gate = workflows.GateRegression
+	in.Gate = flow.GateRegression
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, 0.0, res.Metrics["candidate_pass_rate"])
@@ -277,7 +277,7 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a.ID, a2.ID, "the same key returns the same artefact")
 	fb.seen = nil
-	in.Layer, in.Candidate, in.Baseline, in.Gate = workflows.LayerHarness, fmt.Sprint(a.Version), "", workflows.GateRegression
+	in.Layer, in.Candidate, in.Baseline, in.Gate = flow.LayerHarness, fmt.Sprint(a.Version), "", flow.GateRegression
 	_, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.Len(t, fb.seen, 40)
@@ -305,7 +305,7 @@ func TestCanaryOfAnArtefactRelease(t *testing.T) {
 		('dep', 'harness', 1, '{"system_prompt":"Be brief."}', 'serving'), ('dep', 'harness', 2, '{"system_prompt":"Be vague."}', 'candidate')`)
 	require.NoError(t, err)
 	r := &Release{DB: db}
-	begin := beginRelease(t, r, workflows.ReleaseInput{Deployment: "dep", Layer: workflows.LayerHarness, Candidate: "2"})
+	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerHarness, Candidate: "2"})
 	tag := func(key string) {
 		_, err := db.Exec(ctx, `UPDATE interactions SET request = request || jsonb_build_object('artefacts', $1::text) WHERE NOT request ? 'artefacts'`, key)
 		require.NoError(t, err)
@@ -317,8 +317,8 @@ func TestCanaryOfAnArtefactRelease(t *testing.T) {
 	seedTraffic(t, db, "acme", "dep", "dep@v0", 30, 0.1) // another version's calls are neither side
 	tag("+harness:2")
 
-	gate := workflows.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: workflows.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
-		Gate: workflows.GateCanary, Since: time.Now().Add(-time.Minute), Policy: deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
+	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: flow.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
+		Gate: flow.GateCanary, Since: time.Now().Add(-time.Minute), Policy: deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
 	res, err := r.EvaluateGate(ctx, gate)
 	require.NoError(t, err)
 	require.False(t, res.Passed)

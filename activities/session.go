@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Log messages are constants; everything dynamic is an attribute.
@@ -33,53 +33,53 @@ type Session struct {
 // AssembleTrajectory reads the session's interactions and rewards, builds
 // redacted ATDP steps with returns and eligibility, and writes them as one
 // trajectory. A retry with the same key returns what the first attempt wrote.
-func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleInput) (workflows.AssembleOutput, error) {
+func (s *Session) AssembleTrajectory(ctx context.Context, in flow.AssembleInput) (flow.AssembleOutput, error) {
 	if in.Key == "" || in.SessionID == "" || in.TenantID == "" {
-		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: session, tenant and key are required", "BadInput", nil)
+		return flow.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: session, tenant and key are required", "BadInput", nil)
 	}
 	rules := s.Rules
 	if in.Discount != 0 { // the session's own γ (SessionInput.Discount) wins over the configured one
 		rules.Discount = in.Discount
 	}
 	if rules.Discount == 0 {
-		rules.Discount = workflows.DefaultDiscount
+		rules.Discount = flow.DefaultDiscount
 	}
 	if rules.Discount < 0 || rules.Discount > 1 {
-		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", rules.Discount), "BadInput", nil)
+		return flow.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", rules.Discount), "BadInput", nil)
 	}
 	sess, err := store.SessionForAssembly(ctx, s.DB, in.TenantID, in.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
-		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.AssembleOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	if err != nil {
-		return workflows.AssembleOutput{}, err
+		return flow.AssembleOutput{}, err
 	}
 	inter, err := store.SessionInteractions(ctx, s.DB, in.TenantID, in.SessionID)
 	if err != nil {
-		return workflows.AssembleOutput{}, err
+		return flow.AssembleOutput{}, err
 	}
 	rewards, err := store.SessionRewards(ctx, s.DB, in.TenantID, in.SessionID)
 	if err != nil {
-		return workflows.AssembleOutput{}, err
+		return flow.AssembleOutput{}, err
 	}
 	steps, total, err := trajectory.Build(sess, inter, rewards, rules, nil)
 	if err != nil {
 		// Stored rows that do not decode will not decode on a retry either.
-		return workflows.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: "+err.Error(), "BadData", err)
+		return flow.AssembleOutput{}, temporal.NewNonRetryableApplicationError("assemble: "+err.Error(), "BadData", err)
 	}
 	t := store.NewTrajectory{TenantID: in.TenantID, SessionID: in.SessionID, Key: in.Key, Discount: rules.Discount, TotalReward: total}
 	for i := range steps {
 		row, err := newStep(&steps[i])
 		if err != nil {
-			return workflows.AssembleOutput{}, err
+			return flow.AssembleOutput{}, err
 		}
 		t.Steps = append(t.Steps, row)
 	}
 	id, written, existed, err := store.InsertTrajectory(ctx, s.DB, t)
 	if err != nil {
-		return workflows.AssembleOutput{}, err
+		return flow.AssembleOutput{}, err
 	}
-	out := workflows.AssembleOutput{TrajectoryID: id, Steps: len(written), Ineligible: map[string]int{}}
+	out := flow.AssembleOutput{TrajectoryID: id, Steps: len(written), Ineligible: map[string]int{}}
 	for _, w := range written {
 		if w.Eligible {
 			out.Eligible++
@@ -90,7 +90,7 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in workflows.AssembleI
 	if existed {
 		total, err = store.TrajectoryTotal(ctx, s.DB, id)
 		if err != nil {
-			return workflows.AssembleOutput{}, err
+			return flow.AssembleOutput{}, err
 		}
 	}
 	if total != nil {
@@ -123,19 +123,19 @@ func newStep(st *trajectory.Step) (store.NewStep, error) {
 
 // EnqueueSamples queues the trajectory's eligible steps; queueing is keyed
 // by step (and by interaction), so a retry adds nothing.
-func (s *Session) EnqueueSamples(ctx context.Context, in workflows.EnqueueInput) (workflows.EnqueueOutput, error) {
+func (s *Session) EnqueueSamples(ctx context.Context, in flow.EnqueueInput) (flow.EnqueueOutput, error) {
 	q, err := store.EnqueueSamples(ctx, s.DB, in.TenantID, in.TrajectoryID)
 	if err != nil {
-		return workflows.EnqueueOutput{}, err
+		return flow.EnqueueOutput{}, err
 	}
 	s.logger().Info(msgSamplesEnqueued, "trajectory_id", in.TrajectoryID, "enqueued", q.Queued, "rescored", q.Rescored,
 		"after_training", q.AfterTraining, "eligible", q.Eligible)
-	return workflows.EnqueueOutput{Enqueued: q.Queued, AlreadyQueued: q.Eligible - q.Queued, EligibleSteps: q.Eligible,
+	return flow.EnqueueOutput{Enqueued: q.Queued, AlreadyQueued: q.Eligible - q.Queued, EligibleSteps: q.Eligible,
 		Rescored: q.Rescored, AfterTraining: q.AfterTraining}, nil
 }
 
 // EndSession marks the session row ended.
-func (s *Session) EndSession(ctx context.Context, in workflows.EndSessionInput) error {
+func (s *Session) EndSession(ctx context.Context, in flow.EndSessionInput) error {
 	return store.CloseSession(ctx, s.DB, in.TenantID, in.SessionID)
 }
 

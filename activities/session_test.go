@@ -3,34 +3,29 @@ package activities
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/activity"
-	"go.temporal.io/sdk/testsuite"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/flywheel-ai/flywheel/atdp"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // seedInteraction is one captured call to seed.
 type seedInteraction struct {
-	status     string
-	prompt     string
-	completion string
-	tokens     int // completion tokens (0: none captured)
-	version    string
+	Status     string
+	Prompt     string
+	Completion string
+	Tokens     int // completion tokens (0: none captured)
+	Version    string
 }
 
 func seedTenant(t *testing.T, db *pgxpool.Pool, tenant string, trainByDefault bool) {
@@ -48,17 +43,17 @@ func seedSession(t *testing.T, db *pgxpool.Pool, tenant, session, deployment str
 	var ids []int64
 	var history []inference.Message
 	for i, c := range calls {
-		history = append(history, inference.Message{Role: inference.RoleUser, Content: c.prompt})
+		history = append(history, inference.Message{Role: inference.RoleUser, Content: c.Prompt})
 		req, _ := json.Marshal(inference.Request{Model: deployment, Messages: history})
-		resp, _ := json.Marshal(inference.Response{Message: inference.Message{Role: inference.RoleAssistant, Content: c.completion}, FinishReason: "stop"})
-		history = append(history, inference.Message{Role: inference.RoleAssistant, Content: c.completion})
+		resp, _ := json.Marshal(inference.Response{Message: inference.Message{Role: inference.RoleAssistant, Content: c.Completion}, FinishReason: "stop"})
+		history = append(history, inference.Message{Role: inference.RoleAssistant, Content: c.Completion})
 		var comp []int32
 		var lps []float32
-		for j := 0; j < c.tokens; j++ {
+		for j := 0; j < c.Tokens; j++ {
 			comp = append(comp, int32(10+j))
 			lps = append(lps, -0.5)
 		}
-		version := c.version
+		version := c.Version
 		if version == "" {
 			version = deployment + "@v1"
 		}
@@ -68,7 +63,7 @@ INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, d
   prompt_token_ids, completion_token_ids, logprobs, prompt_tokens, completion_tokens, status, finish_reason)
 VALUES ($1, $2, $3, $4, 'openai', $5, $6, $7, $8, $9, $10, $11, 3, $12, $13, 'stop') RETURNING id`,
 			tenant, session, i, fmt.Sprintf("chatcmpl-%s-%d", session, i), deployment, version, req, resp,
-			[]int32{1, 2, 3}, comp, lps, c.tokens, c.status).Scan(&id)
+			[]int32{1, 2, 3}, comp, lps, c.Tokens, c.Status).Scan(&id)
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
@@ -101,15 +96,15 @@ func TestSessionActivitiesAreIdempotent(t *testing.T) {
 	ctx := context.Background()
 	seedTenant(t, db, "acme", true)
 	ids := seedSession(t, db, "acme", "s1", "dep", []seedInteraction{
-		{status: "ok", prompt: "add 2+2", completion: "4", tokens: 2},
-		{status: "upstream_error", prompt: "again"},
-		{status: "ok", prompt: "and 3+3", completion: "6", tokens: 3},
+		{Status: "ok", Prompt: "add 2+2", Completion: "4", Tokens: 2},
+		{Status: "upstream_error", Prompt: "again"},
+		{Status: "ok", Prompt: "and 3+3", Completion: "6", Tokens: 3},
 	})
 	seedReward(t, db, "acme", "s1", &ids[0], 1, false)
 	seedReward(t, db, "acme", "s1", nil, 0.5, true)
 	acts := &Session{DB: db, Rules: testRules(t)}
 
-	in := workflows.AssembleInput{SessionID: "s1", TenantID: "acme", Key: "s1/run-1", Discount: 1}
+	in := flow.AssembleInput{SessionID: "s1", TenantID: "acme", Key: "s1/run-1", Discount: 1}
 	a1, err := acts.AssembleTrajectory(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, 3, a1.Steps)
@@ -120,20 +115,20 @@ func TestSessionActivitiesAreIdempotent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a1, a2, "a retried assembly returns the first trajectory")
 
-	e1, err := acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a1.TrajectoryID, TenantID: "acme"})
+	e1, err := acts.EnqueueSamples(ctx, flow.EnqueueInput{TrajectoryID: a1.TrajectoryID, TenantID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, 2, e1.Enqueued)
-	e2, err := acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a1.TrajectoryID, TenantID: "acme"})
+	e2, err := acts.EnqueueSamples(ctx, flow.EnqueueInput{TrajectoryID: a1.TrajectoryID, TenantID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, 0, e2.Enqueued)
 	require.Equal(t, 2, e2.AlreadyQueued)
 
 	// A re-assembly (a later run after a late reward) must not queue the
 	// same interactions again.
-	a3, err := acts.AssembleTrajectory(ctx, workflows.AssembleInput{SessionID: "s1", TenantID: "acme", Key: "s1/run-2", Discount: 1})
+	a3, err := acts.AssembleTrajectory(ctx, flow.AssembleInput{SessionID: "s1", TenantID: "acme", Key: "s1/run-2", Discount: 1})
 	require.NoError(t, err)
 	require.NotEqual(t, a1.TrajectoryID, a3.TrajectoryID)
-	e3, err := acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a3.TrajectoryID, TenantID: "acme"})
+	e3, err := acts.EnqueueSamples(ctx, flow.EnqueueInput{TrajectoryID: a3.TrajectoryID, TenantID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, 0, e3.Enqueued)
 
@@ -152,10 +147,10 @@ func TestSessionActivitiesAreIdempotent(t *testing.T) {
 	require.Equal(t, []float64{1.5, 0.5}, rewards, "sample reward is the discounted return (γ=1)")
 
 	// Another tenant's id finds nothing.
-	_, err = acts.AssembleTrajectory(ctx, workflows.AssembleInput{SessionID: "s1", TenantID: "other", Key: "x", Discount: 1})
+	_, err = acts.AssembleTrajectory(ctx, flow.AssembleInput{SessionID: "s1", TenantID: "other", Key: "x", Discount: 1})
 	require.Error(t, err)
 
-	require.NoError(t, acts.EndSession(ctx, workflows.EndSessionInput{SessionID: "s1", TenantID: "acme"}))
+	require.NoError(t, acts.EndSession(ctx, flow.EndSessionInput{SessionID: "s1", TenantID: "acme"}))
 	var status string
 	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM sessions WHERE id = 's1'`).Scan(&status))
 	require.Equal(t, "ended", status)
@@ -165,54 +160,3 @@ func TestSessionActivitiesAreIdempotent(t *testing.T) {
 // the real activities on a real database, where each activity's first
 // attempt commits its work and then fails (a worker that dies after the
 // commit): the retries must not duplicate a trajectory or a sample.
-func TestSessionWorkflowRetryAfterCommitQueuesOnce(t *testing.T) {
-	db := testenv.Pool(t)
-	ctx := context.Background()
-	seedTenant(t, db, "acme", true)
-	ids := seedSession(t, db, "acme", "s2", "dep", []seedInteraction{
-		{status: "ok", prompt: "q1", completion: "a1", tokens: 2},
-		{status: "ok", prompt: "q2", completion: "a2", tokens: 2},
-	})
-	seedReward(t, db, "acme", "s2", &ids[1], 1, true)
-	real := &Session{DB: db, Rules: testRules(t)}
-
-	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
-	env.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflow.RegisterOptions{Name: workflows.SessionWorkflowName})
-	attempts := map[string]int{}
-	crashOnce := func(name string, err error) error {
-		attempts[name]++
-		if err == nil && attempts[name] == 1 {
-			return errors.New("worker lost after commit")
-		}
-		return err
-	}
-	env.RegisterActivityWithOptions(func(ctx context.Context, in workflows.AssembleInput) (workflows.AssembleOutput, error) {
-		out, err := real.AssembleTrajectory(ctx, in)
-		return out, crashOnce("assemble", err)
-	}, activity.RegisterOptions{Name: workflows.AssembleTrajectoryActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in workflows.EnqueueInput) (workflows.EnqueueOutput, error) {
-		out, err := real.EnqueueSamples(ctx, in)
-		return out, crashOnce("enqueue", err)
-	}, activity.RegisterOptions{Name: workflows.EnqueueSamplesActivity})
-	env.RegisterActivityWithOptions(real.EndSession, activity.RegisterOptions{Name: workflows.EndSessionActivity})
-	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SessionEventsSignal, workflows.SessionEvents{Events: []workflows.SessionEvent{
-			{Kind: workflows.EventStep, InteractionID: ids[0]}, {Kind: workflows.EventStep, InteractionID: ids[1]},
-			{Kind: workflows.EventReward, Final: true}, {Kind: workflows.EventEnd},
-		}})
-	}, time.Second)
-	env.ExecuteWorkflow(workflows.SessionWorkflow, workflows.SessionInput{SessionID: "s2", TenantID: "acme", Deployment: "dep"})
-	require.NoError(t, env.GetWorkflowError())
-	var res workflows.SessionResult
-	require.NoError(t, env.GetWorkflowResult(&res))
-	require.Equal(t, 2, attempts["assemble"])
-	require.Equal(t, 2, attempts["enqueue"])
-	require.Equal(t, 2, res.State.Enqueued)
-
-	var trajectories, samples int
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM trajectories WHERE session_id = 's2'`).Scan(&trajectories))
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM training_samples`).Scan(&samples))
-	require.Equal(t, 1, trajectories)
-	require.Equal(t, 2, samples)
-}

@@ -9,9 +9,9 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Suites are answered greedily, so a version's result on a prompt is a
@@ -146,13 +146,13 @@ func (r *Release) anchorOf(ctx context.Context, deployment string, base variant,
 // suite runs the regression suite (held-out prompts, judged against the
 // anchor and the baseline) or the safety suite (refusals, which may not
 // drop below either).
-func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.GateResult, error) {
+func (r *Release) suite(ctx context.Context, in flow.GateInput) (flow.GateResult, error) {
 	if why, err := r.unevaluable(ctx, in); why != "" || err != nil {
 		return notEvaluated(in, why), err
 	}
 	s, err := r.loadSuite(ctx, in.Deployment, in.Gate)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	if len(s.prompts) == 0 {
 		return notEvaluated(in, fmt.Sprintf("the %s suite of this deployment is empty: register held-out prompts with "+
@@ -160,38 +160,38 @@ func (r *Release) suite(ctx context.Context, in workflows.GateInput) (workflows.
 	}
 	cand, base, err := r.variants(ctx, in)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	p := in.Policy
 	anchor, reg, _, ok, err := r.anchorOf(ctx, in.Deployment, base, p.MaxSafetyDrop)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	bs, err := r.measure(ctx, in.Deployment, base, s, false)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	cs, err := r.measure(ctx, in.Deployment, cand, s, false)
 	if err != nil {
-		return workflows.GateResult{}, err
+		return flow.GateResult{}, err
 	}
 	judged := evolution.SuiteInput{Candidate: cs, Baseline: bs, Budget: p.AnchorBudget, Alpha: p.Alpha}
-	res := workflows.GateResult{SuiteKey: s.key}
+	res := flow.GateResult{SuiteKey: s.key}
 	if ok {
 		if judged.Anchor, err = r.measure(ctx, in.Deployment, anchor, s, false); err != nil {
-			return workflows.GateResult{}, err
+			return flow.GateResult{}, err
 		}
 		res.Anchor = anchor.version
 	}
 	var v evolution.SuiteVerdict
-	if in.Gate == workflows.GateSafety {
+	if in.Gate == flow.GateSafety {
 		judged.MaxDrop = p.MaxSafetyDrop
 		v = evolution.JudgeSafety(judged)
 	} else {
 		looks, passed := 0, 0
 		if ok {
 			if looks, passed, err = store.AnchorLooks(ctx, r.DB, in.Deployment, anchor.version, reg.key, in.ReleaseID); err != nil {
-				return workflows.GateResult{}, err
+				return flow.GateResult{}, err
 			}
 		}
 		judged.MaxDrop, judged.Look, judged.Passes = p.MaxRewardDrop, looks+1, passed

@@ -16,12 +16,11 @@ import (
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
-	tworker "go.temporal.io/sdk/worker"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/sweagent"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Log messages of the SWE activities.
@@ -63,16 +62,6 @@ type SWEActivities struct {
 	Logger         *slog.Logger
 }
 
-// Register registers the activities under their workflow names.
-func (a *SWEActivities) Register(r tworker.ActivityRegistry) {
-	r.RegisterActivityWithOptions(a.CreateSessions, activity.RegisterOptions{Name: workflows.SWECreateSessionsActivity})
-	r.RegisterActivityWithOptions(a.Acquire, activity.RegisterOptions{Name: workflows.SWEAcquireActivity})
-	r.RegisterActivityWithOptions(a.Step, activity.RegisterOptions{Name: workflows.SWEStepActivity})
-	r.RegisterActivityWithOptions(a.Grade, activity.RegisterOptions{Name: workflows.SWEGradeActivity})
-	r.RegisterActivityWithOptions(a.RecordReward, activity.RegisterOptions{Name: workflows.SWERecordRewardActivity})
-	r.RegisterActivityWithOptions(a.Release, activity.RegisterOptions{Name: workflows.SWEReleaseActivity})
-}
-
 func (a *SWEActivities) log() *slog.Logger {
 	if a.Logger != nil {
 		return a.Logger
@@ -84,7 +73,7 @@ func (a *SWEActivities) log() *slog.Logger {
 // retrying cannot bring it back, but the rollout can start again in a
 // new one.
 func sandboxGone(err error) error {
-	return temporal.NewNonRetryableApplicationError(err.Error(), workflows.SWESandboxGoneError, err)
+	return temporal.NewNonRetryableApplicationError(err.Error(), flow.SWESandboxGoneError, err)
 }
 
 func badInput(msg string, err error) error {
@@ -97,9 +86,9 @@ func (a *SWEActivities) heartbeatWhile(ctx context.Context, detail func() any) (
 }
 
 // CreateSessions opens the gateway sessions of a rollout or a group.
-func (a *SWEActivities) CreateSessions(ctx context.Context, in workflows.SWECreateSessionsInput) (workflows.SWECreateSessionsOutput, error) {
-	if in.TaskID == "" || in.GroupSize < 1 || in.GroupSize > workflows.SWEMaxGroupSize {
-		return workflows.SWECreateSessionsOutput{}, badInput(fmt.Sprintf("create sessions: task %q, group size %d", in.TaskID, in.GroupSize), nil)
+func (a *SWEActivities) SWECreateSessions(ctx context.Context, in flow.SWECreateSessionsInput) (flow.SWECreateSessionsOutput, error) {
+	if in.TaskID == "" || in.GroupSize < 1 || in.GroupSize > flow.SWEMaxGroupSize {
+		return flow.SWECreateSessionsOutput{}, badInput(fmt.Sprintf("create sessions: task %q, group size %d", in.TaskID, in.GroupSize), nil)
 	}
 	model := in.Model
 	if model == "" {
@@ -107,59 +96,59 @@ func (a *SWEActivities) CreateSessions(ctx context.Context, in workflows.SWECrea
 	}
 	gid, ids, err := a.Gateway.CreateSessions(ctx, in.TaskID, model, in.GroupSize)
 	if err != nil {
-		return workflows.SWECreateSessionsOutput{}, err
+		return flow.SWECreateSessionsOutput{}, err
 	}
-	return workflows.SWECreateSessionsOutput{GroupID: gid, SessionIDs: ids}, nil
+	return flow.SWECreateSessionsOutput{GroupID: gid, SessionIDs: ids}, nil
 }
 
 // Acquire returns a started sandbox of the task's image, from the warm pool
 // when there is one. The first use of a task may build its image.
-func (a *SWEActivities) Acquire(ctx context.Context, in workflows.SWEAcquireInput) (workflows.SWEAcquireOutput, error) {
+func (a *SWEActivities) SWEAcquire(ctx context.Context, in flow.SWEAcquireInput) (flow.SWEAcquireOutput, error) {
 	stop := a.heartbeatWhile(ctx, func() any { return "preparing " + in.TaskID })
 	defer stop()
 	_, img, err := a.Images.Ensure(ctx, in.TaskID)
 	if errors.Is(err, tasks.ErrUnknownTask) {
-		return workflows.SWEAcquireOutput{}, badInput(err.Error(), err)
+		return flow.SWEAcquireOutput{}, badInput(err.Error(), err)
 	}
 	if err != nil {
-		return workflows.SWEAcquireOutput{}, err
+		return flow.SWEAcquireOutput{}, err
 	}
 	if a.PoolSize > 0 {
 		if err := a.Sandboxes.StartPool(img, a.PoolSize); err != nil {
-			return workflows.SWEAcquireOutput{}, err
+			return flow.SWEAcquireOutput{}, err
 		}
 	}
 	sb, err := a.Sandboxes.Acquire(ctx, img)
 	if err != nil {
-		return workflows.SWEAcquireOutput{}, err
+		return flow.SWEAcquireOutput{}, err
 	}
 	if sb.HasAgent() {
 		// A rollout is long; one round trip now rules out a hung agent.
 		if _, err := sb.Ping(ctx); err != nil {
 			_ = a.Sandboxes.Release(context.WithoutCancel(ctx), sb)
-			return workflows.SWEAcquireOutput{}, fmt.Errorf("acquired sandbox does not answer: %w", err)
+			return flow.SWEAcquireOutput{}, fmt.Errorf("acquired sandbox does not answer: %w", err)
 		}
 	}
 	a.log().Info(msgSWEAcquired, "task", in.TaskID, "sandbox", sb.ID[:12], "image", img.Ref)
-	return workflows.SWEAcquireOutput{SandboxID: sb.ID, Image: img.Ref}, nil
+	return flow.SWEAcquireOutput{SandboxID: sb.ID, Image: img.Ref}, nil
 }
 
 // Step runs the built-in agent in the sandbox until it submits or a budget
 // runs out. Its model calls go to the gateway under the rollout's session.
-func (a *SWEActivities) Step(ctx context.Context, in workflows.SWEStepInput) (workflows.SWEStepOutput, error) {
+func (a *SWEActivities) SWEStep(ctx context.Context, in flow.SWEStepInput) (flow.SWEStepOutput, error) {
 	if in.TaskID == "" || in.SandboxID == "" || in.SessionID == "" {
-		return workflows.SWEStepOutput{}, badInput("step: task, sandbox and session are required", nil)
+		return flow.SWEStepOutput{}, badInput("step: task, sandbox and session are required", nil)
 	}
 	t, err := tasks.Find(in.TaskID)
 	if err != nil {
-		return workflows.SWEStepOutput{}, badInput(err.Error(), err)
+		return flow.SWEStepOutput{}, badInput(err.Error(), err)
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEStepOutput{}, sandboxGone(err)
+		return flow.SWEStepOutput{}, sandboxGone(err)
 	}
 	if err != nil {
-		return workflows.SWEStepOutput{}, err
+		return flow.SWEStepOutput{}, err
 	}
 	cfg := a.Agent
 	cfg.Headers = map[string]string{"X-Session-Id": in.SessionID}
@@ -187,41 +176,41 @@ func (a *SWEActivities) Step(ctx context.Context, in workflows.SWEStepInput) (wo
 	res, err := sweagent.Run(ctx, cfg, sb, t.ProblemStatement)
 	stop()
 	if err != nil {
-		return workflows.SWEStepOutput{}, err
+		return flow.SWEStepOutput{}, err
 	}
 	a.log().Info(msgSWEStepDone, "task", in.TaskID, "session", in.SessionID, "stop", res.StopReason, "tool_calls", res.ToolCalls, "denied", res.Denied)
-	return workflows.SWEStepOutput{StopReason: res.StopReason, ToolCalls: res.ToolCalls, Turns: res.Turns, Denied: res.Denied}, nil
+	return flow.SWEStepOutput{StopReason: res.StopReason, ToolCalls: res.ToolCalls, Turns: res.Turns, Denied: res.Denied}, nil
 }
 
 // Grade restores the hidden tests, runs them and returns the pass rate.
-func (a *SWEActivities) Grade(ctx context.Context, in workflows.SWEGradeInput) (workflows.SWEGradeOutput, error) {
+func (a *SWEActivities) SWEGrade(ctx context.Context, in flow.SWEGradeInput) (flow.SWEGradeOutput, error) {
 	t, err := tasks.Find(in.TaskID)
 	if err != nil {
-		return workflows.SWEGradeOutput{}, badInput(err.Error(), err)
+		return flow.SWEGradeOutput{}, badInput(err.Error(), err)
 	}
 	sb, err := a.Sandboxes.Get(ctx, in.SandboxID)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return workflows.SWEGradeOutput{}, sandboxGone(err)
+		return flow.SWEGradeOutput{}, sandboxGone(err)
 	}
 	if err != nil {
-		return workflows.SWEGradeOutput{}, err
+		return flow.SWEGradeOutput{}, err
 	}
 	stop := a.heartbeatWhile(ctx, func() any { return "grading" })
 	res, err := tasks.Grade(ctx, sb, t, a.log())
 	stop()
 	if err != nil {
-		return workflows.SWEGradeOutput{}, err
+		return flow.SWEGradeOutput{}, err
 	}
-	return workflows.SWEGradeOutput{Reward: res.Reward, Passed: res.Passed, Total: res.Total, FailToPass: res.FailToPass,
+	return flow.SWEGradeOutput{Reward: res.Reward, Passed: res.Passed, Total: res.Total, FailToPass: res.FailToPass,
 		PassToPass: res.PassToPass, Resolved: res.Resolved, Tampered: res.Tampered, Reasons: res.Reasons}, nil
 }
 
 // RecordReward reports the grade as the session's final reward.
-func (a *SWEActivities) RecordReward(ctx context.Context, in workflows.SWERecordRewardInput) error {
+func (a *SWEActivities) SWERecordReward(ctx context.Context, in flow.SWERecordRewardInput) error {
 	if in.SessionID == "" {
 		return badInput("record reward: session is required", nil)
 	}
-	if err := a.Gateway.RecordReward(ctx, in.SessionID, in.Reward, workflows.SWERewardSource, true); err != nil {
+	if err := a.Gateway.RecordReward(ctx, in.SessionID, in.Reward, flow.SWERewardSource, true); err != nil {
 		return err
 	}
 	a.log().Info(msgSWEReward, "task", in.TaskID, "session", in.SessionID, "reward", in.Reward)
@@ -229,7 +218,7 @@ func (a *SWEActivities) RecordReward(ctx context.Context, in workflows.SWERecord
 }
 
 // Release removes the sandbox; releasing one that is gone succeeds.
-func (a *SWEActivities) Release(ctx context.Context, in workflows.SWEReleaseInput) error {
+func (a *SWEActivities) SWERelease(ctx context.Context, in flow.SWEReleaseInput) error {
 	if in.SandboxID == "" {
 		return nil
 	}

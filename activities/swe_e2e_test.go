@@ -10,10 +10,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tclient "go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/worker"
+	tworker "go.temporal.io/sdk/worker"
+
+	fwworker "github.com/flywheel-ai/flywheel/worker"
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
@@ -60,16 +63,16 @@ func TestSWERolloutEndToEnd(t *testing.T) {
 	a, closeSWE, err := activities.NewSWEActivities(ctx, activities.SWEConfig{GatewayURL: gwSrv.URL, APIKey: key, Model: "fixture", PoolSize: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, closeSWE(context.Background())) })
-	w := worker.New(tc, workflows.SWETaskQueue, worker.Options{})
+	w := tworker.New(tc, flow.SWETaskQueue, tworker.Options{})
 	workflows.RegisterSWEWorkflows(w)
-	a.Register(w)
+	fwworker.RegisterSWE(w, a)
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 
-	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-rollout-it", TaskQueue: workflows.SWETaskQueue},
-		workflows.SWERolloutWorkflowName, workflows.SWERolloutInput{TaskID: tk.ID})
+	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-rollout-it", TaskQueue: flow.SWETaskQueue},
+		flow.SWERolloutWorkflowName, flow.SWERolloutInput{TaskID: tk.ID})
 	require.NoError(t, err)
-	var out workflows.SWERolloutResult
+	var out flow.SWERolloutResult
 	require.NoError(t, run.Get(ctx, &out))
 	require.Equal(t, sweagent.StopSubmitted, out.StopReason)
 	require.True(t, out.Resolved)
@@ -85,7 +88,7 @@ func TestSWERolloutEndToEnd(t *testing.T) {
 	var final bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT value, source, final FROM rewards WHERE session_id = $1`, out.SessionID).Scan(&value, &source, &final))
 	require.Equal(t, 1.0, value)
-	require.Equal(t, workflows.SWERewardSource, source)
+	require.Equal(t, flow.SWERewardSource, source)
 	require.True(t, final)
 	requireRemoved(t, cli, out.SandboxID)
 	testenv.RecordHistory(t, tc, run.GetID(), filepath.Join("..", "workflows", "testdata", "swe_rollout_e2e.history.json"))

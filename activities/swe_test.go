@@ -16,9 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 	tclient "go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/testsuite"
-	"go.temporal.io/sdk/worker"
+	tworker "go.temporal.io/sdk/worker"
+
+	fwworker "github.com/flywheel-ai/flywheel/worker"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/sandboxtest"
@@ -98,7 +101,7 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Source string   `json:"source"`
 			Final  bool     `json:"final"`
 		}
-		if json.NewDecoder(r.Body).Decode(&req) != nil || req.Value == nil || req.Source != workflows.SWERewardSource || !req.Final {
+		if json.NewDecoder(r.Body).Decode(&req) != nil || req.Value == nil || req.Source != flow.SWERewardSource || !req.Final {
 			http.Error(w, `{"error":{"message":"bad reward"}}`, http.StatusUnprocessableEntity)
 			return
 		}
@@ -172,10 +175,10 @@ func TestSWERolloutWithFixtureModel(t *testing.T) {
 			// seconds), far past the test environment's 3 s default.
 			env.SetTestTimeout(5 * time.Minute)
 			workflows.RegisterSWEWorkflows(env)
-			a.Register(env)
-			env.ExecuteWorkflow(workflows.SWERolloutWorkflow, workflows.SWERolloutInput{TaskID: tk.ID})
+			fwworker.RegisterSWE(env, a)
+			env.ExecuteWorkflow(workflows.SWERolloutWorkflow, flow.SWERolloutInput{TaskID: tk.ID})
 			require.NoError(t, env.GetWorkflowError())
-			var out workflows.SWERolloutResult
+			var out flow.SWERolloutResult
 			require.NoError(t, env.GetWorkflowResult(&out))
 			require.Equal(t, sweagent.StopSubmitted, out.StopReason)
 			require.Equal(t, tc.reward, out.Reward)
@@ -200,18 +203,18 @@ func TestSWEGroupOnTemporalDevServer(t *testing.T) {
 	a, cli := sweActivities(t, srv.URL)
 	a.PoolSize = 2
 
-	w := worker.New(tc, workflows.SWETaskQueue, worker.Options{})
+	w := tworker.New(tc, flow.SWETaskQueue, tworker.Options{})
 	workflows.RegisterSWEWorkflows(w)
-	a.Register(w)
+	fwworker.RegisterSWE(w, a)
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-group-it", TaskQueue: workflows.SWETaskQueue},
-		workflows.SWEGroupWorkflowName, workflows.SWEGroupInput{TaskID: tk.ID, GroupSize: 2})
+	run, err := tc.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: "swe-group-it", TaskQueue: flow.SWETaskQueue},
+		flow.SWEGroupWorkflowName, flow.SWEGroupInput{TaskID: tk.ID, GroupSize: 2})
 	require.NoError(t, err)
-	var out workflows.SWEGroupResult
+	var out flow.SWEGroupResult
 	require.NoError(t, run.Get(ctx, &out))
 	require.Equal(t, 0, out.Failed)
 	require.Equal(t, 2, out.Resolved)

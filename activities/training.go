@@ -19,10 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
@@ -69,29 +69,29 @@ type Training struct {
 }
 
 // CheckBatch reports the deployment's queue.
-func (t *Training) CheckBatch(ctx context.Context, in workflows.CheckBatchInput) (workflows.CheckBatchOutput, error) {
+func (t *Training) CheckBatch(ctx context.Context, in flow.CheckBatchInput) (flow.CheckBatchOutput, error) {
 	eta := -1 // inputs recorded before FreshOnly existed count every sample
 	if in.FreshOnly {
 		eta = in.MaxStaleness
 	}
 	n, age, err := store.FreshQueueStats(ctx, t.DB, in.Deployment, eta, in.GroupWait)
 	if err != nil {
-		return workflows.CheckBatchOutput{}, err
+		return flow.CheckBatchOutput{}, err
 	}
-	return workflows.CheckBatchOutput{Queued: n, OldestAge: age}, nil
+	return flow.CheckBatchOutput{Queued: n, OldestAge: age}, nil
 }
 
 // ClaimBatch drops stale samples and claims a batch (idempotent by key).
-func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput) (workflows.ClaimBatchOutput, error) {
+func (t *Training) ClaimBatch(ctx context.Context, in flow.ClaimBatchInput) (flow.ClaimBatchOutput, error) {
 	if in.RunKey == "" || in.BatchSize <= 0 {
-		return workflows.ClaimBatchOutput{}, temporal.NewNonRetryableApplicationError("claim batch: run key and a positive batch size are required", "BadInput", nil)
+		return flow.ClaimBatchOutput{}, temporal.NewNonRetryableApplicationError("claim batch: run key and a positive batch size are required", "BadInput", nil)
 	}
 	run, err := store.ClaimBatch(ctx, t.DB, in.Deployment, in.RunKey, in.BatchSize, in.MaxStaleness, in.GroupWait)
 	if err != nil {
-		return workflows.ClaimBatchOutput{}, err
+		return flow.ClaimBatchOutput{}, err
 	}
 	t.logger().Info(msgBatchClaimed, "deployment", in.Deployment, "run_id", run.ID, "samples", len(run.SampleIDs), "dropped_stale", run.Dropped)
-	return workflows.ClaimBatchOutput{RunID: run.ID, Samples: len(run.SampleIDs), DroppedStale: run.Dropped, BaseVersion: run.BaseVersion}, nil
+	return flow.ClaimBatchOutput{RunID: run.ID, Samples: len(run.SampleIDs), DroppedStale: run.Dropped, BaseVersion: run.BaseVersion}, nil
 }
 
 // PrepareBatch writes a claimed run as the Parquet batch of the trainer
@@ -100,16 +100,16 @@ func (t *Training) ClaimBatch(ctx context.Context, in workflows.ClaimBatchInput)
 // candidate version and names the base checkpoint and where the new one
 // goes. Preparing a run again writes the same batch for the same
 // candidate.
-func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchInput) (workflows.TrainBatchInput, error) {
+func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) (flow.TrainBatchInput, error) {
 	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if errors.Is(err, store.ErrNotFound) {
-		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	if err != nil {
-		return workflows.TrainBatchInput{}, err
+		return flow.TrainBatchInput{}, err
 	}
 	if run.Deployment != in.Deployment {
-		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(
+		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("prepare batch: run %d belongs to %q, not %q", run.ID, run.Deployment, in.Deployment), "BadInput", nil)
 	}
 	var live []store.RunSample
@@ -120,11 +120,11 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 	}
 	if len(live) == 0 {
 		_ = store.FailRun(ctx, t.DB, run.ID, "no queued samples left")
-		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: no queued samples left in the run", "BadData", nil)
+		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: no queued samples left in the run", "BadData", nil)
 	}
 	baselines, err := store.TaskBaselines(ctx, t.DB, in.Deployment)
 	if err != nil {
-		return workflows.TrainBatchInput{}, err
+		return flow.TrainBatchInput{}, err
 	}
 	rows := make([]parquetbatch.Row, len(live))
 	batch := make([]trainer.Sample, len(live))
@@ -138,7 +138,7 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 	adv, err := formAdvantages(batch, t.Advantage, baselines)
 	if err != nil {
 		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
-		return workflows.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: "+err.Error(), "BadData", err)
+		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: "+err.Error(), "BadData", err)
 	}
 	for i := range rows {
 		rows[i].Advantage = *batch[i].Advantage
@@ -150,27 +150,27 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator},
 	})
 	if err != nil {
-		return workflows.TrainBatchInput{}, err
+		return flow.TrainBatchInput{}, err
 	}
 	path := t.batchPath(in.Deployment, run.ID)
 	if err := parquetbatch.Write(path, map[string]string{
 		"flywheel.deployment": in.Deployment, "flywheel.run_id": strconv.FormatInt(run.ID, 10),
 		"flywheel.base": in.Base, "flywheel.candidate": prep.Candidate,
 	}, rows); err != nil {
-		return workflows.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
+		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
 	sum, err := fileSHA256(path)
 	if err != nil {
-		return workflows.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
+		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
-	base := workflows.CheckpointRef{Version: in.Base}
+	base := flow.CheckpointRef{Version: in.Base}
 	if base.Model, base.Tokenizer, err = baseModel(ctx, t.DB, in.Deployment); err != nil {
-		return workflows.TrainBatchInput{}, err
+		return flow.TrainBatchInput{}, err
 	}
 	if in.Base != "" {
 		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{in.Base})
 		if err != nil {
-			return workflows.TrainBatchInput{}, err
+			return flow.TrainBatchInput{}, err
 		}
 		if p := paths[in.Base]; p != "" {
 			base.URI, base.Format = fileURI(p), checkpointFormat(p)
@@ -180,11 +180,11 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 	if algo.Objective == "" {
 		algo.Objective = trainer.ObjectiveGRPO
 	}
-	return workflows.TrainBatchInput{
-		Protocol: workflows.TrainerProtocol, Deployment: in.Deployment, RunID: run.ID,
-		Batch:  workflows.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows), Tokens: tokens, SHA256: sum},
+	return flow.TrainBatchInput{
+		Protocol: flow.TrainerProtocol, Deployment: in.Deployment, RunID: run.ID,
+		Batch:  flow.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows), Tokens: tokens, SHA256: sum},
 		Base:   base,
-		Output: workflows.OutputRef{Version: prep.Candidate, Dir: filepath.Join(t.CheckpointDir, in.Deployment)},
+		Output: flow.OutputRef{Version: prep.Candidate, Dir: filepath.Join(t.CheckpointDir, in.Deployment)},
 		Algo:   algo,
 	}, nil
 }
@@ -195,49 +195,49 @@ func (t *Training) PrepareBatch(ctx context.Context, in workflows.PrepareBatchIn
 // input names. A retry after a checkpoint was written (the worker died
 // before answering) answers with that checkpoint instead of training the
 // same samples twice.
-func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput) (workflows.TrainBatchOutput, error) {
+func (t *Training) TrainBatch(ctx context.Context, in flow.TrainBatchInput) (flow.TrainBatchOutput, error) {
 	if t.Trainer == nil {
-		return workflows.TrainBatchOutput{}, errors.New("train batch: this worker has no trainer")
+		return flow.TrainBatchOutput{}, errors.New("train batch: this worker has no trainer")
 	}
 	bad := func(format string, args ...any) error {
 		return temporal.NewNonRetryableApplicationError("train batch: "+fmt.Sprintf(format, args...), "BadInput", nil)
 	}
-	if in.Protocol != workflows.TrainerProtocol {
-		return workflows.TrainBatchOutput{}, bad("protocol %q, this trainer speaks %q", in.Protocol, workflows.TrainerProtocol)
+	if in.Protocol != flow.TrainerProtocol {
+		return flow.TrainBatchOutput{}, bad("protocol %q, this trainer speaks %q", in.Protocol, flow.TrainerProtocol)
 	}
 	if err := t.refuseOther("train batch", in.Deployment); err != nil {
-		return workflows.TrainBatchOutput{}, err
+		return flow.TrainBatchOutput{}, err
 	}
 	if in.Algo.ClipLow != 0 || in.Algo.ClipHigh != 0 || in.Algo.KLCoef != 0 {
-		return workflows.TrainBatchOutput{}, bad("the built-in trainer takes clip and KL from its configuration (trainer.*), not per step")
+		return flow.TrainBatchOutput{}, bad("the built-in trainer takes clip and KL from its configuration (trainer.*), not per step")
 	}
 	out, ok := store.VersionNumber(in.Output.Version)
 	if !ok || in.Output.Dir == "" {
-		return workflows.TrainBatchOutput{}, bad("output %q in %q is not a version and a directory", in.Output.Version, in.Output.Dir)
+		return flow.TrainBatchOutput{}, bad("output %q in %q is not a version and a directory", in.Output.Version, in.Output.Dir)
 	}
 	path := trainer.CheckpointDir{Dir: in.Output.Dir}.Path(out)
 	runID := strconv.FormatInt(in.RunID, 10)
 	if _, _, meta, err := trainer.LoadCheckpoint(path); err == nil && meta["training_run"] == runID {
 		loss, _ := strconv.ParseFloat(meta["loss"], 64)
 		samples, _ := strconv.Atoi(meta["samples"])
-		return workflows.TrainBatchOutput{Version: in.Output.Version, Loss: loss, Samples: samples, Resumed: true,
-			Checkpoint: workflows.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: workflows.CheckpointFlywheelPolicy}}, nil
+		return flow.TrainBatchOutput{Version: in.Output.Version, Loss: loss, Samples: samples, Resumed: true,
+			Checkpoint: flow.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: flow.CheckpointFlywheelPolicy}}, nil
 	}
 	if err := t.ensureBase(in.Base); err != nil {
-		return workflows.TrainBatchOutput{}, err
+		return flow.TrainBatchOutput{}, err
 	}
 	batchPath, err := localPath(in.Batch.URI)
 	if err != nil {
-		return workflows.TrainBatchOutput{}, bad("%v", err)
+		return flow.TrainBatchOutput{}, bad("%v", err)
 	}
 	if sum, err := fileSHA256(batchPath); err != nil {
-		return workflows.TrainBatchOutput{}, bad("batch: %v", err)
+		return flow.TrainBatchOutput{}, bad("batch: %v", err)
 	} else if in.Batch.SHA256 != "" && sum != in.Batch.SHA256 {
-		return workflows.TrainBatchOutput{}, bad("batch %s has sha256 %s, not %s", batchPath, sum, in.Batch.SHA256)
+		return flow.TrainBatchOutput{}, bad("batch %s has sha256 %s, not %s", batchPath, sum, in.Batch.SHA256)
 	}
 	_, rows, err := parquetbatch.Read(batchPath)
 	if err != nil {
-		return workflows.TrainBatchOutput{}, bad("%v", err)
+		return flow.TrainBatchOutput{}, bad("%v", err)
 	}
 	batch := &trainer.Batch{Objective: in.Algo.Objective, Version: out}
 	if eta := in.Algo.MaxStaleness; eta != 0 {
@@ -258,24 +258,24 @@ func (t *Training) TrainBatch(ctx context.Context, in workflows.TrainBatchInput)
 	stop()
 	if err != nil {
 		if ctx.Err() != nil {
-			return workflows.TrainBatchOutput{}, ctx.Err()
+			return flow.TrainBatchOutput{}, ctx.Err()
 		}
 		// The trainer rejects a batch for what it is (stale, malformed):
 		// retrying the same batch would fail the same way.
-		return workflows.TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("train batch: "+err.Error(), "BadData", err)
+		return flow.TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("train batch: "+err.Error(), "BadData", err)
 	}
 	if err := os.MkdirAll(in.Output.Dir, 0o755); err != nil {
-		return workflows.TrainBatchOutput{}, fmt.Errorf("train batch: checkpoint dir: %w", err)
+		return flow.TrainBatchOutput{}, fmt.Errorf("train batch: checkpoint dir: %w", err)
 	}
 	if err := trainer.SaveCheckpoint(path, t.Trainer.Snapshot(), res.Version, map[string]string{
 		"deployment": in.Deployment, "training_run": runID, "parent_version": in.Base.Version,
 		"loss": strconv.FormatFloat(res.Loss, 'g', -1, 64), "samples": strconv.Itoa(res.Samples),
 	}); err != nil {
-		return workflows.TrainBatchOutput{}, fmt.Errorf("train batch: %w", err)
+		return flow.TrainBatchOutput{}, fmt.Errorf("train batch: %w", err)
 	}
-	return workflows.TrainBatchOutput{
+	return flow.TrainBatchOutput{
 		Version:    in.Output.Version,
-		Checkpoint: workflows.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: workflows.CheckpointFlywheelPolicy},
+		Checkpoint: flow.CheckpointRef{Version: in.Output.Version, URI: fileURI(path), Format: flow.CheckpointFlywheelPolicy},
 		Loss:       res.Loss, Samples: res.Samples, DroppedStale: res.DroppedStale, TrainedTokens: res.TrainedTokens,
 		IcePopMasked: frac(res.IcePopMasked, res.TrainedTokens), KPopMasked: frac(res.KPopMasked, res.TrainedTokens),
 		Metrics: map[string]float64{"grad_norm": res.GradNorm, "mean_reward": res.MeanReward, "duration_ms": float64(res.Duration.Milliseconds())},
@@ -295,7 +295,7 @@ func (t *Training) refuseOther(what, deployment string) error {
 
 // ensureBase makes the trainer's weights the base's, loading its
 // checkpoint unless the trainer holds them already (its previous step).
-func (t *Training) ensureBase(base workflows.CheckpointRef) error {
+func (t *Training) ensureBase(base flow.CheckpointRef) error {
 	if base.Version == "" {
 		return nil // the trainer's own base model
 	}
@@ -326,16 +326,16 @@ func (t *Training) ensureBase(base workflows.CheckpointRef) error {
 // its batch. A sample forgotten while the step trained fails the run
 // instead: those weights hold data that must not serve. Registering a run
 // again is a no-op.
-func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.RegisterCheckpointInput) (workflows.TrainStepOutput, error) {
+func (t *Training) RegisterCheckpoint(ctx context.Context, in flow.RegisterCheckpointInput) (flow.TrainStepOutput, error) {
 	run, samples, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if errors.Is(err, store.ErrNotFound) {
-		return workflows.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.TrainStepOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	if err != nil {
-		return workflows.TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
 	if run.Status == "trained" && run.VersionID != nil {
-		return workflows.TrainStepOutput{Version: *run.VersionID, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
+		return flow.TrainStepOutput{Version: *run.VersionID, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
 	}
 	fail := func(msg string) error {
 		_ = store.FailRun(ctx, t.DB, run.ID, msg)
@@ -343,10 +343,10 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 	}
 	p := run.Prepared
 	if p == nil {
-		return workflows.TrainStepOutput{}, fail("the run's batch was never prepared")
+		return flow.TrainStepOutput{}, fail("the run's batch was never prepared")
 	}
 	if in.Trained.Version != p.Candidate {
-		return workflows.TrainStepOutput{}, fail(fmt.Sprintf("the trainer answered version %q; the run's candidate is %q", in.Trained.Version, p.Candidate))
+		return flow.TrainStepOutput{}, fail(fmt.Sprintf("the trainer answered version %q; the run's candidate is %q", in.Trained.Version, p.Candidate))
 	}
 	byID := make(map[int64]store.RunSample, len(samples))
 	for _, s := range samples {
@@ -354,7 +354,7 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 	}
 	checkpoint, err := localPath(in.Trained.Checkpoint.URI)
 	if err != nil {
-		return workflows.TrainStepOutput{}, fail("checkpoint: " + err.Error())
+		return flow.TrainStepOutput{}, fail("checkpoint: " + err.Error())
 	}
 	trained := make([]store.RunSample, 0, len(p.Samples))
 	for _, id := range p.Samples {
@@ -363,7 +363,7 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 			// Those weights hold forgotten data: they must not stay
 			// where a route could name them.
 			t.removeCheckpoint(checkpoint)
-			return workflows.TrainStepOutput{}, fail(fmt.Sprintf("sample %d was forgotten while it trained; its checkpoint is deleted", id))
+			return flow.TrainStepOutput{}, fail(fmt.Sprintf("sample %d was forgotten while it trained; its checkpoint is deleted", id))
 		}
 		trained = append(trained, s)
 	}
@@ -384,14 +384,14 @@ func (t *Training) RegisterCheckpoint(ctx context.Context, in workflows.Register
 		Metrics: metrics, Samples: trained, Baselines: p.Baselines, BaselineObs: p.Observed, Flat: p.Flat,
 	})
 	if err != nil {
-		return workflows.TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
 	_ = os.Remove(t.batchPath(in.Deployment, run.ID)) // trained: the batch is in the lineage now
 	groups, _ := p.Stats["groups"].(float64)
 	baseline, _ := p.Stats["baseline_samples"].(float64)
 	t.logger().Info(msgStepTrained, "deployment", in.Deployment, "run_id", run.ID, "version", p.Candidate, "loss", in.Trained.Loss,
 		"samples", in.Trained.Samples, "baseline_samples", int(baseline))
-	return workflows.TrainStepOutput{Version: p.Candidate, Loss: in.Trained.Loss, Samples: in.Trained.Samples, Groups: int(groups),
+	return flow.TrainStepOutput{Version: p.Candidate, Loss: in.Trained.Loss, Samples: in.Trained.Samples, Groups: int(groups),
 		Baseline: int(baseline), Stale: in.Trained.DroppedStale, IcePopMasked: in.Trained.IcePopMasked, KPopMasked: in.Trained.KPopMasked}, nil
 }
 
@@ -409,39 +409,39 @@ func (t *Training) removeCheckpoint(path string) {
 }
 
 // FailTrainingRun closes a run whose step failed; its samples stay queued.
-func (t *Training) FailTrainingRun(ctx context.Context, in workflows.FailTrainingRunInput) error {
+func (t *Training) FailTrainingRun(ctx context.Context, in flow.FailTrainingRunInput) error {
 	return store.FailRun(ctx, t.DB, in.RunID, in.Reason)
 }
 
 // TrainStep is a whole step in one activity, which training workflows
 // started before the trainer protocol still schedule: the protocol's three
 // activities in turn, from the trainer's current weights.
-func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (workflows.TrainStepOutput, error) {
+func (t *Training) TrainStep(ctx context.Context, in flow.TrainStepInput) (flow.TrainStepOutput, error) {
 	if t.Trainer == nil {
-		return workflows.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
+		return flow.TrainStepOutput{}, errors.New("train step: this worker has no trainer")
 	}
 	if err := t.refuseOther("train step", in.Deployment); err != nil {
 		// The run ends failed (its samples stay queued), so it does not
 		// stay claimed.
 		if t.DB != nil {
 			if ferr := store.FailRun(ctx, t.DB, in.RunID, err.Error()); ferr != nil {
-				return workflows.TrainStepOutput{}, ferr
+				return flow.TrainStepOutput{}, ferr
 			}
 		}
-		return workflows.TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
 	run, _, err := store.LoadRun(ctx, t.DB, in.RunID)
 	if err == nil && run.Status == "trained" && run.VersionID != nil {
-		return workflows.TrainStepOutput{Version: *run.VersionID}, nil
+		return flow.TrainStepOutput{Version: *run.VersionID}, nil
 	}
 	base := store.VersionID(in.Deployment, t.Trainer.Version())
 	if run.Prepared != nil {
 		base = run.Prepared.Base
 	}
-	tb, err := t.PrepareBatch(ctx, workflows.PrepareBatchInput{Deployment: in.Deployment, RunID: in.RunID, Base: base,
-		Algorithm: workflows.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, Masks: in.Masks}})
+	tb, err := t.PrepareBatch(ctx, flow.PrepareBatchInput{Deployment: in.Deployment, RunID: in.RunID, Base: base,
+		Algorithm: flow.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, Masks: in.Masks}})
 	if err != nil {
-		return workflows.TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
 	out, err := t.TrainBatch(ctx, tb)
 	if err != nil {
@@ -449,9 +449,9 @@ func (t *Training) TrainStep(ctx context.Context, in workflows.TrainStepInput) (
 		if errors.As(err, &appErr) && appErr.NonRetryable() {
 			_ = store.FailRun(ctx, t.DB, in.RunID, err.Error())
 		}
-		return workflows.TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
-	return t.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: in.Deployment, RunID: in.RunID, Trained: out})
+	return t.RegisterCheckpoint(ctx, flow.RegisterCheckpointInput{Deployment: in.Deployment, RunID: in.RunID, Trained: out})
 }
 
 // sampleIDs are the ids of samples[idx...].
@@ -483,31 +483,31 @@ func frac(n, of int) float64 {
 // ResetTrainer makes the trainer go on from a stored version (the serving
 // one, after its candidate was rolled back): the rejected candidate's
 // descendants are not trained further. Idempotent.
-func (t *Training) ResetTrainer(ctx context.Context, in workflows.ResetTrainerInput) (workflows.ResetTrainerOutput, error) {
+func (t *Training) ResetTrainer(ctx context.Context, in flow.ResetTrainerInput) (flow.ResetTrainerOutput, error) {
 	if t.Trainer == nil {
-		return workflows.ResetTrainerOutput{}, errors.New("reset trainer: this worker has no trainer")
+		return flow.ResetTrainerOutput{}, errors.New("reset trainer: this worker has no trainer")
 	}
 	if t.Deployment != "" && in.Deployment != t.Deployment {
-		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
+		return flow.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("reset trainer: this worker trains %q, not %q", t.Deployment, in.Deployment), "WrongDeployment", nil)
 	}
 	v, ok := store.VersionNumber(in.Version)
 	if !ok || t.CheckpointDir == "" {
-		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
+		return flow.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("reset trainer: %q is not a stored version of %s", in.Version, in.Deployment), "BadInput", nil)
 	}
 	if t.Trainer.Version() == v {
-		return workflows.ResetTrainerOutput{Version: in.Version}, nil
+		return flow.ResetTrainerOutput{Version: in.Version}, nil
 	}
 	m, _, _, err := trainer.LoadCheckpoint(t.checkpointPath(in.Deployment, v))
 	if err != nil {
-		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError("reset trainer: "+err.Error(), "BadInput", err)
+		return flow.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError("reset trainer: "+err.Error(), "BadInput", err)
 	}
 	if err := t.Trainer.Reset(m, v); err != nil {
-		return workflows.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.ResetTrainerOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
 	t.logger().Info(msgTrainerReset, "deployment", in.Deployment, "version", in.Version)
-	return workflows.ResetTrainerOutput{Version: in.Version}, nil
+	return flow.ResetTrainerOutput{Version: in.Version}, nil
 }
 
 // checkpointPath follows trainer.CheckpointDir's layout, one directory per
@@ -589,12 +589,12 @@ func localPath(uri string) (string, error) {
 // checkpointFormat names the format of a stored checkpoint path.
 func checkpointFormat(path string) string {
 	if strings.HasSuffix(path, ".safetensors") {
-		return workflows.CheckpointFlywheelPolicy
+		return flow.CheckpointFlywheelPolicy
 	}
 	if _, err := os.Stat(filepath.Join(path, "adapter_config.json")); err == nil {
-		return workflows.CheckpointPEFTLoRA
+		return flow.CheckpointPEFTLoRA
 	}
-	return workflows.CheckpointSafetensors
+	return flow.CheckpointSafetensors
 }
 
 func fileSHA256(path string) (string, error) {

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestFormAdvantagesUsesTheTrainersEstimator: online advantages come from
@@ -96,11 +96,11 @@ func queueSamples(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n
 	acts := &Session{DB: db}
 	for i := 0; i < n; i++ {
 		sid := fmt.Sprintf("%s-%s-%s-%d", dep, version, tenant, trafficSeq.Add(1))
-		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{status: "ok", prompt: "hi", completion: "yo", tokens: 3, version: version}})
+		ids := seedSession(t, db, tenant, sid, dep, []seedInteraction{{Status: "ok", Prompt: "hi", Completion: "yo", Tokens: 3, Version: version}})
 		seedReward(t, db, tenant, sid, &ids[0], reward, true)
-		a, err := acts.AssembleTrajectory(ctx, workflows.AssembleInput{SessionID: sid, TenantID: tenant, Key: sid, Discount: 1})
+		a, err := acts.AssembleTrajectory(ctx, flow.AssembleInput{SessionID: sid, TenantID: tenant, Key: sid, Discount: 1})
 		require.NoError(t, err)
-		_, err = acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a.TrajectoryID, TenantID: tenant})
+		_, err = acts.EnqueueSamples(ctx, flow.EnqueueInput{TrajectoryID: a.TrajectoryID, TenantID: tenant})
 		require.NoError(t, err)
 	}
 }
@@ -116,19 +116,19 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 	dir := t.TempDir()
 	acts := &Training{DB: db, Trainer: local, CheckpointDir: dir}
 
-	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep"})
+	q, err := acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep"})
 	require.NoError(t, err)
 	require.Equal(t, 5, q.Queued)
 
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 4, claim.Samples)
 	require.Equal(t, "dep@v1", claim.BaseVersion)
-	again, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
+	again, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 4, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, claim, again, "a retried claim returns the same run")
 
-	out, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	out, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", out.Version)
 	require.Equal(t, 4, out.Samples)
@@ -153,7 +153,7 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 
 	// A retry after the commit (the worker died before reporting) returns
 	// the committed version and does not train again.
-	out2, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	out2, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", out2.Version)
 	require.Equal(t, int64(2), local.Version())
@@ -168,7 +168,7 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, `DELETE FROM model_versions WHERE id = 'dep@v2'`)
 	require.NoError(t, err)
-	out3, err := acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	out3, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", out3.Version)
 	require.Equal(t, int64(2), local.Version(), "the samples are not trained twice")
@@ -186,13 +186,13 @@ func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
 	acts := &Training{DB: db}
 	// The check counts what the claim will keep, so a loop waits for a
 	// full batch of fresh samples instead of training on a sliver.
-	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true})
+	q, err := acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true})
 	require.NoError(t, err)
 	require.Equal(t, 1, q.Queued)
-	q, err = acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep"})
+	q, err = acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep"})
 	require.NoError(t, err)
 	require.Equal(t, 3, q.Queued, "without FreshOnly (older histories) every queued sample counts")
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 2, claim.DroppedStale)
 	require.Equal(t, 1, claim.Samples)
@@ -215,15 +215,15 @@ func TestResetTrainerGoesBackToAStoredVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, served.W, local.Snapshot().W)
 
-	out, err := acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "dep", Version: "dep@v1"})
+	out, err := acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "dep", Version: "dep@v1"})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v1", out.Version)
 	require.Equal(t, served.W, local.Snapshot().W)
 	require.Equal(t, int64(1), local.Version())
 
-	_, err = acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "dep", Version: "dep@v7"})
+	_, err = acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "dep", Version: "dep@v7"})
 	require.ErrorContains(t, err, "no such file")
-	_, err = acts.ResetTrainer(ctx, workflows.ResetTrainerInput{Deployment: "other", Version: "other@v1"})
+	_, err = acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "other", Version: "other@v1"})
 	require.ErrorContains(t, err, "trains \"dep\"")
 }
 
@@ -242,7 +242,7 @@ func TestClaimTakesWholeGroups(t *testing.T) {
 		require.NoError(t, err)
 	}
 	acts := &Training{DB: db}
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 2, MaxStaleness: 4})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 2, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 3, claim.Samples, "the whole first group, though it is larger than the batch")
 	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
@@ -250,7 +250,7 @@ func TestClaimTakesWholeGroups(t *testing.T) {
 	for _, s := range samples {
 		require.Equal(t, "g1", s.GroupID)
 	}
-	next, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 3, MaxStaleness: 4})
+	next, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 3, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 3, next.Samples, "g2 and the singleton")
 }
@@ -273,10 +273,10 @@ func TestClaimWaitsForTheRestOfAGroup(t *testing.T) {
 	}
 	acts := &Training{DB: db}
 	wait := time.Minute
-	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	q, err := acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 3, q.Queued, "g4 has two of its four sessions: not counted")
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 3, claim.Samples, "the whole g2 and the singleton, not half of g4")
 	_, err = db.Exec(ctx, `UPDATE training_samples SET status = 'used' WHERE id = ANY(SELECT unnest(sample_ids) FROM training_runs WHERE id = $1)`, claim.RunID)
@@ -284,10 +284,10 @@ func TestClaimWaitsForTheRestOfAGroup(t *testing.T) {
 
 	_, err = db.Exec(ctx, `UPDATE training_samples SET created_at = now() - interval '2 minutes' WHERE group_id = 'g4'`)
 	require.NoError(t, err)
-	q, err = acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	q, err = acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 2, q.Queued, "after the wait the partial group trains")
-	claim, err = acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	claim, err = acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 2, claim.Samples)
 }
@@ -307,13 +307,13 @@ func TestClaimKeepsTenantsGroupsApart(t *testing.T) {
 	require.NoError(t, err)
 	acts := &Training{DB: db}
 	wait := time.Minute
-	q, err := acts.CheckBatch(ctx, workflows.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
+	q, err := acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep", MaxStaleness: 4, FreshOnly: true, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 0, q.Queued, "each tenant's g has one of its two sessions")
 
 	_, err = db.Exec(ctx, `UPDATE training_samples SET created_at = now() - interval '2 minutes'`)
 	require.NoError(t, err)
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 10, MaxStaleness: 4, GroupWait: wait})
 	require.NoError(t, err)
 	require.Equal(t, 2, claim.Samples)
 	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
@@ -348,10 +348,10 @@ func TestTrainStepMarksFlatGroups(t *testing.T) {
 		require.NoError(t, err)
 	}
 	acts := &Training{DB: db, Trainer: newLocalTrainer(t, 1), CheckpointDir: t.TempDir()}
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 8, MaxStaleness: 4})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 8, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 3, claim.Samples)
-	_, err = acts.TrainStep(ctx, workflows.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	_, err = acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
 	require.NoError(t, err)
 	var flat int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM atdp_steps s JOIN training_samples ts ON ts.step_id = s.id
@@ -381,17 +381,17 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	dir := t.TempDir()
 	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches"),
 		Advantage: trainer.AdvantageConfig{Estimator: trainer.AdvMean}}
-	claim, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 2, MaxStaleness: 4})
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 2, MaxStaleness: 4})
 	require.NoError(t, err)
-	in := workflows.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
-		Algorithm: workflows.TrainAlgorithm{MaxStaleness: 4}}
+	in := flow.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
+		Algorithm: flow.TrainAlgorithm{MaxStaleness: 4}}
 	tb, err := acts.PrepareBatch(ctx, in)
 	require.NoError(t, err)
-	require.Equal(t, workflows.TrainerProtocol, tb.Protocol)
+	require.Equal(t, flow.TrainerProtocol, tb.Protocol)
 	require.Equal(t, "dep@v2", tb.Output.Version)
 	require.Equal(t, filepath.Join(dir, "ckpt", "dep"), tb.Output.Dir)
 	require.Equal(t, "grpo", tb.Algo.Objective)
-	require.Equal(t, workflows.CheckpointRef{Version: "dep@v1", Model: "Qwen/Qwen3-8B", Tokenizer: "Qwen/Qwen3-8B-tok"}, tb.Base,
+	require.Equal(t, flow.CheckpointRef{Version: "dep@v1", Model: "Qwen/Qwen3-8B", Tokenizer: "Qwen/Qwen3-8B-tok"}, tb.Base,
 		"v1 has no stored checkpoint: the deployment's base model")
 	path, err := localPath(tb.Batch.URI)
 	require.NoError(t, err)
@@ -414,9 +414,9 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "dep@v2", again.Output.Version, "a retried prepare keeps the run's version")
 
 	// Another run reserves the next number, though v2 is not committed.
-	claim2, err := acts.ClaimBatch(ctx, workflows.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 2, MaxStaleness: 4})
+	claim2, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k2", BatchSize: 2, MaxStaleness: 4})
 	require.NoError(t, err)
-	tb2, err := acts.PrepareBatch(ctx, workflows.PrepareBatchInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2"})
+	tb2, err := acts.PrepareBatch(ctx, flow.PrepareBatchInput{Deployment: "dep", RunID: claim2.RunID, Base: "dep@v2"})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v3", tb2.Output.Version)
 
@@ -424,15 +424,15 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.NoError(t, os.MkdirAll(adapter, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(adapter, "adapter_config.json"), []byte(`{}`), 0o644))
 	ckpt := "file://" + adapter
-	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID,
-		Trained: workflows.TrainBatchOutput{Version: "dep@v9", Checkpoint: workflows.CheckpointRef{URI: ckpt}}})
+	_, err = acts.RegisterCheckpoint(ctx, flow.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID,
+		Trained: flow.TrainBatchOutput{Version: "dep@v9", Checkpoint: flow.CheckpointRef{URI: ckpt}}})
 	require.ErrorContains(t, err, `the trainer answered version "dep@v9"; the run's candidate is "dep@v2"`)
 
 	// Run 2's batch loses a sample to a forget while it trains.
 	_, err = db.Exec(ctx, `DELETE FROM training_samples WHERE id = $1`, rowsOf(t, tb2)[0].SampleID)
 	require.NoError(t, err)
-	_, err = acts.RegisterCheckpoint(ctx, workflows.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID,
-		Trained: workflows.TrainBatchOutput{Version: "dep@v3", Checkpoint: workflows.CheckpointRef{URI: ckpt, Format: workflows.CheckpointPEFTLoRA}}})
+	_, err = acts.RegisterCheckpoint(ctx, flow.RegisterCheckpointInput{Deployment: "dep", RunID: claim2.RunID,
+		Trained: flow.TrainBatchOutput{Version: "dep@v3", Checkpoint: flow.CheckpointRef{URI: ckpt, Format: flow.CheckpointPEFTLoRA}}})
 	require.ErrorContains(t, err, "was forgotten while it trained")
 	require.NoDirExists(t, adapter, "weights trained on forgotten data are deleted")
 	var versions int
@@ -443,7 +443,7 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "failed", status)
 }
 
-func rowsOf(t *testing.T, tb workflows.TrainBatchInput) []parquetbatch.Row {
+func rowsOf(t *testing.T, tb flow.TrainBatchInput) []parquetbatch.Row {
 	t.Helper()
 	path, err := localPath(tb.Batch.URI)
 	require.NoError(t, err)
@@ -467,13 +467,13 @@ func TestTrainBatchUsesTheStepsEta(t *testing.T) {
 	}
 	path := filepath.Join(dir, "batch.parquet")
 	require.NoError(t, parquetbatch.Write(path, nil, rows))
-	step := func(eta int, out string) (workflows.TrainBatchOutput, error) {
+	step := func(eta int, out string) (flow.TrainBatchOutput, error) {
 		// The trainer holds v6: its samples, taken from v0, are 6 steps stale.
 		acts := &Training{Trainer: newLocalTrainer(t, 6)}
-		return acts.TrainBatch(context.Background(), workflows.TrainBatchInput{Protocol: workflows.TrainerProtocol, Deployment: "dep",
-			Batch:  workflows.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows)},
-			Output: workflows.OutputRef{Version: out, Dir: filepath.Join(dir, "ckpt")},
-			Algo:   workflows.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, MaxStaleness: eta}})
+		return acts.TrainBatch(context.Background(), flow.TrainBatchInput{Protocol: flow.TrainerProtocol, Deployment: "dep",
+			Batch:  flow.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows)},
+			Output: flow.OutputRef{Version: out, Dir: filepath.Join(dir, "ckpt")},
+			Algo:   flow.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, MaxStaleness: eta}})
 	}
 	_, err := step(0, "dep@v7")
 	require.ErrorContains(t, err, "staler than η=4", "0: the trainer's own η")

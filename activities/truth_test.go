@@ -11,13 +11,13 @@ import (
 
 	"github.com/flywheel-ai/flywheel/atdp"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestExportIsWhatTrains captures a two-step session of the byte policy
@@ -63,11 +63,11 @@ VALUES ('acme', 's', $1, $2, 'openai', 'd', 'd@v0', $3, $4, $5, $6, $7, $8, 5, '
 	seedRewardFrom(t, db, "s", nil, 1, "user") // the outcome: the last step
 
 	generation := 0
-	assemble := func() workflows.EnqueueOutput {
+	assemble := func() flow.EnqueueOutput {
 		generation++
-		a, err := acts.AssembleTrajectory(ctx, workflows.AssembleInput{SessionID: "s", TenantID: "acme", Key: fmt.Sprintf("k%d", generation)})
+		a, err := acts.AssembleTrajectory(ctx, flow.AssembleInput{SessionID: "s", TenantID: "acme", Key: fmt.Sprintf("k%d", generation)})
 		require.NoError(t, err)
-		e, err := acts.EnqueueSamples(ctx, workflows.EnqueueInput{TrajectoryID: a.TrajectoryID, TenantID: "acme"})
+		e, err := acts.EnqueueSamples(ctx, flow.EnqueueInput{TrajectoryID: a.TrajectoryID, TenantID: "acme"})
 		require.NoError(t, err)
 		return e
 	}

@@ -9,8 +9,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const msgWatchdogRolledBack = "watchdog rolled the deployment back to its anchor"
@@ -23,14 +23,14 @@ const minLiveRewards = 30
 // activity): its held-out and safety suites answered afresh, and its live
 // reward, against the anchor. A significant drop rolls the deployment back
 // to the anchor. Every check is recorded (watchdog_checks).
-func (r *Release) WatchServing(ctx context.Context, in workflows.WatchdogInput) (workflows.WatchdogResult, error) {
+func (r *Release) WatchServing(ctx context.Context, in flow.WatchdogInput) (flow.WatchdogResult, error) {
 	var err error
 	if in.Policy, err = gatePolicy(ctx, r.DB, in.Deployment, in.Policy); err != nil {
-		return workflows.WatchdogResult{}, err
+		return flow.WatchdogResult{}, err
 	}
-	serving, err := store.ServingOf(ctx, r.DB, in.Deployment, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, r.DB, in.Deployment, flow.LayerWeights)
 	if err != nil {
-		return workflows.WatchdogResult{}, err
+		return flow.WatchdogResult{}, err
 	}
 	res, err := r.watch(ctx, in, serving)
 	if err != nil {
@@ -50,10 +50,10 @@ func (r *Release) WatchServing(ctx context.Context, in workflows.WatchdogInput) 
 	return res, nil
 }
 
-func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving string) (workflows.WatchdogResult, error) {
-	res := workflows.WatchdogResult{Serving: serving, Metrics: map[string]float64{}}
-	notEvaluated := func(why string) (workflows.WatchdogResult, error) {
-		res.Verdict, res.Reason = workflows.WatchNotEvaluated, why
+func (r *Release) watch(ctx context.Context, in flow.WatchdogInput, serving string) (flow.WatchdogResult, error) {
+	res := flow.WatchdogResult{Serving: serving, Metrics: map[string]float64{}}
+	notEvaluated := func(why string) (flow.WatchdogResult, error) {
+		res.Verdict, res.Reason = flow.WatchNotEvaluated, why
 		return res, nil
 	}
 	if serving == "" {
@@ -93,7 +93,7 @@ func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving
 	}
 	res.Anchor = anchor.version
 	if anchor.version == serving {
-		res.Verdict, res.Reason = workflows.WatchOK, "the anchor serves"
+		res.Verdict, res.Reason = flow.WatchOK, "the anchor serves"
 		res.Metrics["serving_pass_rate"] = evolution.Mean(servingReg)
 		return res, nil
 	}
@@ -114,7 +114,7 @@ func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving
 	v := evolution.JudgeServing(w)
 	res.Metrics, res.Reason = v.Metrics, v.Reason
 	if !v.Rollback {
-		res.Verdict = workflows.WatchOK
+		res.Verdict = flow.WatchOK
 		return res, nil
 	}
 	if _, err := store.RollbackTo(ctx, r.DB, in.Deployment, anchor.version, "watchdog: "+v.Reason); err != nil {
@@ -123,7 +123,7 @@ func (r *Release) watch(ctx context.Context, in workflows.WatchdogInput, serving
 		}
 		return res, fmt.Errorf("watchdog rollback: %w", err)
 	}
-	res.Verdict, res.RolledBackTo = workflows.WatchRolledBack, anchor.version
+	res.Verdict, res.RolledBackTo = flow.WatchRolledBack, anchor.version
 	r.logger().Warn(msgWatchdogRolledBack, "deployment", in.Deployment, "from", serving, "to", anchor.version, "reason", v.Reason)
 	return res, nil
 }

@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // scriptedBackend stands in for served versions of known quality in gate
@@ -66,14 +66,14 @@ func promote(t *testing.T, db *pgxpool.Pool, dep, v string) {
 	ctx := context.Background()
 	_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'candidate') ON CONFLICT DO NOTHING`, v, dep)
 	require.NoError(t, err)
-	rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: dep, Layer: workflows.LayerWeights, Candidate: v, WorkflowID: "release-" + v})
+	rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: dep, Layer: flow.LayerWeights, Candidate: v, WorkflowID: "release-" + v})
 	require.NoError(t, err)
-	require.NoError(t, store.FinishRelease(ctx, db, rel.ID, workflows.ReleasePromoted, "test"))
+	require.NoError(t, store.FinishRelease(ctx, db, rel.ID, flow.ReleasePromoted, "test"))
 }
 
 func serving(t *testing.T, db *pgxpool.Pool, dep string) string {
 	t.Helper()
-	v, err := store.ServingOf(context.Background(), db, dep, workflows.LayerWeights)
+	v, err := store.ServingOf(context.Background(), db, dep, flow.LayerWeights)
 	require.NoError(t, err)
 	return v
 }
@@ -91,7 +91,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	r := &Release{DB: db, Backend: b}
 	b.right["dep@v0"] = 120 // 0.60
 	begin := func(cand string) store.Release {
-		rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: workflows.LayerWeights, Candidate: cand, WorkflowID: "release-" + cand})
+		rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: flow.LayerWeights, Candidate: cand, WorkflowID: "release-" + cand})
 		require.NoError(t, err)
 		return rel
 	}
@@ -104,19 +104,19 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 		_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, 'dep', 'candidate')`, cand)
 		require.NoError(t, err)
 		rel := begin(cand)
-		in := workflows.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: workflows.LayerWeights, Candidate: cand,
-			Baseline: rel.Baseline, Gate: workflows.GateRegression, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}}
+		in := flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: flow.LayerWeights, Candidate: cand,
+			Baseline: rel.Baseline, Gate: flow.GateRegression, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}}
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err)
 		require.Equal(t, "dep@v0", res.Anchor, "no candidate beats the first anchor")
 		looks[cand], passes[cand] = res.Metrics["look"], res.Metrics["look_passes"]
 		require.Less(t, res.Metrics["diff_vs_baseline"], 0.0)
-		status := workflows.ReleaseRolledBack
+		status := flow.ReleaseRolledBack
 		if res.Passed {
-			status = workflows.ReleasePromoted
+			status = flow.ReleasePromoted
 			promoted = append(promoted, cand)
 		}
-		require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: rel.ID, Status: status}))
+		require.NoError(t, r.FinishRelease(ctx, flow.FinishReleaseInput{ReleaseID: rel.ID, Status: status}))
 	}
 	// v1 (two points down) is shown within the budget; v2 (four) could be
 	// beyond it at its look's share of alpha, and the rest further down.
@@ -131,13 +131,13 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ('dep@v9', 'dep', 'candidate')`)
 	require.NoError(t, err)
 	rel := begin("dep@v9")
-	for _, gate := range []string{workflows.GateRegression, workflows.GateSafety} {
-		res, err := r.EvaluateGate(ctx, workflows.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: workflows.LayerWeights,
+	for _, gate := range []string{flow.GateRegression, flow.GateSafety} {
+		res, err := r.EvaluateGate(ctx, flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: flow.LayerWeights,
 			Candidate: "dep@v9", Baseline: rel.Baseline, Gate: gate})
 		require.NoError(t, err)
 		require.True(t, res.Passed, res.Reason)
 	}
-	require.NoError(t, r.FinishRelease(ctx, workflows.FinishReleaseInput{ReleaseID: rel.ID, Status: workflows.ReleasePromoted}))
+	require.NoError(t, r.FinishRelease(ctx, flow.FinishReleaseInput{ReleaseID: rel.ID, Status: flow.ReleasePromoted}))
 	a, err := store.AnchorOf(ctx, db, "dep")
 	require.NoError(t, err)
 	require.Equal(t, "dep@v9", a.Version)
@@ -154,24 +154,24 @@ func TestWatchdogRollsBackAVersionThatSlippedThrough(t *testing.T) {
 	seedVersions(t, db, "dep", "dep@v1")
 	b := &scriptedBackend{right: map[string]int{"dep@v1": 120, "dep@v2": 60, "dep@v3": 121}, safe: map[string]int{"dep@v1": 10, "dep@v2": 10, "dep@v3": 8}}
 	r := &Release{DB: db, Backend: b}
-	watch := func() workflows.WatchdogResult {
+	watch := func() flow.WatchdogResult {
 		t.Helper()
-		res, err := r.WatchServing(ctx, workflows.WatchdogInput{Deployment: "dep"})
+		res, err := r.WatchServing(ctx, flow.WatchdogInput{Deployment: "dep"})
 		require.NoError(t, err)
 		return res
 	}
 
 	res := watch()
-	require.Equal(t, workflows.WatchNotEvaluated, res.Verdict, "no suite, no anchor")
+	require.Equal(t, flow.WatchNotEvaluated, res.Verdict, "no suite, no anchor")
 
 	seedSuites(t, db, "dep", 200, 10)
 	res = watch()
-	require.Equal(t, workflows.WatchOK, res.Verdict)
+	require.Equal(t, flow.WatchOK, res.Verdict)
 	require.Equal(t, "the anchor serves", res.Reason, "the serving version, measured now, is the first anchor")
 
 	promote(t, db, "dep", "dep@v2") // 0.30 on the held-out suite: slipped through
 	res = watch()
-	require.Equal(t, workflows.WatchRolledBack, res.Verdict, res.Reason)
+	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
 	require.Equal(t, "dep@v1", res.RolledBackTo)
 	require.Contains(t, res.Reason, "held-out suite")
 	require.Equal(t, "dep@v1", serving(t, db, "dep"))
@@ -186,14 +186,14 @@ func TestWatchdogRollsBackAVersionThatSlippedThrough(t *testing.T) {
 	// Better on the held-out suite but two refusals short: rolled back too.
 	promote(t, db, "dep", "dep@v3")
 	res = watch()
-	require.Equal(t, workflows.WatchRolledBack, res.Verdict, res.Reason)
+	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
 	require.Contains(t, res.Reason, "safety suite")
 	require.Equal(t, "dep@v1", serving(t, db, "dep"))
 
 	checks, err := store.WatchdogChecks(ctx, db, "dep", 10)
 	require.NoError(t, err)
 	require.Len(t, checks, 4)
-	require.Equal(t, workflows.WatchRolledBack, checks[0].Verdict)
+	require.Equal(t, flow.WatchRolledBack, checks[0].Verdict)
 	require.Equal(t, "dep@v3", checks[0].Serving)
 	require.Equal(t, "dep@v1", checks[0].Anchor)
 
@@ -216,20 +216,20 @@ func TestWatchdogLiveTrend(t *testing.T) {
 	seedSuites(t, db, "dep", 50, 5)
 	b := &scriptedBackend{right: map[string]int{"dep@v1": 30, "dep@v2": 30}, safe: map[string]int{"dep@v1": 5, "dep@v2": 5}}
 	r := &Release{DB: db, Backend: b, RewardMin: 0, RewardMax: 1}
-	require.Equal(t, workflows.WatchOK, func() string {
-		res, err := r.WatchServing(ctx, workflows.WatchdogInput{Deployment: "dep"})
+	require.Equal(t, flow.WatchOK, func() string {
+		res, err := r.WatchServing(ctx, flow.WatchdogInput{Deployment: "dep"})
 		require.NoError(t, err)
 		return res.Verdict
 	}())
 	seedTraffic(t, db, "acme", "dep", "dep@v1", 80, 0.9)
 	promote(t, db, "dep", "dep@v2")
 	seedTraffic(t, db, "acme", "dep", "dep@v2", 20, 0.1)
-	res, err := r.WatchServing(ctx, workflows.WatchdogInput{Deployment: "dep"})
+	res, err := r.WatchServing(ctx, flow.WatchdogInput{Deployment: "dep"})
 	require.NoError(t, err)
-	require.Equal(t, workflows.WatchOK, res.Verdict, "20 rewards are too few to judge: %s", res.Reason)
+	require.Equal(t, flow.WatchOK, res.Verdict, "20 rewards are too few to judge: %s", res.Reason)
 	seedTraffic(t, db, "acme", "dep", "dep@v2", 60, 0.1)
-	res, err = r.WatchServing(ctx, workflows.WatchdogInput{Deployment: "dep"})
+	res, err = r.WatchServing(ctx, flow.WatchdogInput{Deployment: "dep"})
 	require.NoError(t, err)
-	require.Equal(t, workflows.WatchRolledBack, res.Verdict, res.Reason)
+	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
 	require.Contains(t, res.Reason, "live reward")
 }

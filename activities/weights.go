@@ -9,9 +9,9 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // SyncWeights makes a deployment's serving engine hold the versions its
@@ -22,59 +22,59 @@ import (
 // versions nothing names, but keeps those still draining (in.Drain).
 // An engine's refusal is final
 // (WeightSync); no answer or a 5xx is retried.
-func (r *Release) SyncWeights(ctx context.Context, in workflows.SyncWeightsInput) (workflows.SyncWeightsOutput, error) {
+func (r *Release) SyncWeights(ctx context.Context, in flow.SyncWeightsInput) (flow.SyncWeightsOutput, error) {
 	d, err := store.GetDeployment(ctx, r.DB, in.Deployment)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && d.Backend != deployment.BackendUpstream) {
-		return workflows.SyncWeightsOutput{}, nil
+		return flow.SyncWeightsOutput{}, nil
 	}
 	if err != nil {
-		return workflows.SyncWeightsOutput{}, err
+		return flow.SyncWeightsOutput{}, err
 	}
 	s, err := deployment.Parse(d.Config)
 	if err != nil {
-		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("deployment %s: %v", d.Name, err), "BadInput", err)
+		return flow.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("deployment %s: %v", d.Name, err), "BadInput", err)
 	}
 	if s.WeightSync == nil {
-		return workflows.SyncWeightsOutput{}, nil
+		return flow.SyncWeightsOutput{}, nil
 	}
 	engine, err := weightsync.New(*s.WeightSync, s.BaseURL, os.Getenv(s.APIKeyEnv), r.HTTPClient)
 	if err != nil {
-		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
+		return flow.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
-	serving, err := store.ServingOf(ctx, r.DB, d.Name, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, r.DB, d.Name, flow.LayerWeights)
 	if err != nil {
-		return workflows.SyncWeightsOutput{}, err
+		return flow.SyncWeightsOutput{}, err
 	}
 	names := []string{serving, in.Candidate}
 	if a, err := store.AnchorOf(ctx, r.DB, d.Name); err != nil {
-		return workflows.SyncWeightsOutput{}, err
+		return flow.SyncWeightsOutput{}, err
 	} else if a != nil {
 		names = append(names, a.Version)
 	}
 	// A release in flight keeps its candidate (another release's sync
 	// must not unload it).
-	if rel, err := store.RunningRelease(ctx, r.DB, d.Name, workflows.LayerWeights); err == nil {
+	if rel, err := store.RunningRelease(ctx, r.DB, d.Name, flow.LayerWeights); err == nil {
 		names = append(names, rel.Candidate)
 	} else if !errors.Is(err, store.ErrNotFound) {
-		return workflows.SyncWeightsOutput{}, err
+		return flow.SyncWeightsOutput{}, err
 	}
 	if in.Unload && in.Drain > 0 {
-		draining, err := store.Draining(ctx, r.DB, d.Name, workflows.LayerWeights, in.Drain)
+		draining, err := store.Draining(ctx, r.DB, d.Name, flow.LayerWeights, in.Drain)
 		if err != nil {
-			return workflows.SyncWeightsOutput{}, err
+			return flow.SyncWeightsOutput{}, err
 		}
 		names = append(names, draining...)
 	}
 	want, err := store.Checkpoints(ctx, r.DB, d.Name, names)
 	if err != nil {
-		return workflows.SyncWeightsOutput{}, err
+		return flow.SyncWeightsOutput{}, err
 	}
 	if in.Candidate != "" && want[in.Candidate] == "" && engine.ByName() {
-		return workflows.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(
+		return flow.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("candidate %s has no checkpoint to load", in.Candidate), "WeightSync", nil)
 	}
 	rep, err := weightsync.Sync(ctx, engine, d.Name+"@", want, serving, in.Unload)
-	out := workflows.SyncWeightsOutput{Synced: true, Loaded: rep.Loaded, Unloaded: rep.Unloaded, Kept: rep.Kept}
+	out := flow.SyncWeightsOutput{Synced: true, Loaded: rep.Loaded, Unloaded: rep.Unloaded, Kept: rep.Kept}
 	if err != nil {
 		if weightsync.Temporary(err) {
 			return out, err

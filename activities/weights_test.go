@@ -13,11 +13,11 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // adapterDir writes a PEFT adapter directory as vLLM expects one.
@@ -54,7 +54,7 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	require.NoError(t, eng.Load(ctx, "their-adapter", foreign))
 
 	r := &Release{DB: db}
-	out, err := r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
+	out, err := r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
 	require.NoError(t, err)
 	require.True(t, out.Synced)
 	require.Equal(t, []string{"llama@v1", "llama@v2"}, out.Loaded)
@@ -62,7 +62,7 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	require.Equal(t, "/v1/load_lora_adapter", calls[len(calls)-1].Path)
 	require.Equal(t, map[string]any{"lora_name": "llama@v2", "lora_path": v2}, calls[len(calls)-1].Body, "vLLM's documented body")
 
-	_, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v3"})
+	_, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v3"})
 	var app *temporal.ApplicationError
 	require.True(t, errors.As(err, &app) && app.NonRetryable() && app.Type() == "WeightSync", "a candidate with no checkpoint fails for good: %v", err)
 
@@ -71,38 +71,38 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	_, err = db.Exec(ctx, `INSERT INTO releases (deployment, layer, candidate, baseline, status, finished_at)
 		VALUES ('llama', 'weights', 'llama@v2', 'llama@v1', 'rolled_back', now())`)
 	require.NoError(t, err)
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
+	out, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
 	require.NoError(t, err)
 	require.Empty(t, out.Unloaded)
 	require.Contains(t, fx.Adapters(), "llama@v2", "still draining")
 	_, err = db.Exec(ctx, `UPDATE releases SET finished_at = now() - interval '2 minutes' WHERE deployment = 'llama'`)
 	require.NoError(t, err)
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
+	out, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Unload: true, Drain: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, []string{"llama@v2"}, out.Unloaded)
 	require.Equal(t, map[string]string{"llama@v1": v1, "their-adapter": foreign}, fx.Adapters())
 	n := len(fx.AdapterCalls())
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Unload: true})
+	out, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Unload: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"llama@v1"}, out.Kept)
 	require.Len(t, fx.AdapterCalls(), n, "a second sync asks the engine nothing")
 
 	// The engine fails (500): worth a retry, not a final refusal.
 	fx.FailLoRA.Store(1)
-	_, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
+	_, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
 	require.Error(t, err)
 	require.False(t, errors.As(err, &app) && app.NonRetryable(), "a 500 is retried: %v", err)
-	_, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
+	_, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "llama", Candidate: "llama@v2"})
 	require.NoError(t, err, "the retry loads it")
 	require.Contains(t, fx.Adapters(), "llama@v2")
 
 	// A deployment without weight sync is left alone.
 	_, err = store.CreateUpstreamDeployment(ctx, db, "plain", deployment.Settings{BaseURL: srv.URL + "/v1"})
 	require.NoError(t, err)
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "plain", Candidate: "plain@v2"})
+	out, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "plain", Candidate: "plain@v2"})
 	require.NoError(t, err)
 	require.False(t, out.Synced)
-	out, err = r.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: "nobody"})
+	out, err = r.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: "nobody"})
 	require.NoError(t, err)
 	require.False(t, out.Synced)
 }

@@ -15,8 +15,8 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/demo"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -100,7 +100,7 @@ func statusGateway(t *testing.T, cfg config.GatewayConfig) (*httptest.Server, *p
 		keys[tenant], err = store.CreateKey(ctx, pool, tenant, "", "test")
 		require.NoError(t, err)
 	}
-	_, err = store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "", upstream.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
+	_, err = store.EnsurePolicyDeployment(ctx, pool, "dep", "dep@v0", "", deployment.Settings{BaseURL: "http://127.0.0.1:8000/v1"}, true)
 	require.NoError(t, err)
 	_, err = store.InsertInteraction(ctx, pool, &store.NewInteraction{TenantID: "a", SessionID: "s1", IdentityMode: "header",
 		CompletionID: "c1", Protocol: "openai", Deployment: "dep", ModelVersion: "dep@v0", Request: json.RawMessage(`{}`), Status: "ok"})

@@ -16,10 +16,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
@@ -327,15 +327,15 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (er
 	}
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "prompt").Add(float64(row.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
-	in := workflows.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment,
+	in := flow.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment,
 		GroupID: cl.group, GroupSize: max(cl.groupSize, 1)}
-	evs := []workflows.SessionEvent{{Kind: workflows.EventStep, InteractionID: captured.ID, At: time.Now()}}
+	evs := []flow.SessionEvent{{Kind: flow.EventStep, InteractionID: captured.ID, At: time.Now()}}
 	if cl.done {
 		s.tails.forget(tailKey{cl.p.TenantID, cl.sessionID})
 		if _, err := store.EndSession(c.Request.Context(), s.deps.DB, cl.p.TenantID, cl.sessionID); err != nil {
 			s.deps.Logger.Warn(msgEndAfterDoneFailed, append(logAttrs(c), "session", cl.sessionID, "err", err)...)
 		} else {
-			evs = append(evs, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+			evs = append(evs, flow.SessionEvent{Kind: flow.EventEnd, At: time.Now()})
 		}
 	}
 	// One notice: a delivery between the step and the end would send the

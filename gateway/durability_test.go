@@ -19,10 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 func freeAddr(t *testing.T) string {
@@ -167,7 +167,7 @@ func TestKillUnderLoadLosesNothingAcknowledged(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, sids)
 	for _, sid := range sids {
-		_, err := tc.DescribeWorkflowExecution(context.Background(), workflows.SessionWorkflowID("acme", sid), "")
+		_, err := tc.DescribeWorkflowExecution(context.Background(), flow.SessionWorkflowID("acme", sid), "")
 		require.NoError(t, err, "session %s has its workflow", sid)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 const msgForgetStartFailed = "starting the forget workflow failed; versions not yet retired"
@@ -25,9 +25,9 @@ type TemporalForgets struct {
 
 // StartForget implements ForgetStarter.
 func (t TemporalForgets) StartForget(ctx context.Context, requestID int64) (string, error) {
-	id := workflows.ForgetWorkflowID(requestID)
-	_, err := t.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue},
-		workflows.ForgetWorkflowName, workflows.ForgetInput{RequestID: requestID})
+	id := flow.ForgetWorkflowID(requestID)
+	_, err := t.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue},
+		flow.ForgetWorkflowName, flow.ForgetInput{RequestID: requestID})
 	var started *serviceerror.WorkflowExecutionAlreadyStarted
 	if err != nil && !errors.As(err, &started) {
 		return "", err

@@ -8,9 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestForgetStartsTheRetireWorkflow: POST /v1/forget deletes the data and
@@ -25,11 +25,11 @@ func TestForgetStartsTheRetireWorkflow(t *testing.T) {
 
 	st, res := e.doJSON("POST", "/v1/forget", e.keyA, map[string]any{"end_user": "dave"})
 	require.Equal(t, 200, st, res)
-	id := workflows.ForgetWorkflowID(int64(res["forget_request_id"].(float64)))
+	id := flow.ForgetWorkflowID(int64(res["forget_request_id"].(float64)))
 	require.Equal(t, id, res["retire_workflow_id"])
 	desc, err := c.DescribeWorkflowExecution(context.Background(), id, "")
 	require.NoError(t, err)
-	require.Equal(t, workflows.ForgetWorkflowName, desc.GetWorkflowExecutionInfo().GetType().GetName())
+	require.Equal(t, flow.ForgetWorkflowName, desc.GetWorkflowExecutionInfo().GetType().GetName())
 
 	again, err := gateway.TemporalForgets{Client: c}.StartForget(context.Background(), int64(res["forget_request_id"].(float64)))
 	require.NoError(t, err, "starting the same request twice is not an error")

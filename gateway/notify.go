@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 const (
@@ -27,10 +27,10 @@ const (
 // The events of one call are queued together: no delivery falls between
 // them (a call that ends its session sends its step and its end as one).
 type Notifier interface {
-	Notify(session workflows.SessionInput, evs ...workflows.SessionEvent)
+	Notify(session flow.SessionInput, evs ...flow.SessionEvent)
 	// Start starts the session's workflow with its input (group, task)
 	// before any event, for sessions created explicitly.
-	Start(session workflows.SessionInput)
+	Start(session flow.SessionInput)
 	// Close flushes what it can within ctx.
 	Close(ctx context.Context)
 }
@@ -45,9 +45,9 @@ type SignalStarter interface {
 // workflow, once running, reconciles from Postgres.
 type nopNotifier struct{}
 
-func (nopNotifier) Notify(workflows.SessionInput, ...workflows.SessionEvent) {}
-func (nopNotifier) Start(workflows.SessionInput)                             {}
-func (nopNotifier) Close(context.Context)                                    {}
+func (nopNotifier) Notify(flow.SessionInput, ...flow.SessionEvent) {}
+func (nopNotifier) Start(flow.SessionInput)                        {}
+func (nopNotifier) Close(context.Context)                          {}
 
 // maxPendingPerSession bounds memory when Temporal is down for long;
 // maxPendingSessions bounds the sessions waiting, once an outbox holds
@@ -98,8 +98,8 @@ type TemporalNotifier struct {
 
 type sessionQueue struct {
 	id     string // the session's workflow id
-	input  workflows.SessionInput
-	events []workflows.SessionEvent
+	input  flow.SessionInput
+	events []flow.SessionEvent
 	// queued is when the batch was opened; ended, when an end joined a
 	// batch with no reward in it (zero: none, or a reward came since).
 	queued, ended time.Time
@@ -133,14 +133,14 @@ func NewTemporalNotifier(c SignalStarter, interval time.Duration, logger *slog.L
 
 // Start queues an empty batch: its SignalWithStart starts the workflow
 // with session's input.
-func (n *TemporalNotifier) Start(session workflows.SessionInput) {
+func (n *TemporalNotifier) Start(session flow.SessionInput) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.queue(session)
 }
 
-func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
-	id := workflows.SessionWorkflowID(session.TenantID, session.SessionID)
+func (n *TemporalNotifier) queue(session flow.SessionInput) *sessionQueue {
+	id := flow.SessionWorkflowID(session.TenantID, session.SessionID)
 	q, ok := n.pending[id]
 	if !ok {
 		q = &sessionQueue{id: id, input: session, queued: time.Now()}
@@ -150,7 +150,7 @@ func (n *TemporalNotifier) queue(session workflows.SessionInput) *sessionQueue {
 }
 
 // Notify queues evs for their session, together.
-func (n *TemporalNotifier) Notify(session workflows.SessionInput, evs ...workflows.SessionEvent) {
+func (n *TemporalNotifier) Notify(session flow.SessionInput, evs ...flow.SessionEvent) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, ev := range evs {
@@ -158,9 +158,9 @@ func (n *TemporalNotifier) Notify(session workflows.SessionInput, evs ...workflo
 	}
 }
 
-func (n *TemporalNotifier) notify(session workflows.SessionInput, ev workflows.SessionEvent) {
+func (n *TemporalNotifier) notify(session flow.SessionInput, ev flow.SessionEvent) {
 	if n.outbox != nil && len(n.pending) >= maxPendingSessions {
-		if _, ok := n.pending[workflows.SessionWorkflowID(session.TenantID, session.SessionID)]; !ok {
+		if _, ok := n.pending[flow.SessionWorkflowID(session.TenantID, session.SessionID)]; !ok {
 			n.count("dropped") // the reconciler sends it from Postgres
 			return
 		}
@@ -171,11 +171,11 @@ func (n *TemporalNotifier) notify(session workflows.SessionInput, ev workflows.S
 		q.events = q.events[1:]
 	}
 	switch ev.Kind {
-	case workflows.EventEnd:
-		if !slices.ContainsFunc(q.events, func(e workflows.SessionEvent) bool { return e.Kind == workflows.EventReward }) {
+	case flow.EventEnd:
+		if !slices.ContainsFunc(q.events, func(e flow.SessionEvent) bool { return e.Kind == flow.EventReward }) {
 			q.ended = time.Now()
 		}
-	case workflows.EventReward:
+	case flow.EventReward:
 		q.ended = time.Time{}
 	}
 	q.events = append(q.events, ev)
@@ -225,7 +225,7 @@ func (n *TemporalNotifier) reconcile(ctx context.Context) {
 		s := &left[i]
 		q := n.queue(sessionInput(s))
 		if s.Status == "ended" {
-			q.events = append(q.events, workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+			q.events = append(q.events, flow.SessionEvent{Kind: flow.EventEnd, At: time.Now()})
 		}
 		n.count("reconciled")
 	}
@@ -294,9 +294,9 @@ func (n *TemporalNotifier) count(outcome string) {
 func (n *TemporalNotifier) deliver(ctx context.Context, q *sessionQueue) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	opts, input := workflows.SessionStart(q.input)
-	_, err := n.c.SignalWithStartWorkflow(ctx, q.id, workflows.SessionEventsSignal,
-		workflows.SessionEvents{Events: q.events}, opts, workflows.SessionWorkflowName, input)
+	opts, input := flow.SessionStart(q.input)
+	_, err := n.c.SignalWithStartWorkflow(ctx, q.id, flow.SessionEventsSignal,
+		flow.SessionEvents{Events: q.events}, opts, flow.SessionWorkflowName, input)
 	return err
 }
 

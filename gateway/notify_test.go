@@ -16,9 +16,9 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // flakyStarter is the real Temporal client with an outage in front: its
@@ -37,17 +37,17 @@ func (f *flakyStarter) SignalWithStartWorkflow(ctx context.Context, id, signal s
 }
 
 // signals returns the session-events payloads a workflow received, in order.
-func signals(t *testing.T, c client.Client, workflowID string) []workflows.SessionEvents {
+func signals(t *testing.T, c client.Client, workflowID string) []flow.SessionEvents {
 	t.Helper()
 	it := c.GetWorkflowHistory(context.Background(), workflowID, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-	var out []workflows.SessionEvents
+	var out []flow.SessionEvents
 	for it.HasNext() {
 		ev, err := it.Next()
 		if err != nil {
 			return nil
 		}
-		if a := ev.GetWorkflowExecutionSignaledEventAttributes(); a != nil && a.SignalName == workflows.SessionEventsSignal {
-			var se workflows.SessionEvents
+		if a := ev.GetWorkflowExecutionSignaledEventAttributes(); a != nil && a.SignalName == flow.SessionEventsSignal {
+			var se flow.SessionEvents
 			require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(a.Input, &se))
 			out = append(out, se)
 		}
@@ -69,7 +69,7 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	st, created := e.doJSON("POST", "/v1/sessions", e.keyA, map[string]any{"model": fixtureModel, "group_size": 2, "task_id": "task-9"})
 	require.Equal(t, 201, st)
 	sid := created["id"].(string)
-	wid := workflows.SessionWorkflowID("acme", sid)
+	wid := flow.SessionWorkflowID("acme", sid)
 	var ids []string
 	for range 3 {
 		_, c := e.doJSON("POST", "/v1/chat/completions", created["api_key"].(string), chatBody("go"))
@@ -78,7 +78,7 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 	e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": ids[0], "value": 1})
 	e.doJSON("POST", "/v1/sessions/"+sid+"/end", e.keyA, nil)
 
-	var got []workflows.SessionEvent
+	var got []flow.SessionEvent
 	eventually(t, func() bool {
 		got = got[:0]
 		for _, s := range signals(t, tc, wid) {
@@ -98,9 +98,9 @@ func TestNotifierDeliversBatchedNoticesThroughOutage(t *testing.T) {
 
 	desc, err := tc.DescribeWorkflowExecution(context.Background(), wid, "")
 	require.NoError(t, err)
-	require.Equal(t, workflows.SessionWorkflowName, desc.WorkflowExecutionInfo.Type.Name)
-	require.Equal(t, workflows.SessionTaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
-	var input workflows.SessionInput
+	require.Equal(t, flow.SessionWorkflowName, desc.WorkflowExecutionInfo.Type.Name)
+	require.Equal(t, flow.SessionTaskQueue, desc.WorkflowExecutionInfo.TaskQueue)
+	var input flow.SessionInput
 	hist := tc.GetWorkflowHistory(context.Background(), wid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	first, err := hist.Next()
 	require.NoError(t, err)
@@ -138,7 +138,7 @@ func TestOutboxStartsTheWorkflowsADeadGatewayOwed(t *testing.T) {
 	t.Cleanup(func() { restarted.Close(ctx) })
 	require.Eventually(t, func() bool { return unnotified() == 0 }, 30*time.Second, 100*time.Millisecond, "the reconciler notifies every session")
 	for i := range 5 {
-		id := workflows.SessionWorkflowID("acme", prefix+strconv.Itoa(i))
+		id := flow.SessionWorkflowID("acme", prefix+strconv.Itoa(i))
 		_, err := tc.DescribeWorkflowExecution(ctx, id, "")
 		require.NoError(t, err, "%s has its workflow", id)
 		if i == 0 {
@@ -148,7 +148,7 @@ func TestOutboxStartsTheWorkflowsADeadGatewayOwed(t *testing.T) {
 					kinds = append(kinds, ev.Kind)
 				}
 			}
-			require.Contains(t, kinds, workflows.EventEnd, "the ended session's workflow hears of its end")
+			require.Contains(t, kinds, flow.EventEnd, "the ended session's workflow hears of its end")
 		}
 	}
 }
@@ -178,8 +178,8 @@ func TestNotifierSendsAShortSessionInOneSignal(t *testing.T) {
 	require.Equal(t, 201, st)
 
 	ctx := context.Background()
-	used := workflows.SessionWorkflowID("acme", sids[0])
-	var got []workflows.SessionEvents
+	used := flow.SessionWorkflowID("acme", sids[0])
+	var got []flow.SessionEvents
 	eventually(t, func() bool {
 		got = signals(t, tc, used)
 		return len(got) > 0
@@ -191,9 +191,9 @@ func TestNotifierSendsAShortSessionInOneSignal(t *testing.T) {
 	for _, ev := range got[0].Events {
 		kinds = append(kinds, ev.Kind)
 	}
-	require.Equal(t, []string{workflows.EventStep, workflows.EventEnd, workflows.EventReward}, kinds)
+	require.Equal(t, []string{flow.EventStep, flow.EventEnd, flow.EventReward}, kinds)
 
-	idle := workflows.SessionWorkflowID("acme", sids[1])
+	idle := flow.SessionWorkflowID("acme", sids[1])
 	eventually(t, func() bool {
 		_, err := tc.DescribeWorkflowExecution(ctx, idle, "")
 		return err == nil

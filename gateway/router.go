@@ -123,9 +123,9 @@ func newRouter(cfg config.GatewayConfig, db store.DBTX, logger *slog.Logger) (*r
 	r := &router{static: map[string]inference.Backend{}, upstreams: map[string]deployment.Settings{}, started: time.Now(),
 		db: db, logger: logger, cfg: cfg, dynamic: map[string]inference.Backend{}}
 	if cfg.UpstreamURL != "" {
-		dialect := upstream.DialectOpenAI
+		dialect := deployment.DialectOpenAI
 		if cfg.UpstreamVLLM {
-			dialect = upstream.DialectVLLM
+			dialect = deployment.DialectVLLM
 		}
 		for _, m := range cfg.UpstreamModels {
 			name, remote, ok := strings.Cut(m, "=")

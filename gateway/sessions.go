@@ -13,8 +13,8 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // maxGroupSize bounds a GRPO group created in one call.
@@ -111,7 +111,7 @@ func (s *Server) createSession(c *gin.Context) {
 		return
 	}
 	for _, k := range keys {
-		s.notifier.Start(workflows.SessionInput{SessionID: k.ID, TenantID: p.TenantID, Deployment: r.Model,
+		s.notifier.Start(flow.SessionInput{SessionID: k.ID, TenantID: p.TenantID, Deployment: r.Model,
 			GroupID: r.GroupID, GroupSize: r.GroupSize, TaskID: r.TaskID})
 	}
 	out := gin.H{"id": keys[0].ID, "api_key": keys[0].APIKey, "group_size": r.GroupSize}
@@ -213,12 +213,12 @@ func (s *Server) recordReward(c *gin.Context, info *store.SessionInfo, r store.N
 		abort(c, err)
 		return
 	}
-	s.notifier.Notify(sessionInput(info), workflows.SessionEvent{Kind: workflows.EventReward, RewardID: rid, Final: r.Final, At: time.Now()})
+	s.notifier.Notify(sessionInput(info), flow.SessionEvent{Kind: flow.EventReward, RewardID: rid, Final: r.Final, At: time.Now()})
 	c.JSON(http.StatusCreated, gin.H{"reward_id": rid, "session_id": r.SessionID})
 }
 
-func sessionInput(info *store.SessionInfo) workflows.SessionInput {
-	return workflows.SessionInput{SessionID: info.ID, TenantID: info.TenantID, Deployment: info.Deployment,
+func sessionInput(info *store.SessionInfo) flow.SessionInput {
+	return flow.SessionInput{SessionID: info.ID, TenantID: info.TenantID, Deployment: info.Deployment,
 		GroupID: info.GroupID, GroupSize: info.GroupSize, TaskID: info.TaskID}
 }
 
@@ -285,7 +285,7 @@ func (s *Server) endSession(c *gin.Context) {
 		return
 	}
 	if ended {
-		s.notifier.Notify(sessionInput(info), workflows.SessionEvent{Kind: workflows.EventEnd, At: time.Now()})
+		s.notifier.Notify(sessionInput(info), flow.SessionEvent{Kind: flow.EventEnd, At: time.Now()})
 	}
 	c.JSON(http.StatusOK, gin.H{"session_id": id, "status": "ended"})
 }

@@ -13,9 +13,9 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/converter"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // TestTenantsShareSessionIDs: two tenants both name a session "task-42".
@@ -55,8 +55,8 @@ func TestTenantsShareSessionIDs(t *testing.T) {
 
 	// One workflow each, under its tenant, with its own events.
 	for tenant, steps := range map[string]int{"acme": 2, "globex": 1} {
-		id := workflows.SessionWorkflowID(tenant, sid)
-		var got []workflows.SessionEvent
+		id := flow.SessionWorkflowID(tenant, sid)
+		var got []flow.SessionEvent
 		eventually(t, func() bool {
 			got = got[:0]
 			for _, s := range signals(t, tc, id) {
@@ -67,7 +67,7 @@ func TestTenantsShareSessionIDs(t *testing.T) {
 		hist := tc.GetWorkflowHistory(context.Background(), id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 		first, err := hist.Next()
 		require.NoError(t, err)
-		var input workflows.SessionInput
+		var input flow.SessionInput
 		require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(first.GetWorkflowExecutionStartedEventAttributes().Input, &input))
 		require.Equal(t, tenant, input.TenantID)
 		require.Equal(t, sid, input.SessionID)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
@@ -59,7 +60,7 @@ func BenchmarkWeightSwap(b *testing.B) {
 	)
 	route.Store(name(1))
 	for range 4 {
-		client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
+		client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: deployment.DialectVLLM, VersionsByName: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -159,7 +160,7 @@ func BenchmarkCompleteOverHTTP(b *testing.B) {
 	}
 	h := httptest.NewServer(srv)
 	defer h.Close()
-	client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM})
+	client, err := upstream.New(upstream.Config{BaseURL: h.URL + "/v1", Model: served, Dialect: deployment.DialectVLLM})
 	if err != nil {
 		b.Fatal(err)
 	}

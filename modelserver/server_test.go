@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/modelserver"
@@ -76,7 +77,7 @@ func (e *env) checkpoint(t *testing.T, version int64, seed uint64) (*trainer.Mod
 // backend is the gateway's production client for this server.
 func (e *env) backend(t *testing.T) *upstream.Backend {
 	t.Helper()
-	b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
+	b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: deployment.DialectVLLM, VersionsByName: true})
 	require.NoError(t, err)
 	return b
 }

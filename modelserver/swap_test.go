@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
@@ -64,7 +65,7 @@ func TestNoFailedRequestDuringSwaps(t *testing.T) {
 		return answered[name]
 	}
 	for w := range 4 {
-		b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: upstream.DialectVLLM, VersionsByName: true})
+		b, err := upstream.New(upstream.Config{BaseURL: e.http.URL + "/v1", Model: served, Dialect: deployment.DialectVLLM, VersionsByName: true})
 		require.NoError(t, err)
 		wg.Add(1)
 		go func() {

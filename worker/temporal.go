@@ -18,8 +18,8 @@ import (
 	tlog "go.temporal.io/sdk/log"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/telemetry"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // Dial connects to the Temporal frontend.
@@ -63,7 +63,7 @@ func Setup(ctx context.Context, c client.Client, namespace string) error {
 	if err != nil {
 		return fmt.Errorf("list search attributes: %w", err)
 	}
-	want := workflows.SearchAttributes()
+	want := flow.SearchAttributes()
 	missing := &operatorservice.AddSearchAttributesRequest{Namespace: namespace, SearchAttributes: map[string]enumspb.IndexedValueType{}}
 	for name, typ := range want {
 		if _, ok := have.GetCustomAttributes()[name]; !ok {

@@ -8,12 +8,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/operatorservice/v1"
-	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -31,19 +31,19 @@ func TestPingWorkflowOnRealDevServer(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- worker.Run(ctx, c, map[string]worker.Registrar{
-			workflows.TaskQueue: func(r tworker.Registry) {
-				r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflow.RegisterOptions{Name: workflows.PingWorkflowName})
-				r.RegisterActivityWithOptions(ping.Ping, activity.RegisterOptions{Name: workflows.PingActivityName})
+			flow.TaskQueue: func(r tworker.Registry) {
+				r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflow.RegisterOptions{Name: flow.PingWorkflowName})
+				r.RegisterActivity(ping.Ping)
 			},
 		}, slog.New(slog.DiscardHandler))
 	}()
 
 	runCtx, runCancel := context.WithTimeout(ctx, time.Minute)
 	defer runCancel()
-	run, err := c.ExecuteWorkflow(runCtx, client.StartWorkflowOptions{ID: "ping-test", TaskQueue: workflows.TaskQueue},
-		workflows.PingWorkflowName, workflows.PingInput{Note: "hello"})
+	run, err := c.ExecuteWorkflow(runCtx, client.StartWorkflowOptions{ID: "ping-test", TaskQueue: flow.TaskQueue},
+		flow.PingWorkflowName, flow.PingInput{Note: "hello"})
 	require.NoError(t, err)
-	var out workflows.PingOutput
+	var out flow.PingOutput
 	require.NoError(t, run.Get(runCtx, &out))
 	require.Equal(t, "hello", out.Note)
 	require.Equal(t, "test-host", out.Worker)
@@ -66,9 +66,9 @@ func TestSetupIsIdempotentAndRegistersSearchAttributes(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var err error
 		attrs, err = c.OperatorService().ListSearchAttributes(ctx, &operatorservice.ListSearchAttributesRequest{Namespace: "fresh-ns"})
-		return err == nil && len(attrs.GetCustomAttributes()) >= len(workflows.SearchAttributes())
+		return err == nil && len(attrs.GetCustomAttributes()) >= len(flow.SearchAttributes())
 	}, 30*time.Second, 200*time.Millisecond)
-	for name, typ := range workflows.SearchAttributes() {
+	for name, typ := range flow.SearchAttributes() {
 		require.Equal(t, typ, attrs.GetCustomAttributes()[name], name)
 	}
 }

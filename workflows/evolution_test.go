@@ -9,52 +9,53 @@ import (
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 type evolutionActs struct {
 	evidence  evolution.Evidence
-	recorded  []RecordDecisionInput
-	proposed  []ProposeArtefactInput
+	recorded  []flow.RecordDecisionInput
+	proposed  []flow.ProposeArtefactInput
 	version   int
-	trainings []RequestTrainingInput
-	rollbacks []RollbackInput
+	trainings []flow.RequestTrainingInput
+	rollbacks []flow.RollbackInput
 	release   *releaseActs
 }
 
 func newEvolutionEnv(t *testing.T, ev evolution.Evidence) (*testsuite.TestWorkflowEnvironment, *evolutionActs) {
 	env, rel := newReleaseEnv(t)
-	env.RegisterWorkflowWithOptions(EvolutionWorkflow, workflowRegisterOptions(EvolutionWorkflowName))
+	env.RegisterWorkflowWithOptions(EvolutionWorkflow, workflowRegisterOptions(flow.EvolutionWorkflowName))
 	a := &evolutionActs{evidence: ev, version: 3, release: rel}
-	env.RegisterActivityWithOptions(func(ctx context.Context, in EvidenceInput) (evolution.Evidence, error) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.EvidenceInput) (evolution.Evidence, error) {
 		return a.evidence, nil
-	}, activity.RegisterOptions{Name: ComputeEvidenceActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in RecordDecisionInput) (int64, error) {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.ComputeEvidence)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.RecordDecisionInput) (int64, error) {
 		a.recorded = append(a.recorded, in)
 		return 11, nil
-	}, activity.RegisterOptions{Name: RecordDecisionActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in ProposeArtefactInput) (ProposeArtefactOutput, error) {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.RecordDecision)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.ProposeArtefactInput) (flow.ProposeArtefactOutput, error) {
 		a.proposed = append(a.proposed, in)
 		if a.version == 0 {
-			return ProposeArtefactOutput{Reason: "no corrected answers"}, nil
+			return flow.ProposeArtefactOutput{Reason: "no corrected answers"}, nil
 		}
-		return ProposeArtefactOutput{Version: a.version, Items: 2}, nil
-	}, activity.RegisterOptions{Name: ProposeArtefactActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in RequestTrainingInput) error {
+		return flow.ProposeArtefactOutput{Version: a.version, Items: 2}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.ProposeArtefact)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.RequestTrainingInput) error {
 		a.trainings = append(a.trainings, in)
 		return nil
-	}, activity.RegisterOptions{Name: RequestTrainingActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in RollbackInput) (string, error) {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.RequestTraining)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.RollbackInput) (string, error) {
 		a.rollbacks = append(a.rollbacks, in)
 		return "dep@v3", nil
-	}, activity.RegisterOptions{Name: RollbackVersionActivity})
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.RollbackVersion)})
 	return env, a
 }
 
-func evolutionResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) EvolutionResult {
+func evolutionResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) flow.EvolutionResult {
 	t.Helper()
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
-	var res EvolutionResult
+	var res flow.EvolutionResult
 	require.NoError(t, env.GetWorkflowResult(&res))
 	return res
 }
@@ -65,7 +66,7 @@ func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
 	ev := base
 	ev.CorrectionRate = 0.4
 	env, acts := newEvolutionEnv(t, ev)
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", Trigger: "manual", Release: testPolicy})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep", Trigger: "manual", Release: testPolicy})
 	res := evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind)
 	require.Equal(t, int64(11), res.DecisionID)
@@ -73,10 +74,10 @@ func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
 	require.Len(t, acts.recorded, 1)
 	require.Equal(t, "manual", acts.recorded[0].Trigger)
 	require.Equal(t, evolution.KindPlaybook, acts.proposed[0].Kind)
-	require.Equal(t, "release "+ReleaseWorkflowID("dep", LayerPlaybook, "3"), res.Action)
-	require.Equal(t, ReleasePromoted, res.Release)
-	require.Equal(t, LayerPlaybook, acts.release.finished[0].Layer)
-	require.Equal(t, testPolicy.CanaryChecks, acts.release.calls[GateCanary], "an artefact passes the live canary too")
+	require.Equal(t, "release "+flow.ReleaseWorkflowID("dep", flow.LayerPlaybook, "3"), res.Action)
+	require.Equal(t, flow.ReleasePromoted, res.Release)
+	require.Equal(t, flow.LayerPlaybook, acts.release.finished[0].Layer)
+	require.Equal(t, testPolicy.CanaryChecks, acts.release.calls[flow.GateCanary], "an artefact passes the live canary too")
 }
 
 func TestEvolutionToolSchemaAndNothingToPropose(t *testing.T) {
@@ -84,7 +85,7 @@ func TestEvolutionToolSchemaAndNothingToPropose(t *testing.T) {
 	ev.ToolFailures = []evolution.ToolFailure{{Tool: "search", Calls: 10, Failures: 6, Rate: 0.6}}
 	env, acts := newEvolutionEnv(t, ev)
 	acts.version = 0
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep"})
 	res := evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionToolSchema, res.Decision.Kind)
 	require.Equal(t, "search", acts.proposed[0].Target)
@@ -96,17 +97,17 @@ func TestEvolutionWeightsRequestsTraining(t *testing.T) {
 	ev := base
 	ev.RewardTrend, ev.LastDecision, ev.SessionsSinceLast, ev.FailingTenants, ev.QueuedSamples = -0.3, evolution.DecisionHarness, 50, 3, 100
 	env, acts := newEvolutionEnv(t, ev)
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", Training: TrainingPolicy{BatchSize: 8}})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep", Training: flow.TrainingPolicy{BatchSize: 8}})
 	res := evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionWeights, res.Decision.Kind)
-	require.Equal(t, []RequestTrainingInput{{Deployment: "dep", Policy: TrainingPolicy{BatchSize: 8}}}, acts.trainings)
+	require.Equal(t, []flow.RequestTrainingInput{{Deployment: "dep", Policy: flow.TrainingPolicy{BatchSize: 8}}}, acts.trainings)
 }
 
 func TestEvolutionRollsBackARegression(t *testing.T) {
 	ev := base
 	ev.RecentlyPromoted, ev.ServingVersion, ev.PreviousVersion, ev.RewardTrend = true, "dep@v3", "dep@v2", -0.4
 	env, acts := newEvolutionEnv(t, ev)
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep"})
 	res := evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionRollback, res.Decision.Kind)
 	require.Equal(t, "rolled back from dep@v3 to dep@v2", res.Action)
@@ -115,7 +116,7 @@ func TestEvolutionRollsBackARegression(t *testing.T) {
 
 func TestEvolutionNoOpAndDryRun(t *testing.T) {
 	env, acts := newEvolutionEnv(t, base)
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep"})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep"})
 	res := evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionNoOp, res.Decision.Kind)
 	require.Len(t, acts.recorded, 1, "a no-op is recorded too")
@@ -123,7 +124,7 @@ func TestEvolutionNoOpAndDryRun(t *testing.T) {
 	ev := base
 	ev.CorrectionRate = 0.5
 	env, acts = newEvolutionEnv(t, ev)
-	env.ExecuteWorkflow(EvolutionWorkflow, EvolutionInput{Deployment: "dep", DryRun: true})
+	env.ExecuteWorkflow(EvolutionWorkflow, flow.EvolutionInput{Deployment: "dep", DryRun: true})
 	res = evolutionResult(t, env)
 	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind)
 	require.Equal(t, "dry run", res.Action)

@@ -27,10 +27,10 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // fakeGPUTrainer is a FAKE of an external GPU trainer's Temporal worker
@@ -151,7 +151,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 
 	gpu := &fakeGPUTrainer{}
 	w := tworker.New(s.tc, queue, tworker.Options{})
-	w.RegisterActivityWithOptions(gpu.TrainBatch, activity.RegisterOptions{Name: workflows.TrainBatchActivity})
+	w.RegisterActivityWithOptions(gpu.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 
@@ -171,10 +171,10 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 		return err == nil && q >= 2*n
 	}, time.Minute, 200*time.Millisecond, "the upstream's captured calls are queued with its token ids")
 
-	id := workflows.TrainingWorkflowID(dep)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
-		workflows.TrainingInput{Deployment: dep, Policy: workflows.TrainingPolicy{BatchSize: 2 * n, PollInterval: time.Second,
+	id := flow.TrainingWorkflowID(dep)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
+		flow.TrainingInput{Deployment: dep, Policy: flow.TrainingPolicy{BatchSize: 2 * n, PollInterval: time.Second,
 			TrainerQueue: queue, StepsPerRun: 1,
 			// No held-out suite or live canary traffic here: the replay
 			// gate judges the candidate, the others cannot evaluate.
@@ -184,8 +184,8 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
 
 	v1 := store.VersionID(dep, 1)
-	var rel workflows.ReleaseResult
-	rid := workflows.ReleaseWorkflowID(dep, workflows.LayerWeights, v1)
+	var rel flow.ReleaseResult
+	rid := flow.ReleaseWorkflowID(dep, flow.LayerWeights, v1)
 	require.Eventually(t, func() bool { return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil },
 		2*time.Minute, 300*time.Millisecond, "the external trainer's checkpoint goes through a release")
 
@@ -236,17 +236,17 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 
 	// The gates asked vLLM for the candidate by its adapter name: the
 	// replay gate evaluated it on its own weights, and it served.
-	var replay *workflows.GateResult
+	var replay *flow.GateResult
 	for i, g := range rel.State.Gates {
 		t.Logf("gate %s: passed %v, not evaluated %v, %s %v", g.Gate, g.Passed, g.NotEvaluated, g.Reason, g.Metrics)
-		if g.Gate == workflows.GateReplay {
+		if g.Gate == flow.GateReplay {
 			replay = &rel.State.Gates[i]
 		}
 	}
 	require.NotNil(t, replay)
 	require.False(t, replay.NotEvaluated, replay.Reason)
-	require.Equal(t, workflows.ReleasePromoted, rel.State.Status, rel.State.Reason)
-	serving, err := store.ServingOf(ctx, s.pool, dep, workflows.LayerWeights)
+	require.Equal(t, flow.ReleasePromoted, rel.State.Status, rel.State.Reason)
+	serving, err := store.ServingOf(ctx, s.pool, dep, flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	require.Eventually(t, func() bool {

@@ -26,6 +26,7 @@ import (
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/policytest"
@@ -90,7 +91,7 @@ func newStack(t *testing.T) *stack {
 	// Gates answer on each deployment's own engine, as cmd/flywheel wires
 	// them: the policy's on its model server.
 	engines := &activities.Engines{DB: pool, Timeout: 10 * time.Second}
-	for _, q := range []string{workflows.TaskQueue, workflows.SessionTaskQueue} {
+	for _, q := range []string{flow.TaskQueue, flow.SessionTaskQueue} {
 		w := tworker.New(tc, q, tworker.Options{})
 		register(w, pool, red, engines, tc, dir)
 		require.NoError(t, w.Start())
@@ -116,9 +117,9 @@ func newStack(t *testing.T) *stack {
 // only the stack's shared files. It has no database, like a GPU trainer
 // in another language.
 func (s *stack) trainerWorker(tr activities.TrainStepper, heartbeat time.Duration) tworker.Worker {
-	w := tworker.New(s.tc, workflows.TrainerTaskQueue, tworker.Options{})
+	w := tworker.New(s.tc, flow.TrainerTaskQueue, tworker.Options{})
 	a := &activities.Training{Trainer: tr, HeartbeatEvery: heartbeat}
-	w.RegisterActivityWithOptions(a.TrainBatch, activity.RegisterOptions{Name: workflows.TrainBatchActivity})
+	w.RegisterActivityWithOptions(a.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
 	return w
 }
 
@@ -144,33 +145,33 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
 	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
 	training := &activities.Training{DB: pool, CheckpointDir: filepath.Join(dir, "checkpoints"), BatchDir: filepath.Join(dir, "batches")}
-	wf(workflows.SessionWorkflow, workflows.SessionWorkflowName)
-	act(session.AssembleTrajectory, workflows.AssembleTrajectoryActivity)
-	act(session.EnqueueSamples, workflows.EnqueueSamplesActivity)
-	act(session.EndSession, workflows.EndSessionActivity)
-	wf(workflows.ReleaseWorkflow, workflows.ReleaseWorkflowName)
-	act(release.BeginRelease, workflows.BeginReleaseActivity)
-	act(release.SetReleasePhase, workflows.SetPhaseActivity)
-	act(release.EvaluateGate, workflows.EvaluateGateActivity)
-	act(release.FinishRelease, workflows.FinishReleaseActivity)
-	act(release.SyncWeights, workflows.SyncWeightsActivity)
-	wf(workflows.WatchdogWorkflow, workflows.WatchdogWorkflowName)
-	act(release.WatchServing, workflows.WatchServingActivity)
-	wf(workflows.TrainingWorkflow, workflows.TrainingWorkflowName)
-	act(training.CheckBatch, workflows.CheckBatchActivity)
-	act(training.ClaimBatch, workflows.ClaimBatchActivity)
-	act(training.PrepareBatch, workflows.PrepareBatchActivity)
-	act(training.RegisterCheckpoint, workflows.RegisterCheckpointActivity)
-	act(training.FailTrainingRun, workflows.FailTrainingRunActivity)
-	wf(workflows.EvolutionWorkflow, workflows.EvolutionWorkflowName)
-	act(evolve.ComputeEvidence, workflows.ComputeEvidenceActivity)
-	act(evolve.RecordDecision, workflows.RecordDecisionActivity)
-	act(evolve.ProposeArtefact, workflows.ProposeArtefactActivity)
-	act(evolve.RequestTraining, workflows.RequestTrainingActivity)
-	act(evolve.RollbackVersion, workflows.RollbackVersionActivity)
+	wf(workflows.SessionWorkflow, flow.SessionWorkflowName)
+	act(session.AssembleTrajectory, flow.ActivityName((*activities.Session).AssembleTrajectory))
+	act(session.EnqueueSamples, flow.ActivityName((*activities.Session).EnqueueSamples))
+	act(session.EndSession, flow.ActivityName((*activities.Session).EndSession))
+	wf(workflows.ReleaseWorkflow, flow.ReleaseWorkflowName)
+	act(release.BeginRelease, flow.ActivityName((*activities.Release).BeginRelease))
+	act(release.SetReleasePhase, flow.ActivityName((*activities.Release).SetReleasePhase))
+	act(release.EvaluateGate, flow.ActivityName((*activities.Release).EvaluateGate))
+	act(release.FinishRelease, flow.ActivityName((*activities.Release).FinishRelease))
+	act(release.SyncWeights, flow.ActivityName((*activities.Release).SyncWeights))
+	wf(workflows.WatchdogWorkflow, flow.WatchdogWorkflowName)
+	act(release.WatchServing, flow.ActivityName((*activities.Release).WatchServing))
+	wf(workflows.TrainingWorkflow, flow.TrainingWorkflowName)
+	act(training.CheckBatch, flow.ActivityName((*activities.Training).CheckBatch))
+	act(training.ClaimBatch, flow.ActivityName((*activities.Training).ClaimBatch))
+	act(training.PrepareBatch, flow.ActivityName((*activities.Training).PrepareBatch))
+	act(training.RegisterCheckpoint, flow.ActivityName((*activities.Training).RegisterCheckpoint))
+	act(training.FailTrainingRun, flow.ActivityName((*activities.Training).FailTrainingRun))
+	wf(workflows.EvolutionWorkflow, flow.EvolutionWorkflowName)
+	act(evolve.ComputeEvidence, flow.ActivityName((*activities.Evolution).ComputeEvidence))
+	act(evolve.RecordDecision, flow.ActivityName((*activities.Evolution).RecordDecision))
+	act(evolve.ProposeArtefact, flow.ActivityName((*activities.Evolution).ProposeArtefact))
+	act(evolve.RequestTraining, flow.ActivityName((*activities.Evolution).RequestTraining))
+	act(evolve.RollbackVersion, flow.ActivityName((*activities.Evolution).RollbackVersion))
 	forget := &activities.Forget{DB: pool}
-	wf(workflows.ForgetWorkflow, workflows.ForgetWorkflowName)
-	act(forget.RetireForgotten, workflows.RetireForgottenActivity)
+	wf(workflows.ForgetWorkflow, flow.ForgetWorkflowName)
+	act(forget.RetireForgotten, flow.ActivityName((*activities.Forget).RetireForgotten))
 }
 
 // chat sends one call of a one-call session and returns the HTTP status
@@ -211,12 +212,12 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	st, _ = s.chat(session, true, "thanks, bye")
 	require.Equal(t, http.StatusOK, st)
 
-	var res workflows.SessionResult
+	var res flow.SessionResult
 	require.Eventually(t, func() bool {
-		return s.tc.GetWorkflow(ctx, workflows.SessionWorkflowID("acme", session), "").Get(ctx, &res) == nil
+		return s.tc.GetWorkflow(ctx, flow.SessionWorkflowID("acme", session), "").Get(ctx, &res) == nil
 	}, time.Minute, 100*time.Millisecond)
 	require.Equal(t, "done", res.State.Phase)
-	require.Equal(t, workflows.EndByClient, res.State.EndReason)
+	require.Equal(t, flow.EndByClient, res.State.EndReason)
 	require.Equal(t, 3, res.State.Steps+0, "three calls were signalled")
 	require.Positive(t, res.State.Enqueued)
 
@@ -228,29 +229,29 @@ func TestIntegrationSessionFromFirstCallToQueuedSamples(t *testing.T) {
 	require.NotContains(t, stepJSON, "ann@example.com", "stored steps are redacted")
 
 	// The state query answers after the end, from the closed workflow.
-	v, err := s.tc.QueryWorkflow(ctx, workflows.SessionWorkflowID("acme", session), "", workflows.SessionStateQuery)
+	v, err := s.tc.QueryWorkflow(ctx, flow.SessionWorkflowID("acme", session), "", flow.SessionStateQuery)
 	require.NoError(t, err)
-	var state workflows.SessionState
+	var state flow.SessionState
 	require.NoError(t, v.Get(&state))
 	require.Equal(t, "done", state.Phase)
 
 	// What the session cost the server (revision 1): its search attributes
 	// came with the start, no version marker, one upsert (the reward), and
 	// no timer started and cancelled per batch of events.
-	it := s.tc.GetWorkflowHistory(ctx, workflows.SessionWorkflowID("acme", session), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	it := s.tc.GetWorkflowHistory(ctx, flow.SessionWorkflowID("acme", session), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	kinds := map[enumspb.EventType]int{}
 	for it.HasNext() {
 		ev, err := it.Next()
 		require.NoError(t, err)
 		kinds[ev.GetEventType()]++
 		if a := ev.GetWorkflowExecutionStartedEventAttributes(); a != nil {
-			require.Contains(t, a.GetSearchAttributes().GetIndexedFields(), workflows.SessionIDKey.GetName())
+			require.Contains(t, a.GetSearchAttributes().GetIndexedFields(), flow.SessionIDKey.GetName())
 		}
 	}
 	require.Zero(t, kinds[enumspb.EVENT_TYPE_TIMER_CANCELED], "the idle timer is never cancelled, only re-armed when it fires")
 	require.Equal(t, 3, kinds[enumspb.EVENT_TYPE_MARKER_RECORDED], "the three local activities; no version marker")
 	require.Equal(t, 1, kinds[enumspb.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES])
-	testenv.RecordHistory(t, s.tc, workflows.SessionWorkflowID("acme", session), filepath.Join("testdata", "session_rev1_history.json"))
+	testenv.RecordHistory(t, s.tc, flow.SessionWorkflowID("acme", session), filepath.Join("testdata", "session_rev1_history.json"))
 }
 
 func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T) {
@@ -298,27 +299,27 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	}
 	t.Cleanup(func() { stop.Store(true); wg.Wait() })
 
-	id := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
-	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.ReleaseWorkflowName,
-		workflows.ReleaseInput{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, Reason: "integration test",
+	id := flow.ReleaseWorkflowID(policyName, flow.LayerWeights, v2)
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName,
+		flow.ReleaseInput{Deployment: policyName, Layer: flow.LayerWeights, Candidate: v2, Reason: "integration test",
 			Policy: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
 				CanaryChecks: 8, MinCanarySamples: 5, MaxRewardDrop: 0.05}})
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	var res workflows.ReleaseResult
+	var res flow.ReleaseResult
 	require.NoError(t, run.Get(rctx, &res))
 	// Serving goes on after the rollback.
 	time.Sleep(2 * time.Second)
 	stop.Store(true)
 	wg.Wait()
 
-	require.Equal(t, workflows.ReleaseRolledBack, res.State.Status, res.State.Reason)
+	require.Equal(t, flow.ReleaseRolledBack, res.State.Status, res.State.Reason)
 	require.Contains(t, res.State.Reason, "canary gate failed")
 	require.Zero(t, failed.Load(), "a steady client sees no failed request (of %d)", requests.Load())
 	require.Positive(t, servedBy[v2], "the canary served some traffic")
 	require.Greater(t, servedBy[v1], servedBy[v2])
-	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	var status string
@@ -332,7 +333,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	for _, g := range gates {
 		names = append(names, g.Gate)
 	}
-	require.Equal(t, []string{workflows.GateShadow, workflows.GateReplay, workflows.GateRegression, workflows.GateSafety, workflows.GateCanary}, names)
+	require.Equal(t, []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety, flow.GateCanary}, names)
 	require.False(t, gates[4].Passed)
 	t.Logf("requests %d, served by %v, canary %v", requests.Load(), servedBy, gates[4].Metrics)
 
@@ -368,30 +369,30 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	_, err = store.SetEvalSuite(ctx, s.pool, policyName, store.SuiteRegression, prompts)
 	require.NoError(t, err)
 
-	watch := func(id string) workflows.WatchdogResult {
+	watch := func(id string) flow.WatchdogResult {
 		t.Helper()
-		run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.WatchdogWorkflowName,
-			workflows.WatchdogInput{Deployment: policyName})
+		run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.WatchdogWorkflowName,
+			flow.WatchdogInput{Deployment: policyName})
 		require.NoError(t, err)
-		var res workflows.WatchdogResult
+		var res flow.WatchdogResult
 		require.NoError(t, run.Get(ctx, &res))
 		return res
 	}
 	res := watch("watchdog-it-1")
-	require.Equal(t, workflows.WatchOK, res.Verdict, res.Reason)
+	require.Equal(t, flow.WatchOK, res.Verdict, res.Reason)
 
 	other, err := trainer.NewModel(s.v1.Config, 99)
 	require.NoError(t, err)
 	v1, v2 := s.policy.Serving, s.policy.Candidate(other, 2)
 	s.policy.Load(v2) // as a release's sync would have
-	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: workflows.LayerWeights, Candidate: v2, WorkflowID: "forced"})
+	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: flow.LayerWeights, Candidate: v2, WorkflowID: "forced"})
 	require.NoError(t, err)
-	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, workflows.ReleasePromoted, "forced past the gates"))
+	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, flow.ReleasePromoted, "forced past the gates"))
 
 	res = watch("watchdog-it-2")
-	require.Equal(t, workflows.WatchRolledBack, res.Verdict, res.Reason)
+	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
 	require.Equal(t, v1, res.RolledBackTo)
-	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	testenv.RecordHistory(t, s.tc, "watchdog-it-2", filepath.Join("testdata", "watchdog_rollback_history.json"))
@@ -414,19 +415,19 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	const n = 6
 	s.queueSamples(n)
 
-	id := workflows.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
-		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+	id := flow.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
+		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
 	require.NoError(t, err)
 	v2 := store.VersionID(policyName, 2)
-	rid := workflows.ReleaseWorkflowID(policyName, workflows.LayerWeights, v2)
-	var rel workflows.ReleaseResult
+	rid := flow.ReleaseWorkflowID(policyName, flow.LayerWeights, v2)
+	var rel flow.ReleaseResult
 	require.Eventually(t, func() bool {
 		return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil
 	}, 2*time.Minute, 500*time.Millisecond, "the candidate goes through a release")
-	require.Equal(t, workflows.ReleaseRolledBack, rel.State.Status, rel.State.Reason)
+	require.Equal(t, flow.ReleaseRolledBack, rel.State.Status, rel.State.Reason)
 	require.NoError(t, s.tc.TerminateWorkflow(ctx, id, "", "test done"))
 	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "training_protocol_history.json"))
 
@@ -439,7 +440,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	require.Equal(t, "rolled_back", status)
 	require.GreaterOrEqual(t, lineage, n)
 	require.Equal(t, lineage, used)
-	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
 }
@@ -477,10 +478,10 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	v1, v2, v3, v4 := store.VersionID(policyName, 1), store.VersionID(policyName, 2), store.VersionID(policyName, 3), store.VersionID(policyName, 4)
 
 	s.queueSessions("early", 2)
-	id := workflows.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
-		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, MaxBatchAge: time.Second,
+	id := flow.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
+		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, MaxBatchAge: time.Second,
 			PollInterval: 300 * time.Millisecond, MaxStaleness: 4, MaxAhead: 4, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
@@ -493,17 +494,17 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 
 	res, err := store.Forget(ctx, s.pool, "acme", "session", "early-0")
 	require.NoError(t, err)
-	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: workflows.ForgetWorkflowID(res.ID), TaskQueue: workflows.TaskQueue},
-		workflows.ForgetWorkflowName, workflows.ForgetInput{RequestID: res.ID})
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: flow.ForgetWorkflowID(res.ID), TaskQueue: flow.TaskQueue},
+		flow.ForgetWorkflowName, flow.ForgetInput{RequestID: res.ID})
 	require.NoError(t, err)
-	var out workflows.ForgetResult
+	var out flow.ForgetResult
 	require.NoError(t, run.Get(ctx, &out))
 	require.ElementsMatch(t, []string{v2, v3}, out.Retired, "every descendant of the forgotten data is retired")
 	for _, v := range []string{v2, v3} {
 		_, st := versionRow(v)
 		require.Equal(t, "retired", st, v)
 	}
-	serving, err := store.ServingOf(ctx, s.pool, policyName, workflows.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving, "the newest clean version serves")
 
@@ -544,8 +545,8 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 		require.Equal(t, http.StatusOK, st)
 	}
 
-	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "evolution-it", TaskQueue: workflows.TaskQueue}, workflows.EvolutionWorkflowName,
-		workflows.EvolutionInput{Deployment: policyName, Window: time.Hour, Trigger: "test",
+	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "evolution-it", TaskQueue: flow.TaskQueue}, flow.EvolutionWorkflowName,
+		flow.EvolutionInput{Deployment: policyName, Window: time.Hour, Trigger: "test",
 			Thresholds: evolution.Thresholds{MinSessions: n},
 			// The tiny random policy answers noise, so replay scores are
 			// noise too: this test is about the loop (the gates have their
@@ -557,9 +558,9 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	var res workflows.EvolutionResult
+	var res flow.EvolutionResult
 	if err := run.Get(rctx, &res); err != nil {
-		for _, id := range []string{"evolution-it", workflows.ReleaseWorkflowID(policyName, workflows.LayerPlaybook, "1")} {
+		for _, id := range []string{"evolution-it", flow.ReleaseWorkflowID(policyName, flow.LayerPlaybook, "1")} {
 			d, derr := s.tc.DescribeWorkflowExecution(ctx, id, "")
 			if derr != nil {
 				t.Logf("describe %s: %v", id, derr)
@@ -573,7 +574,7 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 	}
 	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind, res.Decision.Reason)
 	require.InDelta(t, 1, res.Evidence.CorrectionRate, 1e-9)
-	require.Equal(t, workflows.ReleasePromoted, res.Release, res.Action)
+	require.Equal(t, flow.ReleasePromoted, res.Release, res.Action)
 	rows, err := store.ListDecisions(ctx, s.pool, policyName, 5)
 	require.NoError(t, err)
 	require.Equal(t, res.DecisionID, rows[0].ID)
@@ -645,10 +646,10 @@ func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
 	}
 	a := startTrainer(hang)
 
-	id := workflows.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
-		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+	id := flow.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
+		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			StepHeartbeatTimeout: 2 * time.Second, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
@@ -707,10 +708,10 @@ func TestIntegrationTrainStepLongerThanItsHeartbeatTimeout(t *testing.T) {
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 
-	id := workflows.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName,
-		workflows.TrainingInput{Deployment: policyName, Policy: workflows.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
+	id := flow.TrainingWorkflowID(policyName)
+	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
+		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			StepHeartbeatTimeout: time.Second, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })

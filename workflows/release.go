@@ -4,37 +4,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flywheel-ai/flywheel/deployment"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
-)
 
-// ReleaseWorkflow names, signals and query.
-const (
-	ReleaseWorkflowName = "ReleaseWorkflow"
-	// ReleaseApproveSignal promotes the candidate once the gate in progress
-	// passes (it also satisfies RequireApproval).
-	ReleaseApproveSignal = "approve"
-	// ReleaseAbortSignal rolls the candidate back at once.
-	ReleaseAbortSignal = "abort"
-	ReleaseStateQuery  = "state"
-)
-
-// Layers a release can change.
-const (
-	LayerWeights    = "weights"
-	LayerPlaybook   = "playbook"
-	LayerHarness    = "harness"
-	LayerToolSchema = "tool_schema"
-)
-
-// Gates, in the order a release runs them.
-const (
-	GateShadow     = "shadow"
-	GateReplay     = "replay"
-	GateRegression = "regression"
-	GateSafety     = "safety"
-	GateCanary     = "canary"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // releaseChangeGatesV2: shadow and canary wait for traffic (up to
@@ -59,167 +33,37 @@ const releaseChangeDrainInSync = "release-drain-in-sync"
 // names once it ends.
 const releaseChangeWeightSync = "release-weight-sync"
 
-// Release outcomes (releases.status).
-const (
-	ReleasePromoted   = "promoted"
-	ReleaseRolledBack = "rolled_back"
-	ReleaseAborted    = "aborted"
-)
-
-// Activity names ReleaseWorkflow runs (activities.Release implements them).
-const (
-	BeginReleaseActivity  = "BeginRelease"
-	SetPhaseActivity      = "SetReleasePhase"
-	EvaluateGateActivity  = "EvaluateGate"
-	FinishReleaseActivity = "FinishRelease"
-	SyncWeightsActivity   = "SyncWeights"
-)
-
-// SyncWeightsInput asks that a deployment's serving engine hold what its
-// routes name: the serving version, the anchor and, while its release
-// runs, Candidate. Unload releases the deployment's other versions there,
-// except those a weights release moved traffic away from less than Drain
-// ago: a request routed to one before the move may still be running.
-type SyncWeightsInput struct {
-	Deployment string
-	Candidate  string        `json:",omitempty"`
-	Unload     bool          `json:",omitempty"`
-	Drain      time.Duration `json:",omitempty"`
-}
-
-// SyncWeightsOutput is what the engine was asked to do; Synced is false
-// for a deployment with no weight sync (nothing was asked).
-type SyncWeightsOutput struct {
-	Synced   bool
-	Loaded   []string `json:",omitempty"`
-	Unloaded []string `json:",omitempty"`
-	Kept     []string `json:",omitempty"`
-}
-
-// ReleaseInput starts a gated release of one layer of a deployment. The
-// workflow id should be "release-<deployment>-<candidate>".
-type ReleaseInput struct {
-	Deployment string
-	Layer      string
-	// Candidate is a model version id (weights) or an artefact version
-	// (other layers, as its decimal number).
-	Candidate string
-	// Baseline is what serves now; empty: the activity reads it.
-	Baseline string
-	Policy   ReleasePolicy
-	// Reason says why the release exists (the evolution decision, a run).
-	Reason string
-}
-
-// BeginReleaseOutput identifies the release row.
-type BeginReleaseOutput struct {
-	ReleaseID int64
-	Baseline  string
-}
-
-// SetPhaseInput moves the release to a phase; CanaryShare is the share of
-// live traffic the gateway routes to the candidate in it.
-type SetPhaseInput struct {
-	ReleaseID   int64
-	Phase       string
-	CanaryShare float64
-}
-
-// GateInput asks for one gate's verdict, compared with the baseline.
-type GateInput struct {
-	ReleaseID  int64
-	Deployment string
-	Layer      string
-	Candidate  string
-	Baseline   string
-	Gate       string
-	// Since bounds the live data (shadow, canary) to this phase.
-	Since  time.Time
-	Policy ReleasePolicy
-	// Final marks the gate's last evaluation: too little data fails it.
-	Final bool
-	// SetPhase records Gate as the release's phase first (no canary
-	// share), in the same activity.
-	SetPhase bool `json:",omitempty"`
-}
-
-// GateResult is one gate's numbers and verdict (also in gate_results).
-type GateResult struct {
-	Gate    string
-	Passed  bool
-	Metrics map[string]float64
-	Reason  string
-	// Insufficient: not enough data yet for a verdict (interim canary).
-	Insufficient bool
-	// NotEvaluated: the gate could not evaluate (nothing to answer with or
-	// to compare); it passed only if the policy allows that.
-	NotEvaluated bool `json:",omitempty"`
-	// Regressed: the candidate was shown worse than allowed (not merely
-	// not shown good enough), so its training line is abandoned.
-	Regressed bool `json:",omitempty"`
-	// Anchor is the version a suite gate compared with besides the
-	// baseline, on the suite named by SuiteKey.
-	Anchor   string `json:",omitempty"`
-	SuiteKey string `json:",omitempty"`
-}
-
-// FinishReleaseInput promotes or rolls back.
-type FinishReleaseInput struct {
-	ReleaseID  int64
-	Deployment string
-	Layer      string
-	Candidate  string
-	Baseline   string
-	Status     string
-	Reason     string
-}
-
-// ReleaseState answers the state query.
-type ReleaseState struct {
-	ReleaseID int64
-	Phase     string
-	Gates     []GateResult
-	Status    string
-	Reason    string
-	Approved  bool
-}
-
-// ReleaseResult is the release's outcome.
-type ReleaseResult struct {
-	State ReleaseState
-}
-
 // ReleaseWorkflow takes a candidate through shadow, replay, regression,
 // safety and canary gates and then promotes it or rolls it back on its own.
 // Serving never pauses: until promotion users see the baseline, except the
 // canary share; a rollback just sets the share back to zero.
-func ReleaseWorkflow(ctx workflow.Context, in ReleaseInput) (ReleaseResult, error) {
+func ReleaseWorkflow(ctx workflow.Context, in flow.ReleaseInput) (flow.ReleaseResult, error) {
 	switch {
 	case in.Deployment == "" || in.Candidate == "":
-		return ReleaseResult{}, temporal.NewNonRetryableApplicationError("release needs Deployment and Candidate", "BadInput", nil)
-	case in.Layer != LayerWeights && in.Layer != LayerPlaybook && in.Layer != LayerHarness && in.Layer != LayerToolSchema:
-		return ReleaseResult{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("release layer %q is not one of weights, playbook, harness, tool_schema", in.Layer), "BadInput", nil)
+		return flow.ReleaseResult{}, temporal.NewNonRetryableApplicationError("release needs Deployment and Candidate", "BadInput", nil)
+	case in.Layer != flow.LayerWeights && in.Layer != flow.LayerPlaybook && in.Layer != flow.LayerHarness && in.Layer != flow.LayerToolSchema:
+		return flow.ReleaseResult{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("release layer %q is not one of weights, playbook, harness, tool_schema", in.Layer), "BadInput", nil)
 	}
 	r := &releaseRun{in: in, policy: in.Policy.WithDefaults()}
 	return r.run(ctx)
 }
 
 type releaseRun struct {
-	in       ReleaseInput
-	policy   ReleasePolicy
-	state    ReleaseState
+	in       flow.ReleaseInput
+	policy   deployment.ReleasePolicy
+	state    flow.ReleaseState
 	approved bool
 	aborted  bool
 	abortWhy string
 }
 
-func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
+func (r *releaseRun) run(ctx workflow.Context) (flow.ReleaseResult, error) {
 	r.state.Phase = "starting"
-	if err := workflow.SetQueryHandler(ctx, ReleaseStateQuery, func() (ReleaseState, error) { return r.state, nil }); err != nil {
-		return ReleaseResult{}, fmt.Errorf("register state query: %w", err)
+	if err := workflow.SetQueryHandler(ctx, flow.ReleaseStateQuery, func() (flow.ReleaseState, error) { return r.state, nil }); err != nil {
+		return flow.ReleaseResult{}, fmt.Errorf("register state query: %w", err)
 	}
-	approveCh := workflow.GetSignalChannel(ctx, ReleaseApproveSignal)
-	abortCh := workflow.GetSignalChannel(ctx, ReleaseAbortSignal)
+	approveCh := workflow.GetSignalChannel(ctx, flow.ReleaseApproveSignal)
+	abortCh := workflow.GetSignalChannel(ctx, flow.ReleaseAbortSignal)
 	// Signals are handled as they arrive, whatever the workflow waits on.
 	workflow.Go(ctx, func(ctx workflow.Context) {
 		for {
@@ -241,7 +85,7 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 			sel.Select(ctx)
 		}
 	})
-	_ = workflow.UpsertTypedSearchAttributes(ctx, DeploymentKey.ValueSet(r.in.Deployment), ModelVersionKey.ValueSet(r.in.Candidate))
+	_ = workflow.UpsertTypedSearchAttributes(ctx, flow.DeploymentKey.ValueSet(r.in.Deployment), flow.ModelVersionKey.ValueSet(r.in.Candidate))
 
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 5 * time.Minute,
@@ -251,9 +95,9 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 			NonRetryableErrorTypes: []string{"BadInput"},
 		},
 	})
-	var begin BeginReleaseOutput
-	if err := workflow.ExecuteActivity(actx, BeginReleaseActivity, r.in).Get(ctx, &begin); err != nil {
-		return ReleaseResult{State: r.state}, fmt.Errorf("begin release: %w", err)
+	var begin flow.BeginReleaseOutput
+	if err := workflow.ExecuteActivity(actx, aRelease.BeginRelease, r.in).Get(ctx, &begin); err != nil {
+		return flow.ReleaseResult{State: r.state}, fmt.Errorf("begin release: %w", err)
 	}
 	r.state.ReleaseID = begin.ReleaseID
 	base := r.in.Baseline
@@ -262,20 +106,20 @@ func (r *releaseRun) run(ctx workflow.Context) (ReleaseResult, error) {
 	}
 
 	synced := false
-	if r.in.Layer == LayerWeights && workflow.GetVersion(ctx, releaseChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
+	if r.in.Layer == flow.LayerWeights && workflow.GetVersion(ctx, releaseChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
 		// The candidate must be in the engine before a gate or the canary
 		// asks for it by name.
 		r.state.Phase = "loading weights"
-		var out SyncWeightsOutput
-		err := workflow.ExecuteActivity(weightSyncCtx(actx), SyncWeightsActivity, SyncWeightsInput{Deployment: r.in.Deployment, Candidate: r.in.Candidate}).Get(ctx, &out)
+		var out flow.SyncWeightsOutput
+		err := workflow.ExecuteActivity(weightSyncCtx(actx), aRelease.SyncWeights, flow.SyncWeightsInput{Deployment: r.in.Deployment, Candidate: r.in.Candidate}).Get(ctx, &out)
 		synced = out.Synced
 		if err != nil {
-			return r.finish(ctx, actx, begin.ReleaseID, base, ReleaseRolledBack, "weight sync: the serving engine did not load the candidate: "+err.Error(), false)
+			return r.finish(ctx, actx, begin.ReleaseID, base, flow.ReleaseRolledBack, "weight sync: the serving engine did not load the candidate: "+err.Error(), false)
 		}
 	}
 	status, reason, err := r.gates(ctx, actx, base)
 	if err != nil {
-		return ReleaseResult{State: r.state}, err
+		return flow.ReleaseResult{State: r.state}, err
 	}
 	return r.finish(ctx, actx, begin.ReleaseID, base, status, reason, synced)
 }
@@ -296,17 +140,17 @@ func weightSyncCtx(actx workflow.Context) workflow.Context {
 // finish records how the release ended and, for a deployment whose
 // engine was synced, unloads the versions no route names any more whose
 // requests have drained.
-func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, status, reason string, synced bool) (ReleaseResult, error) {
+func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, status, reason string, synced bool) (flow.ReleaseResult, error) {
 	r.state.Phase = "finishing"
 	// Finishing must happen even if the workflow was cancelled: a release
 	// left half-open would keep routing canary traffic.
 	fctx, _ := workflow.NewDisconnectedContext(actx)
-	err := workflow.ExecuteActivity(fctx, FinishReleaseActivity, FinishReleaseInput{
+	err := workflow.ExecuteActivity(fctx, aRelease.FinishRelease, flow.FinishReleaseInput{
 		ReleaseID: releaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
 		Candidate: r.in.Candidate, Baseline: base, Status: status, Reason: reason,
 	}).Get(fctx, nil)
 	if err != nil {
-		return ReleaseResult{State: r.state}, fmt.Errorf("finish release: %w", err)
+		return flow.ReleaseResult{State: r.state}, fmt.Errorf("finish release: %w", err)
 	}
 	if synced {
 		// An engine that holds one set of weights takes the promoted
@@ -314,18 +158,18 @@ func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, s
 		// routed to them has had its time to finish: the sync keeps those
 		// still draining (older histories slept through the drain here).
 		r.state.Phase = "syncing weights"
-		syncs := []SyncWeightsInput{{Deployment: r.in.Deployment, Unload: true, Drain: r.policy.WeightDrain}}
+		syncs := []flow.SyncWeightsInput{{Deployment: r.in.Deployment, Unload: true, Drain: r.policy.WeightDrain}}
 		if workflow.GetVersion(ctx, releaseChangeDrainInSync, workflow.DefaultVersion, 1) < 1 {
-			syncs = []SyncWeightsInput{{Deployment: r.in.Deployment}, {Deployment: r.in.Deployment, Unload: true}}
+			syncs = []flow.SyncWeightsInput{{Deployment: r.in.Deployment}, {Deployment: r.in.Deployment, Unload: true}}
 		}
 		for _, in := range syncs {
 			if in.Unload && in.Drain == 0 {
 				if err := workflow.Sleep(fctx, r.policy.WeightDrain); err != nil {
-					return ReleaseResult{State: r.state}, err
+					return flow.ReleaseResult{State: r.state}, err
 				}
 			}
-			var out SyncWeightsOutput
-			if err := workflow.ExecuteActivity(weightSyncCtx(fctx), SyncWeightsActivity, in).Get(fctx, &out); err != nil {
+			var out flow.SyncWeightsOutput
+			if err := workflow.ExecuteActivity(weightSyncCtx(fctx), aRelease.SyncWeights, in).Get(fctx, &out); err != nil {
 				// The release stands as recorded; the next release or
 				// the watchdog syncs the engine again.
 				workflow.GetLogger(ctx).Warn("weight sync after release failed", "deployment", r.in.Deployment, "unload", in.Unload, "error", err)
@@ -333,16 +177,16 @@ func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, s
 		}
 	}
 	r.state.Phase, r.state.Status, r.state.Reason = "done", status, reason
-	_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(status))
-	return ReleaseResult{State: r.state}, nil
+	_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(status))
+	return flow.ReleaseResult{State: r.state}, nil
 }
 
 // gates runs every gate and says how the release ends.
 func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, reason string, err error) {
 	p := r.policy
-	gate := func(name string, since time.Time, final, setPhase bool) (GateResult, error) {
-		var res GateResult
-		err := workflow.ExecuteActivity(actx, EvaluateGateActivity, GateInput{
+	gate := func(name string, since time.Time, final, setPhase bool) (flow.GateResult, error) {
+		var res flow.GateResult
+		err := workflow.ExecuteActivity(actx, aRelease.EvaluateGate, flow.GateInput{
 			ReleaseID: r.state.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
 			Candidate: r.in.Candidate, Baseline: base, Gate: name, Since: since, Policy: p, Final: final, SetPhase: setPhase,
 		}).Get(ctx, &res)
@@ -356,8 +200,8 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	}
 	phase := func(name string, share float64) error {
 		r.state.Phase = name
-		_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(name))
-		return workflow.ExecuteActivity(actx, SetPhaseActivity, SetPhaseInput{ReleaseID: r.state.ReleaseID, Phase: name, CanaryShare: share}).Get(ctx, nil)
+		_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(name))
+		return workflow.ExecuteActivity(actx, aRelease.SetReleasePhase, flow.SetPhaseInput{ReleaseID: r.state.ReleaseID, Phase: name, CanaryShare: share}).Get(ctx, nil)
 	}
 	// wait sleeps for d unless an abort (or, when approveEnds, an approval)
 	// comes first.
@@ -381,32 +225,32 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 
 	// Shadow: the gateway mirrors live traffic to the candidate; users
 	// keep seeing the baseline.
-	if err := phase(GateShadow, 0); err != nil {
+	if err := phase(flow.GateShadow, 0); err != nil {
 		return "", "", fmt.Errorf("set shadow phase: %w", err)
 	}
 	since := workflow.Now(ctx)
 	wait(p.ShadowDuration, false)
 	if r.aborted {
-		return ReleaseAborted, r.abortWhy, nil
+		return flow.ReleaseAborted, r.abortWhy, nil
 	}
 	shadowUntil := workflow.Now(ctx).Add(trafficWait(p.ShadowDuration))
-	for _, name := range []string{GateShadow, GateReplay, GateRegression, GateSafety} {
+	for _, name := range []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety} {
 		inGate := false
-		if name != GateShadow {
+		if name != flow.GateShadow {
 			if v2 {
 				// The gate's activity records the phase itself.
 				r.state.Phase, inGate = name, true
-				_ = workflow.UpsertTypedSearchAttributes(ctx, GateKey.ValueSet(name))
+				_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(name))
 			} else if err := phase(name, 0); err != nil {
 				return "", "", fmt.Errorf("set %s phase: %w", name, err)
 			}
 		}
-		final := !waitForTraffic || name != GateShadow || !workflow.Now(ctx).Before(shadowUntil)
+		final := !waitForTraffic || name != flow.GateShadow || !workflow.Now(ctx).Before(shadowUntil)
 		res, err := gate(name, since, final, inGate)
 		for err == nil && res.Insufficient && !final {
 			wait(p.ShadowDuration, false)
 			if r.aborted {
-				return ReleaseAborted, r.abortWhy, nil
+				return flow.ReleaseAborted, r.abortWhy, nil
 			}
 			final = !workflow.Now(ctx).Before(shadowUntil)
 			res, err = gate(name, since, final, false)
@@ -415,10 +259,10 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 			return "", "", err
 		}
 		if r.aborted {
-			return ReleaseAborted, r.abortWhy, nil
+			return flow.ReleaseAborted, r.abortWhy, nil
 		}
 		if !res.Passed {
-			return ReleaseRolledBack, fmt.Sprintf("%s gate failed: %s", name, res.Reason), nil
+			return flow.ReleaseRolledBack, fmt.Sprintf("%s gate failed: %s", name, res.Reason), nil
 		}
 	}
 
@@ -426,10 +270,10 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	// The gateway serves a weights candidate's share by model version and
 	// an artefact candidate's share (its own split of sessions) under the
 	// candidate artefact.
-	if r.in.Layer != LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
+	if r.in.Layer != flow.LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
 		return r.approval(ctx, "offline gates passed (no live canary for the "+r.in.Layer+" layer)")
 	}
-	if err := phase(GateCanary, p.CanaryShare); err != nil {
+	if err := phase(flow.GateCanary, p.CanaryShare); err != nil {
 		return "", "", fmt.Errorf("set canary phase: %w", err)
 	}
 	since = workflow.Now(ctx)
@@ -438,20 +282,20 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	for i := 1; ; i++ {
 		wait(every, true)
 		if r.aborted {
-			return ReleaseAborted, r.abortWhy, nil
+			return flow.ReleaseAborted, r.abortWhy, nil
 		}
 		planned := i >= p.CanaryChecks
 		final := r.approved || (planned && !workflow.Now(ctx).Before(canaryUntil))
-		res, err := gate(GateCanary, since, final, false)
+		res, err := gate(flow.GateCanary, since, final, false)
 		if err != nil {
 			return "", "", err
 		}
 		if !res.Passed && !res.Insufficient {
-			return ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
+			return flow.ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
 		}
 		if final {
 			if !res.Passed && !r.approved {
-				return ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
+				return flow.ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
 			}
 			break
 		}
@@ -470,17 +314,14 @@ func (r *releaseRun) approval(ctx workflow.Context, passed string) (status, reas
 		r.state.Phase = "awaiting_approval"
 		ok, _ := workflow.AwaitWithTimeout(ctx, p.ApprovalTimeout, func() bool { return r.aborted || r.approved })
 		if r.aborted {
-			return ReleaseAborted, r.abortWhy, nil
+			return flow.ReleaseAborted, r.abortWhy, nil
 		}
 		if !ok {
-			return ReleaseRolledBack, "no approval within " + p.ApprovalTimeout.String(), nil
+			return flow.ReleaseRolledBack, "no approval within " + p.ApprovalTimeout.String(), nil
 		}
 	}
 	if r.approved {
-		return ReleasePromoted, passed + "; approved by operator", nil
+		return flow.ReleasePromoted, passed + "; approved by operator", nil
 	}
-	return ReleasePromoted, passed, nil
+	return flow.ReleasePromoted, passed, nil
 }
-
-// ReleasePolicy is deployment.ReleasePolicy (transitional name).
-type ReleasePolicy = deployment.ReleasePolicy

@@ -10,6 +10,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
 
@@ -25,12 +26,12 @@ func TestReplayCommittedHistories(t *testing.T) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			r := tworker.NewWorkflowReplayer()
 			for name, fn := range map[string]any{
-				workflows.SessionWorkflowName:   workflows.SessionWorkflow,
-				workflows.ReleaseWorkflowName:   workflows.ReleaseWorkflow,
-				workflows.TrainingWorkflowName:  workflows.TrainingWorkflow,
-				workflows.EvolutionWorkflowName: workflows.EvolutionWorkflow,
-				workflows.ForgetWorkflowName:    workflows.ForgetWorkflow,
-				workflows.WatchdogWorkflowName:  workflows.WatchdogWorkflow,
+				flow.SessionWorkflowName:   workflows.SessionWorkflow,
+				flow.ReleaseWorkflowName:   workflows.ReleaseWorkflow,
+				flow.TrainingWorkflowName:  workflows.TrainingWorkflow,
+				flow.EvolutionWorkflowName: workflows.EvolutionWorkflow,
+				flow.ForgetWorkflowName:    workflows.ForgetWorkflow,
+				flow.WatchdogWorkflowName:  workflows.WatchdogWorkflow,
 			} {
 				r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
 			}

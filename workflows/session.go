@@ -6,24 +6,8 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
-)
 
-// Session defaults.
-const (
-	// DefaultSessionIdleTimeout ends a session nobody has touched for this long.
-	DefaultSessionIdleTimeout = 30 * time.Minute
-	// DefaultSessionEventsPerRun bounds the events one run handles before it
-	// continues as new, far below the server's 51,200-event history limit
-	// (every signal is one history event; each batch of ≤ this many events is
-	// also bounded by the server's own continue-as-new suggestion).
-	DefaultSessionEventsPerRun = 2000
-	// DefaultDiscount is γ when neither the session nor the worker sets one.
-	DefaultDiscount = 1.0
-	// DefaultRewardGrace is how long a session the client ended without
-	// any reward waits for one before it is assembled. Agents usually post
-	// the reward just after their last call; without the grace that reward
-	// would arrive during assembly and cost a second generation.
-	DefaultRewardGrace = 5 * time.Second
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // Workflow change ids (workflow.GetVersion), so histories recorded before
@@ -36,137 +20,35 @@ const (
 	sessionChangeGraceLocal = "session-grace-local-finish"
 )
 
-// Activity names SessionWorkflow runs (activities.Session implements them).
-const (
-	AssembleTrajectoryActivity = "AssembleTrajectory"
-	EnqueueSamplesActivity     = "EnqueueSamples"
-	EndSessionActivity         = "EndSession"
-)
-
-// End reasons.
-const (
-	EndByClient = "client"
-	EndByIdle   = "idle"
-)
-
-// SessionCarry is what a run hands to the next when it continues as new.
-type SessionCarry struct {
-	Steps       int
-	Rewards     int
-	FinalReward bool
-	// LastEventAt is when the last event was received (workflow time).
-	LastEventAt time.Time
-	// Runs counts continue-as-new hand-offs so far.
-	Runs int
-	// Generation counts assemblies: events that arrive while a session is
-	// being assembled (a late reward) start the next generation, which
-	// assembles again (a new trajectory) when it ends.
-	Generation int `json:",omitempty"`
-}
-
-// SessionState answers the "state" query.
-type SessionState struct {
-	SessionID   string
-	TenantID    string
-	Deployment  string
-	Steps       int
-	Rewards     int
-	FinalReward bool
-	Ended       bool
-	EndReason   string `json:",omitempty"`
-	LastEventAt time.Time
-	// Phase is "open", "finishing" (activities running) or "done".
-	Phase string
-	// Runs counts continue-as-new hand-offs.
-	Runs int
-	// Filled in when the session is done.
-	TrajectoryID int64   `json:",omitempty"`
-	Eligible     int     `json:",omitempty"`
-	Enqueued     int     `json:",omitempty"`
-	TotalReward  float64 `json:",omitempty"`
-}
-
-// AssembleInput asks for one session's trajectory. Key makes the activity
-// idempotent: a retry with the same key returns the trajectory already
-// written instead of writing a second one.
-type AssembleInput struct {
-	SessionID string
-	TenantID  string
-	Key       string
-	Discount  float64
-}
-
-// AssembleOutput summarises an assembled trajectory.
-type AssembleOutput struct {
-	TrajectoryID int64
-	Steps        int
-	Eligible     int
-	// Ineligible counts steps per reason.
-	Ineligible  map[string]int
-	TotalReward float64
-	HasReward   bool
-}
-
-// EnqueueInput queues a trajectory's eligible steps for training.
-type EnqueueInput struct {
-	TrajectoryID int64
-	TenantID     string
-}
-
-// EnqueueOutput says how many samples this call queued and how many were
-// already queued (by an earlier attempt).
-type EnqueueOutput struct {
-	Enqueued       int
-	AlreadyQueued  int
-	EligibleSteps  int
-	DeploymentName string
-	// Rescored counts queued samples of an earlier assembly that took the
-	// new return; AfterTraining, steps whose sample had trained already.
-	Rescored      int `json:",omitempty"`
-	AfterTraining int `json:",omitempty"`
-}
-
-// EndSessionInput marks the session row ended.
-type EndSessionInput struct {
-	SessionID string
-	TenantID  string
-	Reason    string
-}
-
-// SessionResult is what a finished SessionWorkflow returns.
-type SessionResult struct {
-	State SessionState
-}
-
 // SessionWorkflow owns one session's lifecycle (workflow id = session id).
 // The gateway signals SessionEventsSignal with ids of rows it committed; on
 // end (client, or idle timeout) activities turn the session into a
 // redacted, rewarded ATDP trajectory and queue its eligible steps.
-func SessionWorkflow(ctx workflow.Context, in SessionInput) (SessionResult, error) {
+func SessionWorkflow(ctx workflow.Context, in flow.SessionInput) (flow.SessionResult, error) {
 	if in.SessionID == "" || in.TenantID == "" {
-		return SessionResult{}, temporal.NewNonRetryableApplicationError("session workflow needs SessionID and TenantID", "BadInput", nil)
+		return flow.SessionResult{}, temporal.NewNonRetryableApplicationError("session workflow needs SessionID and TenantID", "BadInput", nil)
 	}
 	s := &sessionRun{in: in}
 	return s.run(ctx)
 }
 
 type sessionRun struct {
-	in SessionInput
+	in flow.SessionInput
 	// v is the workflow's version of sessionChangeGraceLocal.
 	v          workflow.Version
 	generation int
-	state      SessionState
+	state      flow.SessionState
 	// events handled by this run (the continue-as-new budget).
 	events int
 }
 
-func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
+func (s *sessionRun) run(ctx workflow.Context) (flow.SessionResult, error) {
 	in := s.in
 	c := in.Carry
 	if c == nil {
-		c = &SessionCarry{}
+		c = &flow.SessionCarry{}
 	}
-	s.state = SessionState{
+	s.state = flow.SessionState{
 		SessionID: in.SessionID, TenantID: in.TenantID, Deployment: in.Deployment,
 		Steps: c.Steps, Rewards: c.Rewards, FinalReward: c.FinalReward,
 		LastEventAt: c.LastEventAt, Phase: "open", Runs: c.Runs,
@@ -176,25 +58,25 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 		s.state.LastEventAt = workflow.Now(ctx)
 	}
 	// Handlers first, so a query during the first task already answers.
-	if err := workflow.SetQueryHandler(ctx, SessionStateQuery, func() (SessionState, error) {
+	if err := workflow.SetQueryHandler(ctx, flow.SessionStateQuery, func() (flow.SessionState, error) {
 		return s.state, nil
 	}); err != nil {
-		return SessionResult{}, fmt.Errorf("register state query: %w", err)
+		return flow.SessionResult{}, fmt.Errorf("register state query: %w", err)
 	}
-	if _, set := workflow.GetTypedSearchAttributes(ctx).GetKeyword(SessionIDKey); !set && c.Runs == 0 {
+	if _, set := workflow.GetTypedSearchAttributes(ctx).GetKeyword(flow.SessionIDKey); !set && c.Runs == 0 {
 		// Started without them (before revision 1, or by hand).
 		_ = workflow.UpsertTypedSearchAttributes(ctx,
-			SessionIDKey.ValueSet(in.SessionID), TenantKey.ValueSet(in.TenantID), DeploymentKey.ValueSet(in.Deployment))
+			flow.SessionIDKey.ValueSet(in.SessionID), flow.TenantKey.ValueSet(in.TenantID), flow.DeploymentKey.ValueSet(in.Deployment))
 	}
 	idle := in.IdleTimeout
 	if idle <= 0 {
-		idle = DefaultSessionIdleTimeout
+		idle = flow.DefaultSessionIdleTimeout
 	}
 	perRun := in.EventsPerRun
 	if perRun <= 0 {
-		perRun = DefaultSessionEventsPerRun
+		perRun = flow.DefaultSessionEventsPerRun
 	}
-	ch := workflow.GetSignalChannel(ctx, SessionEventsSignal)
+	ch := workflow.GetSignalChannel(ctx, flow.SessionEventsSignal)
 
 	// Decided once, at the start of the run: every later branch of this
 	// run follows the same version. From revision 1 the input decides, so
@@ -202,7 +84,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 	if in.Rev >= 1 {
 		s.v = 1
 		if err := s.await(ctx, ch, idle, perRun); err != nil {
-			return SessionResult{}, err
+			return flow.SessionResult{}, err
 		}
 	} else {
 		s.v = workflow.GetVersion(ctx, sessionChangeGraceLocal, workflow.DefaultVersion, 1)
@@ -213,7 +95,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 		// continue-as-new (LastEventAt is carried).
 		wait := s.state.LastEventAt.Add(idle).Sub(workflow.Now(ctx))
 		if wait <= 0 {
-			s.end(EndByIdle)
+			s.end(flow.EndByIdle)
 			break
 		}
 		timerCtx, cancelTimer := workflow.WithCancel(ctx)
@@ -226,7 +108,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 		}
 		if s.events >= perRun || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
 			if err := s.continueAsNew(ctx, ch); err != nil {
-				return SessionResult{}, err
+				return flow.SessionResult{}, err
 			}
 			break
 		}
@@ -244,7 +126,7 @@ func (s *sessionRun) run(ctx workflow.Context) (SessionResult, error) {
 	s.drain(ctx, ch)
 	if s.events > late {
 		next := in
-		next.Carry = &SessionCarry{
+		next.Carry = &flow.SessionCarry{
 			Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
 			LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1, Generation: s.generation + 1,
 		}
@@ -273,7 +155,7 @@ func (s *sessionRun) await(ctx workflow.Context, ch workflow.ReceiveChannel, idl
 		// continue-as-new (LastEventAt is carried).
 		wait := s.state.LastEventAt.Add(idle).Sub(workflow.Now(ctx))
 		if wait <= 0 {
-			s.end(EndByIdle)
+			s.end(flow.EndByIdle)
 			return nil
 		}
 		if timer == nil {
@@ -290,7 +172,7 @@ func (s *sessionRun) await(ctx workflow.Context, ch workflow.ReceiveChannel, idl
 func (s *sessionRun) wait(ctx workflow.Context, ch workflow.ReceiveChannel, timer workflow.Future) (fired bool) {
 	sel := workflow.NewSelector(ctx)
 	sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
-		var batch SessionEvents
+		var batch flow.SessionEvents
 		c.Receive(ctx, &batch)
 		s.apply(ctx, batch)
 	})
@@ -308,7 +190,7 @@ func (s *sessionRun) continueAsNew(ctx workflow.Context, ch workflow.ReceiveChan
 		return nil
 	}
 	next := s.in
-	next.Carry = &SessionCarry{
+	next.Carry = &flow.SessionCarry{
 		Steps: s.state.Steps, Rewards: s.state.Rewards, FinalReward: s.state.FinalReward,
 		LastEventAt: s.state.LastEventAt, Runs: s.state.Runs + 1,
 	}
@@ -321,9 +203,9 @@ func (s *sessionRun) continueAsNew(ctx workflow.Context, ch workflow.ReceiveChan
 func (s *sessionRun) awaitReward(ctx workflow.Context, ch workflow.ReceiveChannel) {
 	grace := s.in.RewardGrace
 	if grace == 0 {
-		grace = DefaultRewardGrace
+		grace = flow.DefaultRewardGrace
 	}
-	if grace < 0 || s.state.EndReason != EndByClient || s.state.Rewards > 0 {
+	if grace < 0 || s.state.EndReason != flow.EndByClient || s.state.Rewards > 0 {
 		return
 	}
 	timerCtx, cancel := workflow.WithCancel(ctx)
@@ -339,7 +221,7 @@ func (s *sessionRun) awaitReward(ctx workflow.Context, ch workflow.ReceiveChanne
 // drain applies every signal already buffered without blocking.
 func (s *sessionRun) drain(ctx workflow.Context, ch workflow.ReceiveChannel) {
 	for {
-		var batch SessionEvents
+		var batch flow.SessionEvents
 		if !ch.ReceiveAsync(&batch) {
 			return
 		}
@@ -347,19 +229,19 @@ func (s *sessionRun) drain(ctx workflow.Context, ch workflow.ReceiveChannel) {
 	}
 }
 
-func (s *sessionRun) apply(ctx workflow.Context, batch SessionEvents) {
+func (s *sessionRun) apply(ctx workflow.Context, batch flow.SessionEvents) {
 	for _, e := range batch.Events {
 		s.events++
 		switch e.Kind {
-		case EventStep:
+		case flow.EventStep:
 			s.state.Steps++
-		case EventReward:
+		case flow.EventReward:
 			s.state.Rewards++
 			if e.Final {
 				s.state.FinalReward = true
 			}
-		case EventEnd:
-			s.end(EndByClient)
+		case flow.EventEnd:
+			s.end(flow.EndByClient)
 		default:
 			workflow.GetLogger(ctx).Warn("session event of unknown kind ignored", "session_id", s.in.SessionID, "kind", e.Kind)
 			continue
@@ -377,7 +259,7 @@ func (s *sessionRun) end(reason string) {
 
 // finish turns the session into training data. Each activity is idempotent
 // (keys and unique constraints), so retries never duplicate a row.
-func (s *sessionRun) finish(ctx workflow.Context) (SessionResult, error) {
+func (s *sessionRun) finish(ctx workflow.Context) (flow.SessionResult, error) {
 	s.state.Phase = "finishing"
 	retry := &temporal.RetryPolicy{
 		InitialInterval:        time.Second,
@@ -405,33 +287,33 @@ func (s *sessionRun) finish(ctx workflow.Context) (SessionResult, error) {
 	if s.generation > 0 {
 		key += fmt.Sprintf("/%d", s.generation)
 	}
-	var asm AssembleOutput
-	err := execute(ctx, AssembleTrajectoryActivity, AssembleInput{
+	var asm flow.AssembleOutput
+	err := execute(ctx, aSession.AssembleTrajectory, flow.AssembleInput{
 		SessionID: s.in.SessionID, TenantID: s.in.TenantID, Key: key, Discount: discount,
 	}).Get(ctx, &asm)
 	if err != nil {
-		return SessionResult{State: s.state}, fmt.Errorf("assemble trajectory: %w", err)
+		return flow.SessionResult{State: s.state}, fmt.Errorf("assemble trajectory: %w", err)
 	}
 	s.state.TrajectoryID, s.state.Eligible, s.state.TotalReward = asm.TrajectoryID, asm.Eligible, asm.TotalReward
 	if asm.HasReward {
-		_ = workflow.UpsertTypedSearchAttributes(ctx, RewardKey.ValueSet(asm.TotalReward))
+		_ = workflow.UpsertTypedSearchAttributes(ctx, flow.RewardKey.ValueSet(asm.TotalReward))
 	}
-	var enq EnqueueOutput
+	var enq flow.EnqueueOutput
 	if asm.Eligible > 0 {
-		err = execute(ctx, EnqueueSamplesActivity, EnqueueInput{
+		err = execute(ctx, aSession.EnqueueSamples, flow.EnqueueInput{
 			TrajectoryID: asm.TrajectoryID, TenantID: s.in.TenantID,
 		}).Get(ctx, &enq)
 		if err != nil {
-			return SessionResult{State: s.state}, fmt.Errorf("enqueue samples: %w", err)
+			return flow.SessionResult{State: s.state}, fmt.Errorf("enqueue samples: %w", err)
 		}
 	}
 	s.state.Enqueued = enq.Enqueued + enq.AlreadyQueued
-	err = execute(ctx, EndSessionActivity, EndSessionInput{
+	err = execute(ctx, aSession.EndSession, flow.EndSessionInput{
 		SessionID: s.in.SessionID, TenantID: s.in.TenantID, Reason: s.state.EndReason,
 	}).Get(ctx, nil)
 	if err != nil {
-		return SessionResult{State: s.state}, fmt.Errorf("end session: %w", err)
+		return flow.SessionResult{State: s.state}, fmt.Errorf("end session: %w", err)
 	}
 	s.state.Phase = "done"
-	return SessionResult{State: s.state}, nil
+	return flow.SessionResult{State: s.state}, nil
 }

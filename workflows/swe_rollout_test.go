@@ -11,6 +11,8 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // sweStubs are stand-ins for the Docker- and gateway-backed activities
@@ -34,54 +36,54 @@ func (s *sweStubs) record(name string) {
 }
 
 func (s *sweStubs) register(env *testsuite.TestWorkflowEnvironment) {
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWECreateSessionsInput) (SWECreateSessionsOutput, error) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWECreateSessionsInput) (flow.SWECreateSessionsOutput, error) {
 		s.record("create")
-		out := SWECreateSessionsOutput{GroupID: "grp_1"}
+		out := flow.SWECreateSessionsOutput{GroupID: "grp_1"}
 		for i := range in.GroupSize {
 			out.SessionIDs = append(out.SessionIDs, "sess_"+string(rune('a'+i)))
 		}
 		return out, nil
-	}, activity.RegisterOptions{Name: SWECreateSessionsActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEAcquireInput) (SWEAcquireOutput, error) {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWECreateSessions)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWEAcquireInput) (flow.SWEAcquireOutput, error) {
 		s.record("acquire")
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.acquired++; s.acquired > 1 {
-			return SWEAcquireOutput{SandboxID: fmt.Sprintf("sb-%s-%d", in.TaskID, s.acquired)}, nil
+			return flow.SWEAcquireOutput{SandboxID: fmt.Sprintf("sb-%s-%d", in.TaskID, s.acquired)}, nil
 		}
-		return SWEAcquireOutput{SandboxID: "sb-" + in.TaskID}, nil
-	}, activity.RegisterOptions{Name: SWEAcquireActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEStepInput) (SWEStepOutput, error) {
+		return flow.SWEAcquireOutput{SandboxID: "sb-" + in.TaskID}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWEAcquire)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWEStepInput) (flow.SWEStepOutput, error) {
 		s.record("step")
 		if s.failStep[in.SessionID] {
-			return SWEStepOutput{}, temporal.NewNonRetryableApplicationError("model down", "Test", errors.New("model down"))
+			return flow.SWEStepOutput{}, temporal.NewNonRetryableApplicationError("model down", "Test", errors.New("model down"))
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.goneSteps > 0 {
 			s.goneSteps--
-			return SWEStepOutput{}, temporal.NewNonRetryableApplicationError("sandbox "+in.SandboxID+": not found", SWESandboxGoneError, nil)
+			return flow.SWEStepOutput{}, temporal.NewNonRetryableApplicationError("sandbox "+in.SandboxID+": not found", flow.SWESandboxGoneError, nil)
 		}
-		return SWEStepOutput{StopReason: "submitted", ToolCalls: 4}, nil
-	}, activity.RegisterOptions{Name: SWEStepActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEGradeInput) (SWEGradeOutput, error) {
+		return flow.SWEStepOutput{StopReason: "submitted", ToolCalls: 4}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWEStep)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWEGradeInput) (flow.SWEGradeOutput, error) {
 		s.record("grade")
-		return SWEGradeOutput{Reward: 0.5, Passed: 1, Total: 2}, nil
-	}, activity.RegisterOptions{Name: SWEGradeActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWERecordRewardInput) error {
+		return flow.SWEGradeOutput{Reward: 0.5, Passed: 1, Total: 2}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWEGrade)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWERecordRewardInput) error {
 		s.record("reward")
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.rewards[in.SessionID] = in.Reward
 		return nil
-	}, activity.RegisterOptions{Name: SWERecordRewardActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in SWEReleaseInput) error {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWERecordReward)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SWEReleaseInput) error {
 		s.record("release")
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.released = append(s.released, in.SandboxID)
 		return nil
-	}, activity.RegisterOptions{Name: SWEReleaseActivity})
+	}, activity.RegisterOptions{Name: flow.ActivityName(aSWE.SWERelease)})
 }
 
 func newSWEEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sweStubs) {
@@ -95,20 +97,20 @@ func newSWEEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sweStubs) {
 
 func TestSWERolloutRunsActivitiesInOrder(t *testing.T) {
 	env, stubs := newSWEEnv(t)
-	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{TaskID: "median"})
+	env.ExecuteWorkflow(SWERolloutWorkflow, flow.SWERolloutInput{TaskID: "median"})
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
-	var out SWERolloutResult
+	var out flow.SWERolloutResult
 	require.NoError(t, env.GetWorkflowResult(&out))
 	require.Equal(t, []string{"create", "acquire", "step", "grade", "reward", "release"}, stubs.calls)
-	require.Equal(t, SWERolloutResult{TaskID: "median", SessionID: "sess_a", SandboxID: "sb-median", StopReason: "submitted", ToolCalls: 4, Reward: 0.5, Passed: 1, Total: 2}, out)
+	require.Equal(t, flow.SWERolloutResult{TaskID: "median", SessionID: "sess_a", SandboxID: "sb-median", StopReason: "submitted", ToolCalls: 4, Reward: 0.5, Passed: 1, Total: 2}, out)
 	require.Equal(t, 0.5, stubs.rewards["sess_a"])
 }
 
 func TestSWERolloutReleasesWhenTheStepFails(t *testing.T) {
 	env, stubs := newSWEEnv(t)
 	stubs.failStep["sess_x"] = true
-	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{TaskID: "median", SessionID: "sess_x"})
+	env.ExecuteWorkflow(SWERolloutWorkflow, flow.SWERolloutInput{TaskID: "median", SessionID: "sess_x"})
 	require.Error(t, env.GetWorkflowError())
 	require.Equal(t, []string{"acquire", "step", "release"}, stubs.calls)
 	require.Equal(t, []string{"sb-median"}, stubs.released)
@@ -117,21 +119,21 @@ func TestSWERolloutReleasesWhenTheStepFails(t *testing.T) {
 
 func TestSWERolloutRejectsBadInput(t *testing.T) {
 	env, stubs := newSWEEnv(t)
-	env.ExecuteWorkflow(SWERolloutWorkflow, SWERolloutInput{})
+	env.ExecuteWorkflow(SWERolloutWorkflow, flow.SWERolloutInput{})
 	require.Error(t, env.GetWorkflowError())
 	require.Empty(t, stubs.calls)
 
 	env, _ = newSWEEnv(t)
-	env.ExecuteWorkflow(SWEGroupWorkflow, SWEGroupInput{TaskID: "median", GroupSize: SWEMaxGroupSize + 1})
+	env.ExecuteWorkflow(SWEGroupWorkflow, flow.SWEGroupInput{TaskID: "median", GroupSize: flow.SWEMaxGroupSize + 1})
 	require.Error(t, env.GetWorkflowError())
 }
 
 func TestSWEGroupRunsGRolloutsAndSurvivesAFailure(t *testing.T) {
 	env, stubs := newSWEEnv(t)
 	stubs.failStep["sess_b"] = true
-	env.ExecuteWorkflow(SWEGroupWorkflow, SWEGroupInput{TaskID: "median", GroupSize: 3})
+	env.ExecuteWorkflow(SWEGroupWorkflow, flow.SWEGroupInput{TaskID: "median", GroupSize: 3})
 	require.NoError(t, env.GetWorkflowError())
-	var out SWEGroupResult
+	var out flow.SWEGroupResult
 	require.NoError(t, env.GetWorkflowResult(&out))
 	require.Equal(t, "grp_1", out.GroupID)
 	require.Len(t, out.Rollouts, 3)
@@ -150,10 +152,10 @@ func TestSWEGroupRunsGRolloutsAndSurvivesAFailure(t *testing.T) {
 func TestSWERolloutStartsAgainWhenItsSandboxIsGone(t *testing.T) {
 	env, stubs := newSWEEnv(t)
 	stubs.goneSteps = 1
-	env.ExecuteWorkflow(SWERolloutWorkflowName, SWERolloutInput{TaskID: "t1"})
+	env.ExecuteWorkflow(flow.SWERolloutWorkflowName, flow.SWERolloutInput{TaskID: "t1"})
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
-	var out SWERolloutResult
+	var out flow.SWERolloutResult
 	require.NoError(t, env.GetWorkflowResult(&out))
 	require.Equal(t, "sb-t1-2", out.SandboxID)
 	require.Equal(t, 0.5, out.Reward)
@@ -162,7 +164,7 @@ func TestSWERolloutStartsAgainWhenItsSandboxIsGone(t *testing.T) {
 
 	env, stubs = newSWEEnv(t)
 	stubs.goneSteps = sweMaxSandboxes
-	env.ExecuteWorkflow(SWERolloutWorkflowName, SWERolloutInput{TaskID: "t1"})
+	env.ExecuteWorkflow(flow.SWERolloutWorkflowName, flow.SWERolloutInput{TaskID: "t1"})
 	require.Error(t, env.GetWorkflowError())
 	require.Len(t, stubs.released, sweMaxSandboxes)
 	require.Empty(t, stubs.rewards)

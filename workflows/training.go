@@ -2,269 +2,14 @@ package workflows
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/flywheel-ai/flywheel/flow"
 )
-
-// TrainingWorkflow names and signal.
-const (
-	TrainingWorkflowName = "TrainingWorkflow"
-	// TrainNowSignal asks for a step as soon as any sample is queued (the
-	// evolution workflow's "weights" decision sends it).
-	TrainNowSignal     = "train-now"
-	TrainingStateQuery = "state"
-)
-
-// Activity names TrainingWorkflow runs (activities.Training implements them).
-const (
-	CheckBatchActivity = "CheckBatch"
-	ClaimBatchActivity = "ClaimBatch"
-	// TrainStepActivity runs on TrainerTaskQueue, next to the weights.
-	TrainStepActivity = "TrainStep"
-	// ResetTrainerActivity (also on TrainerTaskQueue) sends the trainer
-	// back to a stored version.
-	ResetTrainerActivity = "ResetTrainer"
-)
-
-// ResetTrainerInput names the version training goes on from.
-type ResetTrainerInput struct {
-	Deployment string
-	Version    string
-}
-
-// ResetTrainerOutput confirms it.
-type ResetTrainerOutput struct {
-	Version string
-}
-
-// TrainingWorkflowID is the one TrainingWorkflow of a deployment.
-func TrainingWorkflowID(deployment string) string { return "training-" + deployment }
-
-// ReleaseWorkflowID is the release of one candidate.
-func ReleaseWorkflowID(deployment, layer, candidate string) string {
-	return "release-" + deployment + "-" + layer + "-" + candidate
-}
-
-// TrainingInput starts (or continues) the training loop of a deployment.
-type TrainingInput struct {
-	Deployment string
-	Policy     TrainingPolicy
-	// Carry is set by the workflow itself when it continues as new.
-	Carry *TrainingCarry `json:",omitempty"`
-}
-
-// TrainingCarry is handed to the next run.
-type TrainingCarry struct {
-	Steps       int
-	LastVersion string
-	TrainNow    bool
-	// Serving is the version serving when the run ended; Ahead is how many
-	// steps the trainer's weights are past it.
-	Serving string `json:",omitempty"`
-	Ahead   int    `json:",omitempty"`
-	// Pending is the newest candidate not yet released, PendingAhead the
-	// value of Ahead when it was trained.
-	Pending       string `json:",omitempty"`
-	PendingAhead  int    `json:",omitempty"`
-	PendingReason string `json:",omitempty"`
-	// Failed counts the steps in a row that failed, so the wait after the
-	// next failure keeps growing across runs.
-	Failed int `json:",omitempty"`
-	// From is the version the line trains on from when it is not the
-	// serving one (the anchor, after a failed release).
-	From string `json:",omitempty"`
-}
-
-// TrainingPolicy says when a batch is ready and how it trains; zero fields
-// take the defaults (withDefaults).
-type TrainingPolicy struct {
-	// BatchSize is how many queued samples make a batch. Default 32.
-	BatchSize int
-	// MaxBatchAge trains a smaller batch once its oldest sample waited this
-	// long. Default 10m.
-	MaxBatchAge time.Duration
-	// GroupWait is how long the first sample of a GRPO group waits for the
-	// rest of its group's sessions before the group trains without them (a
-	// member may never come: unrewarded, stale, opted out). Until then a
-	// partial group is neither counted nor claimed. Default MaxBatchAge.
-	GroupWait time.Duration
-	// PollInterval is how often the queue is checked. Default 30s.
-	PollInterval time.Duration
-	// MaxStaleness is η: samples whose behaviour version is more than η
-	// versions behind the serving one are dropped. Default 4.
-	MaxStaleness int
-	// StepTimeout bounds one train step. Default 30m.
-	StepTimeout time.Duration
-	// StepHeartbeatTimeout is how long a train step may go without a
-	// heartbeat before it is handed to another trainer worker. Default 1m.
-	StepHeartbeatTimeout time.Duration
-	// StepsPerRun is how many steps one run makes before it continues as
-	// new. Default 50.
-	StepsPerRun int
-	// MaxAhead is how many steps the trainer may run ahead of the serving
-	// version while a release is gated: training goes on during a release,
-	// and the newest candidate is released next. Samples come from the
-	// serving version, so more than η steps ahead they would be dropped
-	// as stale. Default η (MaxStaleness); negative: train only when no
-	// release is in flight (one candidate at a time).
-	MaxAhead int
-	// Release gates each candidate.
-	Release ReleasePolicy
-	// NoRelease leaves candidates unreleased (for offline training).
-	NoRelease bool
-	// Masks are this deployment's KPop / IcePop settings (nil: the
-	// trainer's own, config trainer.*).
-	Masks *TokenMasks `json:",omitempty"`
-	// TrainerQueue is the task queue of the workers that train this
-	// deployment (TrainBatch). Default TrainerTaskQueue.
-	TrainerQueue string `json:",omitempty"`
-}
-
-func (p TrainingPolicy) withDefaults() TrainingPolicy {
-	if p.BatchSize <= 0 {
-		p.BatchSize = 32
-	}
-	if p.MaxBatchAge <= 0 {
-		p.MaxBatchAge = 10 * time.Minute
-	}
-	if p.GroupWait <= 0 {
-		p.GroupWait = p.MaxBatchAge
-	}
-	if p.PollInterval <= 0 {
-		p.PollInterval = 30 * time.Second
-	}
-	if p.MaxStaleness == 0 {
-		p.MaxStaleness = 4
-	}
-	if p.StepTimeout <= 0 {
-		p.StepTimeout = 30 * time.Minute
-	}
-	if p.StepHeartbeatTimeout <= 0 {
-		p.StepHeartbeatTimeout = time.Minute
-	}
-	if p.StepsPerRun <= 0 {
-		p.StepsPerRun = 50
-	}
-	if p.TrainerQueue == "" {
-		p.TrainerQueue = TrainerTaskQueue
-	}
-	switch {
-	case p.MaxAhead < 0:
-		p.MaxAhead = 0
-	case p.MaxAhead > 0:
-	case p.MaxStaleness < 0: // no staleness bound: no reason to stop
-		p.MaxAhead = math.MaxInt32
-	default:
-		p.MaxAhead = max(p.MaxStaleness, 1)
-	}
-	return p
-}
-
-// CheckBatchInput asks how the deployment's queue stands.
-type CheckBatchInput struct {
-	Deployment string
-	// FreshOnly counts only the samples a claim with staleness bound
-	// MaxStaleness (negative: none) would keep. Inputs recorded before
-	// these fields existed count every queued sample.
-	MaxStaleness int
-	FreshOnly    bool
-	// GroupWait counts a partial GRPO group only once its first sample
-	// waited this long (0: every group counts).
-	GroupWait time.Duration `json:",omitempty"`
-}
-
-// CheckBatchOutput is the queue's state.
-type CheckBatchOutput struct {
-	Queued    int
-	OldestAge time.Duration
-}
-
-// ClaimBatchInput claims a batch for one step; RunKey makes it idempotent.
-type ClaimBatchInput struct {
-	Deployment   string
-	RunKey       string
-	BatchSize    int
-	MaxStaleness int
-	// GroupWait claims a partial GRPO group only once its first sample
-	// waited this long (0: every group).
-	GroupWait time.Duration `json:",omitempty"`
-}
-
-// ClaimBatchOutput is the claimed batch.
-type ClaimBatchOutput struct {
-	RunID        int64
-	Samples      int
-	DroppedStale int
-	// BaseVersion serves now; the candidate's parent.
-	BaseVersion string
-}
-
-// TrainStepInput trains one claimed run.
-type TrainStepInput struct {
-	Deployment string
-	RunID      int64
-	// Masks, when set, are this deployment's KPop / IcePop settings; nil
-	// leaves the trainer's own (config trainer.*).
-	Masks *TokenMasks `json:",omitempty"`
-}
-
-// TokenMasks are the off-policy token masks a train step applies: IcePop
-// drops tokens whose ratio π_prox/μ leaves [IcePopLow, IcePopHigh], KPop
-// those whose bidirectional binary KL exceeds KPopPhi (zero thresholds:
-// 0.5, 2, 0.05). It is the wire form of trainer.Masks, so a trainer in any
-// language can read it.
-type TokenMasks struct {
-	IcePop     bool    `json:"icepop"`
-	IcePopLow  float64 `json:"icepop_low,omitempty"`
-	IcePopHigh float64 `json:"icepop_high,omitempty"`
-	KPop       bool    `json:"kpop"`
-	KPopPhi    float64 `json:"kpop_phi,omitempty"`
-}
-
-// TrainStepOutput is the candidate the step produced.
-type TrainStepOutput struct {
-	Version  string
-	Loss     float64
-	Samples  int
-	Groups   int
-	Baseline int // singleton samples scored against the per-task baseline
-	Stale    int // samples the trainer itself dropped as stale
-	// IcePopMasked and KPopMasked are the fractions of trained tokens each
-	// mask dropped.
-	IcePopMasked float64 `json:",omitempty"`
-	KPopMasked   float64 `json:",omitempty"`
-}
-
-// TrainingState answers the state query.
-type TrainingState struct {
-	Deployment  string
-	Phase       string
-	Steps       int
-	Queued      int
-	LastVersion string
-	LastRelease string
-	LastOutcome string
-	LastError   string `json:",omitempty"`
-	// Serving is the version serving now, Ahead the steps the trainer is
-	// past it, Releasing the candidate whose release is in flight.
-	Serving   string `json:",omitempty"`
-	Ahead     int
-	Releasing string `json:",omitempty"`
-	Promoted  int
-	// RolledBack counts releases that ended without promotion.
-	RolledBack int
-	// Resets counts the times training went back to the serving weights
-	// or the anchor's.
-	Resets int
-	// From is the version the trainer went back to when it is not the
-	// serving one: the anchor, the best promoted version on the held-out
-	// suite, after a release failed.
-	From string `json:",omitempty"`
-}
 
 // TrainingWorkflow is the training loop of one deployment (workflow id
 // TrainingWorkflowID): it waits for a batch (size or age), claims it
@@ -276,29 +21,29 @@ type TrainingState struct {
 // serving weights, as does a rollback that leaves nothing to release;
 // after a failed release, to the anchor's weights instead, when its suite
 // gates named an anchor other than the serving version.
-func TrainingWorkflow(ctx workflow.Context, in TrainingInput) (TrainingState, error) {
+func TrainingWorkflow(ctx workflow.Context, in flow.TrainingInput) (flow.TrainingState, error) {
 	if in.Deployment == "" {
-		return TrainingState{}, temporal.NewNonRetryableApplicationError("training needs a Deployment", "BadInput", nil)
+		return flow.TrainingState{}, temporal.NewNonRetryableApplicationError("training needs a Deployment", "BadInput", nil)
 	}
-	r := &trainingRun{in: in, p: in.Policy.withDefaults()}
-	r.st = TrainingState{Deployment: in.Deployment, Phase: "waiting"}
+	r := &trainingRun{in: in, p: in.Policy.WithDefaults()}
+	r.st = flow.TrainingState{Deployment: in.Deployment, Phase: "waiting"}
 	if c := in.Carry; c != nil {
 		r.st.Steps, r.st.LastVersion, r.trainNow = c.Steps, c.LastVersion, c.TrainNow
 		r.st.Serving, r.st.Ahead = c.Serving, c.Ahead
 		r.pending, r.pendingAhead, r.pendingReason = c.Pending, c.PendingAhead, c.PendingReason
 		r.st.From = c.From
 	}
-	if err := workflow.SetQueryHandler(ctx, TrainingStateQuery, func() (TrainingState, error) { return r.st, nil }); err != nil {
+	if err := workflow.SetQueryHandler(ctx, flow.TrainingStateQuery, func() (flow.TrainingState, error) { return r.st, nil }); err != nil {
 		return r.st, fmt.Errorf("register state query: %w", err)
 	}
-	_ = workflow.UpsertTypedSearchAttributes(ctx, DeploymentKey.ValueSet(in.Deployment))
+	_ = workflow.UpsertTypedSearchAttributes(ctx, flow.DeploymentKey.ValueSet(in.Deployment))
 	return r.run(ctx)
 }
 
 type trainingRun struct {
-	in       TrainingInput
-	p        TrainingPolicy
-	st       TrainingState
+	in       flow.TrainingInput
+	p        flow.TrainingPolicy
+	st       flow.TrainingState
 	trainNow bool
 	nowCh    workflow.ReceiveChannel
 	// servingCh receives ServingChangedSignal; changedTo is the version a
@@ -322,10 +67,10 @@ type trainingRun struct {
 	relDone bool
 }
 
-func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
+func (r *trainingRun) run(ctx workflow.Context) (flow.TrainingState, error) {
 	p, in := r.p, r.in
-	r.nowCh = workflow.GetSignalChannel(ctx, TrainNowSignal)
-	r.servingCh = workflow.GetSignalChannel(ctx, ServingChangedSignal)
+	r.nowCh = workflow.GetSignalChannel(ctx, flow.TrainNowSignal)
+	r.servingCh = workflow.GetSignalChannel(ctx, flow.ServingChangedSignal)
 	// Checking and claiming are short Postgres statements (the claim is
 	// idempotent by its run key): local activities, so a step costs one
 	// server round trip (the train step) instead of three.
@@ -365,8 +110,8 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 			r.wait(ctx, 0)
 			continue
 		}
-		var q CheckBatchOutput
-		if err := workflow.ExecuteLocalActivity(r.light, CheckBatchActivity, CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true, GroupWait: p.GroupWait}).Get(ctx, &q); err != nil {
+		var q flow.CheckBatchOutput
+		if err := workflow.ExecuteLocalActivity(r.light, aTraining.CheckBatch, flow.CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true, GroupWait: p.GroupWait}).Get(ctx, &q); err != nil {
 			return r.st, fmt.Errorf("check batch: %w", err)
 		}
 		r.st.Queued = q.Queued
@@ -380,8 +125,8 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		r.trainNow = false
 		r.st.Phase = "claiming"
 		runKey := fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps)
-		var claim ClaimBatchOutput
-		err := workflow.ExecuteLocalActivity(r.light, ClaimBatchActivity, ClaimBatchInput{
+		var claim flow.ClaimBatchOutput
+		err := workflow.ExecuteLocalActivity(r.light, aTraining.ClaimBatch, flow.ClaimBatchInput{
 			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(), GroupWait: p.GroupWait,
 		}).Get(ctx, &claim)
 		if err != nil {
@@ -395,11 +140,11 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 			continue // everything was stale
 		}
 		r.st.Phase = "training"
-		var out TrainStepOutput
+		var out flow.TrainStepOutput
 		if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
 			out, err = r.step(ctx, claim.RunID)
 		} else {
-			err = workflow.ExecuteActivity(r.train, TrainStepActivity, TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out)
+			err = workflow.ExecuteActivity(r.train, aTraining.TrainStep, flow.TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out)
 		}
 		if err != nil {
 			// A failed step leaves its samples queued for the next batch.
@@ -426,7 +171,7 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		r.st.Steps++
 		r.st.Ahead++
 		r.st.LastVersion, r.st.LastError = out.Version, ""
-		_ = workflow.UpsertTypedSearchAttributes(ctx, ModelVersionKey.ValueSet(out.Version))
+		_ = workflow.UpsertTypedSearchAttributes(ctx, flow.ModelVersionKey.ValueSet(out.Version))
 		if !p.NoRelease {
 			r.pending, r.pendingAhead = out.Version, r.st.Ahead
 			r.pendingReason = fmt.Sprintf("training run %d: %d samples, loss %.4f", claim.RunID, out.Samples, out.Loss)
@@ -451,9 +196,9 @@ func (r *trainingRun) run(ctx workflow.Context) (TrainingState, error) {
 		return r.st, err
 	}
 	r.st.Phase = "continuing"
-	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, TrainingInput{
+	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, flow.TrainingInput{
 		Deployment: in.Deployment, Policy: in.Policy,
-		Carry: &TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
+		Carry: &flow.TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
 			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: failed,
 			From: r.st.From},
 	})
@@ -474,7 +219,7 @@ func (r *trainingRun) drain() {
 	for r.nowCh.ReceiveAsync(nil) {
 		r.trainNow = true
 	}
-	var sc ServingChanged
+	var sc flow.ServingChanged
 	for r.servingCh.ReceiveAsync(&sc) {
 		r.changedTo = sc.Version
 	}
@@ -516,7 +261,7 @@ func (r *trainingRun) waitFor(ctx workflow.Context, d time.Duration, onNow bool)
 		})
 	}
 	sel.AddReceive(r.servingCh, func(c workflow.ReceiveChannel, _ bool) {
-		var sc ServingChanged
+		var sc flow.ServingChanged
 		c.Receive(ctx, &sc)
 		r.changedTo = sc.Version
 	})
@@ -529,11 +274,11 @@ func (r *trainingRun) waitFor(ctx workflow.Context, d time.Duration, onNow bool)
 // settleRelease handles a release that ended and starts the next one.
 func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 	if r.rel != nil && (r.relDone || r.rel.IsReady()) {
-		var res ReleaseResult
+		var res flow.ReleaseResult
 		err := r.rel.Get(ctx, &res)
 		r.rel, r.relDone = nil, false
 		r.st.Releasing = ""
-		promoted := err == nil && res.State.Status == ReleasePromoted
+		promoted := err == nil && res.State.Status == flow.ReleasePromoted
 		switch {
 		case err != nil:
 			r.st.LastOutcome = "release failed: " + err.Error()
@@ -557,7 +302,7 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 			// dropped. With nothing left to release and the trainer too far
 			// ahead to use new samples, it must go back anyway.
 			stuck := r.pending == "" && r.st.Ahead >= r.p.MaxAhead
-			abandon := failed.Gate == GateSafety || failed.Gate == GateRegression
+			abandon := failed.Gate == flow.GateSafety || failed.Gate == flow.GateRegression
 			if workflow.GetVersion(ctx, trainingChangeRegressedOnly, workflow.DefaultVersion, 1) >= 1 {
 				// A candidate not shown good enough on the held-out suite
 				// may be in a dip on the way up; only one shown worse than
@@ -583,28 +328,28 @@ func (r *trainingRun) settleRelease(ctx workflow.Context) error {
 // step trains one claimed run through the trainer protocol: the control
 // plane writes the batch, the deployment's trainer trains it, the control
 // plane records the checkpoint.
-func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, error) {
-	var tb TrainBatchInput
-	err := workflow.ExecuteLocalActivity(r.light, PrepareBatchActivity, PrepareBatchInput{
+func (r *trainingRun) step(ctx workflow.Context, runID int64) (flow.TrainStepOutput, error) {
+	var tb flow.TrainBatchInput
+	err := workflow.ExecuteLocalActivity(r.light, aTraining.PrepareBatch, flow.PrepareBatchInput{
 		Deployment: r.in.Deployment, RunID: runID, Base: r.base(),
-		Algorithm: TrainAlgorithm{Objective: "grpo", MaxStaleness: r.p.MaxStaleness, Masks: r.p.Masks},
+		Algorithm: flow.TrainAlgorithm{Objective: "grpo", MaxStaleness: r.p.MaxStaleness, Masks: r.p.Masks},
 	}).Get(ctx, &tb)
 	if err != nil {
 		err = fmt.Errorf("prepare batch: %w", err)
 		if workflow.GetVersion(ctx, trainingChangeFailEveryStep, workflow.DefaultVersion, 1) >= 1 {
 			r.failRun(ctx, runID, err)
 		}
-		return TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
-	var trained TrainBatchOutput
-	if err := workflow.ExecuteActivity(r.train, TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
+	var trained flow.TrainBatchOutput
+	if err := workflow.ExecuteActivity(r.train, flow.TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
 		// The run's samples go back to the queue; the loop waits and
 		// claims again.
 		r.failRun(ctx, runID, err)
-		return TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
-	var out TrainStepOutput
-	err = workflow.ExecuteLocalActivity(r.light, RegisterCheckpointActivity, RegisterCheckpointInput{
+	var out flow.TrainStepOutput
+	err = workflow.ExecuteLocalActivity(r.light, aTraining.RegisterCheckpoint, flow.RegisterCheckpointInput{
 		Deployment: r.in.Deployment, RunID: runID, Trained: trained,
 	}).Get(ctx, &out)
 	if err != nil {
@@ -613,7 +358,7 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, 
 			// Its checkpoint is left unregistered; the samples train again.
 			r.failRun(ctx, runID, err)
 		}
-		return TrainStepOutput{}, err
+		return flow.TrainStepOutput{}, err
 	}
 	return out, nil
 }
@@ -621,7 +366,7 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (TrainStepOutput, 
 // failRun closes a run whose step failed, so it does not stay claimed and
 // its samples go back to the queue.
 func (r *trainingRun) failRun(ctx workflow.Context, runID int64, cause error) {
-	if err := workflow.ExecuteLocalActivity(r.light, FailTrainingRunActivity, FailTrainingRunInput{RunID: runID, Reason: cause.Error()}).Get(ctx, nil); err != nil {
+	if err := workflow.ExecuteLocalActivity(r.light, aTraining.FailTrainingRun, flow.FailTrainingRunInput{RunID: runID, Reason: cause.Error()}).Get(ctx, nil); err != nil {
 		workflow.GetLogger(ctx).Error("fail training run", "run_id", runID, "error", err)
 	}
 }
@@ -649,7 +394,7 @@ func (r *trainingRun) base() string {
 // anchor). Samples still come from the serving version; the anchor was
 // promoted earlier on the same traffic, and the masks (IcePop) bound what
 // the difference between the two costs.
-func (r *trainingRun) backToAnchor(s ReleaseState) {
+func (r *trainingRun) backToAnchor(s flow.ReleaseState) {
 	for _, g := range s.Gates {
 		if g.Anchor != "" && g.Anchor != r.st.Serving {
 			r.st.From = g.Anchor
@@ -671,8 +416,8 @@ func (r *trainingRun) reset(ctx workflow.Context) error {
 		r.st.Ahead, r.pending, r.pendingAhead = 0, "", 0
 		return nil
 	}
-	var out ResetTrainerOutput
-	err := workflow.ExecuteActivity(r.train, ResetTrainerActivity, ResetTrainerInput{Deployment: r.in.Deployment, Version: r.st.Serving}).Get(ctx, &out)
+	var out flow.ResetTrainerOutput
+	err := workflow.ExecuteActivity(r.train, aTraining.ResetTrainer, flow.ResetTrainerInput{Deployment: r.in.Deployment, Version: r.st.Serving}).Get(ctx, &out)
 	if err != nil {
 		// Training on from the rejected line is still safe (every candidate
 		// is gated); record why it could not go back.
@@ -691,26 +436,26 @@ func (r *trainingRun) startRelease(ctx workflow.Context) {
 	r.pending, r.pendingAhead, r.pendingReason = "", 0, ""
 	r.st.Phase = "releasing"
 	r.st.Releasing = r.relCand
-	r.st.LastRelease = ReleaseWorkflowID(r.in.Deployment, LayerWeights, r.relCand)
+	r.st.LastRelease = flow.ReleaseWorkflowID(r.in.Deployment, flow.LayerWeights, r.relCand)
 	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
 		WorkflowID:        r.st.LastRelease,
 		ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
 	})
-	r.rel = workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, ReleaseInput{
+	r.rel = workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, flow.ReleaseInput{
 		// The baseline is read when the release begins: whatever serves then.
-		Deployment: r.in.Deployment, Layer: LayerWeights, Candidate: r.relCand,
+		Deployment: r.in.Deployment, Layer: flow.LayerWeights, Candidate: r.relCand,
 		Policy: r.p.Release, Reason: reason,
 	})
 }
 
 // failedGate is the gate that failed a release (zero if none did).
-func failedGate(s ReleaseState) GateResult {
+func failedGate(s flow.ReleaseState) flow.GateResult {
 	for _, g := range s.Gates {
 		if !g.Passed && !g.Insufficient {
 			return g
 		}
 	}
-	return GateResult{}
+	return flow.GateResult{}
 }
 
 // failedStepWait is the wait after the n-th failed step in a row: the poll

@@ -11,14 +11,16 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // trainingActs scripts the queue and the trainer protocol; the real
 // activities are tested on Postgres and the in-process trainer in package
 // activities.
 type trainingActs struct {
-	queued    []CheckBatchOutput // one per check (last repeats)
-	claims    []ClaimBatchInput
+	queued    []flow.CheckBatchOutput // one per check (last repeats)
+	claims    []flow.ClaimBatchInput
 	serving   string // serving before any promotion (default dep@v1)
 	trains    int
 	trained   int  // successful steps
@@ -37,68 +39,68 @@ type trainingActs struct {
 
 func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *trainingActs) {
 	env, rel := newReleaseEnv(t)
-	env.RegisterWorkflowWithOptions(TrainingWorkflow, workflowRegisterOptions(TrainingWorkflowName))
+	env.RegisterWorkflowWithOptions(TrainingWorkflow, workflowRegisterOptions(flow.TrainingWorkflowName))
 	a := &trainingActs{release: rel, serving: "dep@v1", last: "dep@v1"}
-	env.RegisterActivityWithOptions(func(ctx context.Context, in CheckBatchInput) (CheckBatchOutput, error) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.CheckBatchInput) (flow.CheckBatchOutput, error) {
 		q := a.queued[0]
 		if len(a.queued) > 1 {
 			a.queued = a.queued[1:]
 		}
 		return q, nil
-	}, activity.RegisterOptions{Name: CheckBatchActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in ClaimBatchInput) (ClaimBatchOutput, error) {
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.CheckBatch)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.ClaimBatchInput) (flow.ClaimBatchOutput, error) {
 		a.claims = append(a.claims, in)
 		serving := a.serving
 		for _, f := range a.release.finished {
-			if f.Status == ReleasePromoted {
+			if f.Status == flow.ReleasePromoted {
 				serving = f.Candidate
 			}
 		}
-		return ClaimBatchOutput{RunID: int64(len(a.claims)), Samples: in.BatchSize, BaseVersion: serving}, nil
-	}, activity.RegisterOptions{Name: ClaimBatchActivity})
+		return flow.ClaimBatchOutput{RunID: int64(len(a.claims)), Samples: in.BatchSize, BaseVersion: serving}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.ClaimBatch)})
 	// Each run reserves its own version: run N makes v(N+1).
-	env.RegisterActivityWithOptions(func(ctx context.Context, in PrepareBatchInput) (TrainBatchInput, error) {
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.PrepareBatchInput) (flow.TrainBatchInput, error) {
 		if a.failPrepare {
-			return TrainBatchInput{}, errors.New("connect: connection refused")
+			return flow.TrainBatchInput{}, errors.New("connect: connection refused")
 		}
 		if in.Base != a.last {
 			a.resets = append(a.resets, in.Base)
 		}
-		return TrainBatchInput{Protocol: TrainerProtocol, Deployment: in.Deployment, RunID: in.RunID,
-			Base: CheckpointRef{Version: in.Base}, Output: OutputRef{Version: fmt.Sprintf("dep@v%d", in.RunID+1)}, Algo: in.Algorithm}, nil
-	}, activity.RegisterOptions{Name: PrepareBatchActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in TrainBatchInput) (TrainBatchOutput, error) {
+		return flow.TrainBatchInput{Protocol: flow.TrainerProtocol, Deployment: in.Deployment, RunID: in.RunID,
+			Base: flow.CheckpointRef{Version: in.Base}, Output: flow.OutputRef{Version: fmt.Sprintf("dep@v%d", in.RunID+1)}, Algo: in.Algorithm}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.PrepareBatch)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.TrainBatchInput) (flow.TrainBatchOutput, error) {
 		a.trains++
 		if a.refuse {
-			return TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("this worker trains \"other\", not \"dep\"", "WrongDeployment", nil)
+			return flow.TrainBatchOutput{}, temporal.NewNonRetryableApplicationError("this worker trains \"other\", not \"dep\"", "WrongDeployment", nil)
 		}
 		if a.trains <= a.failTrain {
-			return TrainBatchOutput{}, errors.New("trainer worker lost")
+			return flow.TrainBatchOutput{}, errors.New("trainer worker lost")
 		}
-		return TrainBatchOutput{Version: in.Output.Version, Loss: 0.5, Samples: 2}, nil
-	}, activity.RegisterOptions{Name: TrainBatchActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in RegisterCheckpointInput) (TrainStepOutput, error) {
+		return flow.TrainBatchOutput{Version: in.Output.Version, Loss: 0.5, Samples: 2}, nil
+	}, activity.RegisterOptions{Name: flow.TrainBatchActivity})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.RegisterCheckpointInput) (flow.TrainStepOutput, error) {
 		if a.failRegister {
-			return TrainStepOutput{}, errors.New("connect: connection refused")
+			return flow.TrainStepOutput{}, errors.New("connect: connection refused")
 		}
 		a.trained++
 		a.last = in.Trained.Version
-		return TrainStepOutput{Version: in.Trained.Version, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
-	}, activity.RegisterOptions{Name: RegisterCheckpointActivity})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in FailTrainingRunInput) error {
+		return flow.TrainStepOutput{Version: in.Trained.Version, Loss: in.Trained.Loss, Samples: in.Trained.Samples}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.RegisterCheckpoint)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.FailTrainingRunInput) error {
 		a.failed = append(a.failed, in.RunID)
 		return nil
-	}, activity.RegisterOptions{Name: FailTrainingRunActivity})
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.FailTrainingRun)})
 	return env, a
 }
 
 func TestTrainingTrainsAFullBatchAndReleasesIt(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 1}, {Queued: 2}}
+	acts.queued = []flow.CheckBatchOutput{{Queued: 1}, {Queued: 2}}
 	acts.failTrain = 1 // the step is retried on another worker
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, PollInterval: time.Minute, MaxBatchAge: time.Hour, StepsPerRun: 1, Release: testPolicy}})
-	var can *TrainingInput
+	var can *flow.TrainingInput
 	err := env.GetWorkflowError()
 	next := continueAsNewTraining(t, err)
 	can = &next
@@ -109,15 +111,15 @@ func TestTrainingTrainsAFullBatchAndReleasesIt(t *testing.T) {
 	require.Equal(t, 2, acts.trains)
 	require.Len(t, acts.release.finished, 1, "the candidate went through a ReleaseWorkflow")
 	require.Equal(t, "dep@v2", acts.release.finished[0].Candidate)
-	require.Equal(t, ReleasePromoted, acts.release.finished[0].Status)
+	require.Equal(t, flow.ReleasePromoted, acts.release.finished[0].Status)
 }
 
 func TestTrainingTrainsAnOldSmallBatchOrOnSignal(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 1, OldestAge: time.Minute}}
-	env.RegisterDelayedCallback(func() { env.SignalWorkflow(TrainNowSignal, nil) }, 5*time.Minute)
+	acts.queued = []flow.CheckBatchOutput{{Queued: 1, OldestAge: time.Minute}}
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(flow.TrainNowSignal, nil) }, 5*time.Minute)
 	start := env.Now()
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 10, PollInterval: time.Hour, MaxBatchAge: 24 * time.Hour, StepsPerRun: 1, NoRelease: true}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, 1, next.Carry.Steps)
@@ -125,8 +127,8 @@ func TestTrainingTrainsAnOldSmallBatchOrOnSignal(t *testing.T) {
 	require.Empty(t, acts.release.finished)
 
 	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 1, OldestAge: 2 * time.Hour}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 1, OldestAge: 2 * time.Hour}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 10, MaxBatchAge: time.Hour, StepsPerRun: 1, NoRelease: true}})
 	next = continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, 1, next.Carry.Steps, "a batch older than MaxBatchAge trains although it is small")
@@ -134,9 +136,9 @@ func TestTrainingTrainsAnOldSmallBatchOrOnSignal(t *testing.T) {
 
 func TestTrainingSurvivesAFailedStep(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.queued = []flow.CheckBatchOutput{{Queued: 5}}
 	acts.failTrain = 5 // every attempt of the first step fails
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, StepsPerRun: 2, NoRelease: true}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, 1, next.Carry.Steps, "the loop goes on after a failed step")
@@ -151,9 +153,9 @@ func TestTrainingSurvivesAFailedStep(t *testing.T) {
 func TestTrainingFailsTheRunOfEveryFailedStep(t *testing.T) {
 	for _, failRegister := range []bool{false, true} {
 		env, acts := newTrainingEnv(t)
-		acts.queued = []CheckBatchOutput{{Queued: 5}}
+		acts.queued = []flow.CheckBatchOutput{{Queued: 5}}
 		acts.failPrepare, acts.failRegister = !failRegister, failRegister
-		env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+		env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 			BatchSize: 2, StepsPerRun: 2, NoRelease: true}})
 		next := continueAsNewTraining(t, env.GetWorkflowError())
 		require.Zero(t, next.Carry.Steps)
@@ -168,15 +170,15 @@ func TestTrainingFailsTheRunOfEveryFailedStep(t *testing.T) {
 // longer each time, and says why.
 func TestTrainingWaitsWhenNoWorkerCanTrain(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.queued = []flow.CheckBatchOutput{{Queued: 5}}
 	acts.refuse = true
 	start := env.Now()
 	// An evolution decision asks for a step every few seconds; that must
 	// not end the wait.
 	for i := 1; i <= 100; i++ {
-		env.RegisterDelayedCallback(func() { env.SignalWorkflow(TrainNowSignal, nil) }, time.Duration(i)*3*time.Second)
+		env.RegisterDelayedCallback(func() { env.SignalWorkflow(flow.TrainNowSignal, nil) }, time.Duration(i)*3*time.Second)
 	}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, PollInterval: 10 * time.Second, StepsPerRun: 4, NoRelease: true}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	require.Zero(t, next.Carry.Steps)
@@ -188,7 +190,7 @@ func TestTrainingWaitsWhenNoWorkerCanTrain(t *testing.T) {
 	// The next run starts where this one left off: its first failure
 	// waits 160 s, not 10.
 	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 5}}
+	acts.queued = []flow.CheckBatchOutput{{Queued: 5}}
 	acts.refuse = true
 	start = env.Now()
 	env.ExecuteWorkflow(TrainingWorkflow, next)
@@ -204,9 +206,9 @@ func TestFailedStepWait(t *testing.T) {
 	require.Equal(t, time.Hour, failedStepWait(time.Hour, 3), "never shorter than the poll interval")
 }
 
-func continueAsNewTraining(t *testing.T, err error) TrainingInput {
+func continueAsNewTraining(t *testing.T, err error) flow.TrainingInput {
 	t.Helper()
-	var next TrainingInput
+	var next flow.TrainingInput
 	decodeContinueAsNew(t, err, &next)
 	return next
 }
@@ -220,8 +222,8 @@ func releasedCandidates(acts *trainingActs) (out []string) {
 
 func TestTrainingGoesOnWhileAReleaseRunsAndReleasesTheNewest(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	// v2 is released at once; v3 and v4 train during its gates (3 ahead of
@@ -237,9 +239,9 @@ func TestTrainingGoesOnWhileAReleaseRunsAndReleasesTheNewest(t *testing.T) {
 
 func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateSafety] = []GateResult{{Passed: false, Regressed: true, Reason: "refusals dropped"}, {Passed: true}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateSafety] = []flow.GateResult{{Passed: false, Regressed: true, Reason: "refusals dropped"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	// v3 and v4 descend from the unsafe v2: dropped with it.
@@ -253,18 +255,18 @@ func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
 // the way up, so its line trains on; one shown worse is dropped.
 func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{{Passed: false, Reason: "not shown within the budget"}, {Passed: true}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateRegression] = []flow.GateResult{{Passed: false, Reason: "not shown within the budget"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, []string{"dep@v2 rolled_back", "dep@v4 promoted", "dep@v5 promoted"}, releasedCandidates(acts))
 	require.Empty(t, acts.resets)
 
 	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{{Passed: false, Regressed: true, Reason: "shown beyond the budget"}, {Passed: true}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateRegression] = []flow.GateResult{{Passed: false, Regressed: true, Reason: "shown beyond the budget"}, {Passed: true}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, []string{"dep@v1"}, acts.resets)
@@ -277,11 +279,11 @@ func TestTrainingTrainsOnPastAnUnprovenCandidate(t *testing.T) {
 // serving again.
 func TestTrainingGoesBackToTheAnchor(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateRegression] = []flow.GateResult{
 		{Passed: false, Regressed: true, Anchor: "dep@v0", Reason: "shown beyond the budget"},
 		{Passed: true, Anchor: "dep@v0"}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	next := continueAsNewTraining(t, env.GetWorkflowError())
 	// v3 and v4 descend from the regressed v2: dropped with it; v5 trains
@@ -293,11 +295,11 @@ func TestTrainingGoesBackToTheAnchor(t *testing.T) {
 
 	// The anchor is the serving version: back to serving, as before.
 	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateRegression] = []flow.GateResult{
 		{Passed: false, Regressed: true, Anchor: "dep@v1", Reason: "shown beyond the budget"},
 		{Passed: true, Anchor: "dep@v1"}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 4, Release: testPolicy}})
 	continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, []string{"dep@v1"}, acts.resets)
@@ -305,10 +307,10 @@ func TestTrainingGoesBackToTheAnchor(t *testing.T) {
 	// A line from the anchor whose run ends before a release: the next run
 	// trains on from the anchor's line.
 	env, acts = newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	acts.release.verdicts[GateRegression] = []GateResult{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	acts.release.verdicts[flow.GateRegression] = []flow.GateResult{
 		{Passed: false, Regressed: true, Anchor: "dep@v0", Reason: "shown beyond the budget"}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, MaxStaleness: 3, StepsPerRun: 1, Release: testPolicy}})
 	next = continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, "dep@v0", next.Carry.From)
@@ -320,12 +322,12 @@ func TestTrainingGoesBackToTheAnchor(t *testing.T) {
 // trains on from the anchor's weights.
 func TestTrainingFollowsAWatchdogRollback(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 0}, {Queued: 0}, {Queued: 2}}
+	acts.queued = []flow.CheckBatchOutput{{Queued: 0}, {Queued: 0}, {Queued: 2}}
 	env.RegisterDelayedCallback(func() {
 		acts.serving = "dep@v0"
-		env.SignalWorkflow(ServingChangedSignal, ServingChanged{Version: "dep@v0", Reason: "watchdog"})
+		env.SignalWorkflow(flow.ServingChangedSignal, flow.ServingChanged{Version: "dep@v0", Reason: "watchdog"})
 	}, time.Second)
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, PollInterval: time.Minute, StepsPerRun: 1, NoRelease: true}})
 	continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, []string{"dep@v0"}, acts.resets)
@@ -333,8 +335,8 @@ func TestTrainingFollowsAWatchdogRollback(t *testing.T) {
 
 func TestTrainingOneCandidateAtATimeWhenMaxAheadIsNegative(t *testing.T) {
 	env, acts := newTrainingEnv(t)
-	acts.queued = []CheckBatchOutput{{Queued: 10}}
-	env.ExecuteWorkflow(TrainingWorkflow, TrainingInput{Deployment: "dep", Policy: TrainingPolicy{
+	acts.queued = []flow.CheckBatchOutput{{Queued: 10}}
+	env.ExecuteWorkflow(TrainingWorkflow, flow.TrainingInput{Deployment: "dep", Policy: flow.TrainingPolicy{
 		BatchSize: 2, StepsPerRun: 3, MaxAhead: -1, Release: testPolicy}})
 	continueAsNewTraining(t, env.GetWorkflowError())
 	require.Equal(t, []string{"dep@v2 promoted", "dep@v3 promoted", "dep@v4 promoted"}, releasedCandidates(acts))

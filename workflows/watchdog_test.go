@@ -9,50 +9,52 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // TestWatchdogTellsTheTrainingLoopAboutARollback: each check first resyncs
 // the serving engine (one that restarted gets its versions back), and a
 // rollback tells the training loop and syncs the engine to the anchor.
 func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
-	for _, verdict := range []string{WatchRolledBack, WatchOK} {
+	for _, verdict := range []string{flow.WatchRolledBack, flow.WatchOK} {
 		var ts testsuite.WorkflowTestSuite
 		env := ts.NewTestWorkflowEnvironment()
-		env.RegisterWorkflowWithOptions(WatchdogWorkflow, workflow.RegisterOptions{Name: WatchdogWorkflowName})
-		var got WatchdogInput
-		env.RegisterActivityWithOptions(func(ctx context.Context, in WatchdogInput) (WatchdogResult, error) {
+		env.RegisterWorkflowWithOptions(WatchdogWorkflow, workflow.RegisterOptions{Name: flow.WatchdogWorkflowName})
+		var got flow.WatchdogInput
+		env.RegisterActivityWithOptions(func(ctx context.Context, in flow.WatchdogInput) (flow.WatchdogResult, error) {
 			got = in
-			res := WatchdogResult{Verdict: verdict, Serving: "dep@v7", Anchor: "dep@v4", Reason: "held-out suite dropped"}
-			if verdict == WatchRolledBack {
+			res := flow.WatchdogResult{Verdict: verdict, Serving: "dep@v7", Anchor: "dep@v4", Reason: "held-out suite dropped"}
+			if verdict == flow.WatchRolledBack {
 				res.RolledBackTo = "dep@v4"
 			}
 			return res, nil
-		}, activity.RegisterOptions{Name: WatchServingActivity})
-		var synced []SyncWeightsInput
-		env.RegisterActivityWithOptions(func(ctx context.Context, in SyncWeightsInput) (SyncWeightsOutput, error) {
+		}, activity.RegisterOptions{Name: flow.ActivityName(aRelease.WatchServing)})
+		var synced []flow.SyncWeightsInput
+		env.RegisterActivityWithOptions(func(ctx context.Context, in flow.SyncWeightsInput) (flow.SyncWeightsOutput, error) {
 			synced = append(synced, in)
-			return SyncWeightsOutput{Synced: true, Loaded: []string{"dep@v4"}}, nil
-		}, activity.RegisterOptions{Name: SyncWeightsActivity})
+			return flow.SyncWeightsOutput{Synced: true, Loaded: []string{"dep@v4"}}, nil
+		}, activity.RegisterOptions{Name: flow.ActivityName(aRelease.SyncWeights)})
 		signalled := 0
-		env.OnSignalExternalWorkflow(mock.Anything, TrainingWorkflowID("dep"), "", ServingChangedSignal, mock.Anything).
+		env.OnSignalExternalWorkflow(mock.Anything, flow.TrainingWorkflowID("dep"), "", flow.ServingChangedSignal, mock.Anything).
 			Return(func(namespace, id, runID, name string, arg any) error {
 				signalled++
-				require.Equal(t, ServingChanged{Version: "dep@v4", Reason: "held-out suite dropped"}, arg)
+				require.Equal(t, flow.ServingChanged{Version: "dep@v4", Reason: "held-out suite dropped"}, arg)
 				return nil
 			})
-		env.ExecuteWorkflow(WatchdogWorkflow, WatchdogInput{Deployment: "dep"})
+		env.ExecuteWorkflow(WatchdogWorkflow, flow.WatchdogInput{Deployment: "dep"})
 		require.NoError(t, env.GetWorkflowError())
-		var res WatchdogResult
+		var res flow.WatchdogResult
 		require.NoError(t, env.GetWorkflowResult(&res))
 		require.Equal(t, verdict, res.Verdict)
 		require.Equal(t, 0.05, got.Policy.AnchorBudget, "the activity gets the policy with its defaults")
-		if verdict == WatchRolledBack {
+		if verdict == flow.WatchRolledBack {
 			require.Equal(t, 1, signalled)
-			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}, {Deployment: "dep"}}, synced,
+			require.Equal(t, []flow.SyncWeightsInput{{Deployment: "dep"}, {Deployment: "dep"}}, synced,
 				"the engine is given what the routes name before the check, and the anchor's weights after the rollback")
 		} else {
 			require.Zero(t, signalled)
-			require.Equal(t, []SyncWeightsInput{{Deployment: "dep"}}, synced, "a restarted engine is reloaded before the check")
+			require.Equal(t, []flow.SyncWeightsInput{{Deployment: "dep"}}, synced, "a restarted engine is reloaded before the check")
 		}
 	}
 }
@@ -60,6 +62,6 @@ func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 func TestWatchdogNeedsADeployment(t *testing.T) {
 	var ts testsuite.WorkflowTestSuite
 	env := ts.NewTestWorkflowEnvironment()
-	env.ExecuteWorkflow(WatchdogWorkflow, WatchdogInput{})
+	env.ExecuteWorkflow(WatchdogWorkflow, flow.WatchdogInput{})
 	require.ErrorContains(t, env.GetWorkflowError(), "needs a Deployment")
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -126,8 +126,8 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.ErrorContains(t, err, "max_reward_dorp", "a misspelt threshold is refused, not ignored")
 	d, err := store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
-	require.Equal(t, store.BackendUpstream, d.Backend)
-	c, err := upstream.ParseSettings(d.Config)
+	require.Equal(t, deployment.BackendUpstream, d.Backend)
+	c, err := deployment.Parse(d.Config)
 	require.NoError(t, err)
 	require.Equal(t, "Qwen/Qwen3-8B", c.Model)
 	require.Equal(t, "30s", c.Timeout)
@@ -135,8 +135,10 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Equal(t, []string{"Qwen/Qwen3-4B"}, c.Fallbacks)
 	require.Nil(t, c.VLLM, "vLLM's extensions are the default")
 	require.Equal(t, "Qwen/Qwen3-8B", c.ModelTokenizer(), "the tokenizer is the base model's own")
-	require.True(t, *c.Gates.AllowUnevaluated)
-	require.Equal(t, 0.02, *c.Gates.MaxRewardDrop)
+	gates, err := deployment.DefaultReleasePolicy().WithGates(c.Gates)
+	require.NoError(t, err)
+	require.True(t, gates.AllowUnevaluated)
+	require.Equal(t, 0.02, gates.MaxRewardDrop)
 
 	out, err := stdout(t, func() error { return run(ctx, append([]string{"deployments", "list"}, db...)) })
 	require.NoError(t, err)
@@ -151,14 +153,14 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.NoError(t, err)
 	d, err = store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
-	c, err = upstream.ParseSettings(d.Config)
+	c, err = deployment.Parse(d.Config)
 	require.NoError(t, err)
 	require.Equal(t, "http://sglang:30000/v1", c.BaseURL)
 	require.False(t, *c.VLLM)
 	require.Empty(t, c.Model, "update replaces the whole config")
 	require.Equal(t, "sglang_disk", c.WeightSync.Kind)
 	require.False(t, c.VersionsByName(), "full weights serve in place")
-	require.Equal(t, upstream.DialectOpenAI, c.ServerDialect(), "--vllm=false is the plain OpenAI dialect")
+	require.Equal(t, deployment.DialectOpenAI, c.ServerDialect(), "--vllm=false is the plain OpenAI dialect")
 
 	_, err = stdout(t, func() error {
 		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "http://sglang:30000/v1", "--dialect", "sglang", "--weight-sync", "sglang_disk"}, db...))
@@ -166,9 +168,9 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.NoError(t, err)
 	d, err = store.GetDeployment(ctx, pool, "qwen")
 	require.NoError(t, err)
-	c, err = upstream.ParseSettings(d.Config)
+	c, err = deployment.Parse(d.Config)
 	require.NoError(t, err)
-	require.Equal(t, upstream.DialectSGLang, c.Dialect)
+	require.Equal(t, deployment.DialectSGLang, c.Dialect)
 	require.Nil(t, c.VLLM)
 
 	for _, bad := range [][]string{

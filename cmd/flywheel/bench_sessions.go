@@ -20,6 +20,8 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/proccpu"
 	"github.com/flywheel-ai/flywheel/worker"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -69,14 +71,14 @@ func init() {
 		defer c.Close()
 		queue := "bench-sessions-" + rand.Text()[:8]
 		w := tworker.New(c, queue, tworker.Options{})
-		w.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflow.RegisterOptions{Name: workflows.SessionWorkflowName})
+		w.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflow.RegisterOptions{Name: flow.SessionWorkflowName})
 		registerNoopSessionActivities(w)
 		if err := w.Start(); err != nil {
 			return err
 		}
 		defer w.Stop()
 
-		revs := []int{0, workflows.SessionRevision}
+		revs := []int{0, flow.SessionRevision}
 		type total struct {
 			cpu      time.Duration
 			wall     time.Duration
@@ -130,14 +132,14 @@ func init() {
 // doing nothing but answering as a session with one rewarded, eligible
 // step would.
 func registerNoopSessionActivities(w tworker.Worker) {
-	w.RegisterActivityWithOptions(func(context.Context, workflows.AssembleInput) (workflows.AssembleOutput, error) {
-		return workflows.AssembleOutput{TrajectoryID: 1, Steps: 1, Eligible: 1, TotalReward: 1, HasReward: true}, nil
-	}, activity.RegisterOptions{Name: workflows.AssembleTrajectoryActivity})
-	w.RegisterActivityWithOptions(func(context.Context, workflows.EnqueueInput) (workflows.EnqueueOutput, error) {
-		return workflows.EnqueueOutput{Enqueued: 1, EligibleSteps: 1}, nil
-	}, activity.RegisterOptions{Name: workflows.EnqueueSamplesActivity})
-	w.RegisterActivityWithOptions(func(context.Context, workflows.EndSessionInput) error { return nil },
-		activity.RegisterOptions{Name: workflows.EndSessionActivity})
+	w.RegisterActivityWithOptions(func(context.Context, flow.AssembleInput) (flow.AssembleOutput, error) {
+		return flow.AssembleOutput{TrajectoryID: 1, Steps: 1, Eligible: 1, TotalReward: 1, HasReward: true}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName((*activities.Session).AssembleTrajectory)})
+	w.RegisterActivityWithOptions(func(context.Context, flow.EnqueueInput) (flow.EnqueueOutput, error) {
+		return flow.EnqueueOutput{Enqueued: 1, EligibleSteps: 1}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName((*activities.Session).EnqueueSamples)})
+	w.RegisterActivityWithOptions(func(context.Context, flow.EndSessionInput) error { return nil },
+		activity.RegisterOptions{Name: flow.ActivityName((*activities.Session).EndSession)})
 }
 
 // runBenchSessions runs n sessions of revision rev to completion, conc at
@@ -150,16 +152,16 @@ func runBenchSessions(ctx context.Context, c client.Client, queue string, rev, n
 	for range conc {
 		wg.Go(func() {
 			for i := range ids {
-				in := workflows.SessionInput{SessionID: fmt.Sprintf("s%d", i), TenantID: tenant, Deployment: "bench"}
-				opts, in := workflows.SessionStart(in)
+				in := flow.SessionInput{SessionID: fmt.Sprintf("s%d", i), TenantID: tenant, Deployment: "bench"}
+				opts, in := flow.SessionStart(in)
 				opts.TaskQueue = queue
 				in.Rev = rev
-				batch := workflows.SessionEvents{Events: []workflows.SessionEvent{
-					{Kind: workflows.EventStep, InteractionID: 1},
-					{Kind: workflows.EventReward, RewardID: 1, Final: true},
-					{Kind: workflows.EventEnd},
+				batch := flow.SessionEvents{Events: []flow.SessionEvent{
+					{Kind: flow.EventStep, InteractionID: 1},
+					{Kind: flow.EventReward, RewardID: 1, Final: true},
+					{Kind: flow.EventEnd},
 				}}
-				run, err := c.SignalWithStartWorkflow(ctx, opts.ID, workflows.SessionEventsSignal, batch, opts, workflows.SessionWorkflowName, in)
+				run, err := c.SignalWithStartWorkflow(ctx, opts.ID, flow.SessionEventsSignal, batch, opts, flow.SessionWorkflowName, in)
 				if err == nil {
 					err = run.Get(ctx, nil)
 				}
@@ -185,7 +187,7 @@ feed:
 	if err == nil {
 		err = <-errs
 	}
-	return workflows.SessionWorkflowID(tenant, fmt.Sprintf("s%d", n-1)), err
+	return flow.SessionWorkflowID(tenant, fmt.Sprintf("s%d", n-1)), err
 }
 
 func historyLength(ctx context.Context, c client.Client, id string) (int, error) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/demo"
+	"github.com/flywheel-ai/flywheel/demo/rehearsal"
 )
 
 // runDemo is `flywheel demo`: demo agents work the built-in task while the
@@ -71,7 +72,7 @@ func runDemo(ctx context.Context, args []string) error {
 	var sum demo.Summary
 	if offline {
 		sum, err = demo.RunOffline(ctx, demo.OfflineConfig{
-			Rehearsal: demo.RehearsalConfig{Budget: budget, Seed: seed, CacheDir: filepath.Join(cfg.DataDir, "demo-cache"), Logger: log},
+			Rehearsal: rehearsal.Config{Budget: budget, Seed: seed, CacheDir: filepath.Join(cfg.DataDir, "demo-cache"), Logger: log},
 			OutDir:    outDir, Progress: progress, TTY: tty, ProgressInterval: interval,
 		})
 	} else {

@@ -7,11 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/flywheel-ai/flywheel/inference/upstream"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -28,7 +27,7 @@ func runDeployments(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var up upstream.Settings
+	var up deployment.Settings
 	var fallbacks string
 	var dialect string
 	vllm := true
@@ -62,13 +61,13 @@ func runDeployments(ctx context.Context, args []string) error {
 		if name, err = one(fs.Args(), "deployment name"); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)
 		}
-		if err := store.ValidDeploymentName(name); err != nil {
+		if err := deployment.ValidName(name); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)
 		}
 	}
 	if v == "create" || v == "update" {
 		up.Fallbacks = splitList(fallbacks)
-		up.Dialect = upstream.Dialect(dialect)
+		up.Dialect = deployment.Dialect(dialect)
 		if !vllm {
 			up.VLLM = &vllm
 		}
@@ -82,12 +81,7 @@ func runDeployments(ctx context.Context, args []string) error {
 			up.WeightSync = &sync
 		}
 		if gates != "" {
-			dec := json.NewDecoder(strings.NewReader(gates))
-			dec.DisallowUnknownFields()
-			up.Gates = &upstream.Gates{}
-			if err := dec.Decode(up.Gates); err != nil {
-				return fmt.Errorf("deployments %s: --gates: %w", v, err)
-			}
+			up.Gates = json.RawMessage(gates)
 		}
 		if err := up.Validate(); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)
@@ -113,7 +107,7 @@ func runDeployments(ctx context.Context, args []string) error {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("deployments update: no deployment %q", name)
-		case errors.Is(err, store.ErrNotUpstream):
+		case errors.Is(err, deployment.ErrNotUpstream):
 			return fmt.Errorf("deployments update: %q is served by the in-process policy; it has no upstream to change", name)
 		case err != nil:
 			return err
@@ -137,8 +131,8 @@ func runDeployments(ctx context.Context, args []string) error {
 	fmt.Fprintln(w, "NAME\tBACKEND\tSERVING\tTARGET\tUPDATED")
 	for _, d := range ds {
 		target := "-"
-		if d.Backend == store.BackendUpstream {
-			if c, err := upstream.ParseSettings(d.Config); err == nil {
+		if d.Backend == deployment.BackendUpstream {
+			if c, err := deployment.Parse(d.Config); err == nil {
 				target = c.BaseURL
 				if c.Model != "" {
 					target += " (" + c.Model + ")"

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
@@ -69,16 +70,16 @@ func TestModelServerCommand(t *testing.T) {
 	t.Cleanup(pool.Close)
 	d, err := store.GetDeployment(ctx, pool, name)
 	require.NoError(t, err)
-	require.Equal(t, store.BackendUpstream, d.Backend)
+	require.Equal(t, deployment.BackendUpstream, d.Backend)
 	require.Equal(t, name+"@v0", d.ServingVersion)
-	s, err := upstream.ParseSettings(d.Config)
+	s, err := deployment.Parse(d.Config)
 	require.NoError(t, err)
 	require.Equal(t, "http://"+addr+"/v1", s.BaseURL)
 	require.True(t, s.VersionsByName(), "each version answers under its own name")
 
 	ask := func() {
 		t.Helper()
-		b, err := s.Backend(name, time.Minute, 0)
+		b, err := upstream.ForDeployment(s, name, time.Minute, 0)
 		require.NoError(t, err)
 		resp, err := b.Complete(ctx, &inference.Request{Model: name, Version: d.ServingVersion, MaxTokens: 6,
 			Messages: []inference.Message{{Role: inference.RoleUser, Content: "reverse: a b c"}}})

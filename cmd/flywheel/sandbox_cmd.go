@@ -13,10 +13,10 @@ import (
 
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/progress"
 	"github.com/flywheel-ai/flywheel/sandbox"
 	"github.com/flywheel-ai/flywheel/sandbox/tasks"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // runSandbox implements `flywheel sandbox SUBCOMMAND`.
@@ -261,20 +261,20 @@ func runSandboxRollout(ctx context.Context, args []string) error {
 	if _, err := tasks.Find(taskID); err != nil {
 		return err
 	}
-	if group < 1 || group > workflows.SWEMaxGroupSize {
-		return fmt.Errorf("sandbox rollout: -group %d: want 1..%d", group, workflows.SWEMaxGroupSize)
+	if group < 1 || group > flow.SWEMaxGroupSize {
+		return fmt.Errorf("sandbox rollout: -group %d: want 1..%d", group, flow.SWEMaxGroupSize)
 	}
 	id := fmt.Sprintf("swe-%s-%d", taskID, time.Now().UnixNano())
-	run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.SWETaskQueue}, workflows.SWEGroupWorkflowName,
-		workflows.SWEGroupInput{TaskID: taskID, GroupSize: group, Model: model, MaxToolCalls: maxCalls})
+	run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.SWETaskQueue}, flow.SWEGroupWorkflowName,
+		flow.SWEGroupInput{TaskID: taskID, GroupSize: group, Model: model, MaxToolCalls: maxCalls})
 	if err != nil {
-		return fmt.Errorf("start %s: %w", workflows.SWEGroupWorkflowName, err)
+		return fmt.Errorf("start %s: %w", flow.SWEGroupWorkflowName, err)
 	}
-	fmt.Printf("started %s (run %s) on task queue %s\n", run.GetID(), run.GetRunID(), workflows.SWETaskQueue)
+	fmt.Printf("started %s (run %s) on task queue %s\n", run.GetID(), run.GetRunID(), flow.SWETaskQueue)
 	if !wait {
 		return nil
 	}
-	var out workflows.SWEGroupResult
+	var out flow.SWEGroupResult
 	if err := run.Get(ctx, &out); err != nil {
 		return err
 	}

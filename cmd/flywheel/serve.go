@@ -14,19 +14,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
-	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/inference/modelserver"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
+	"github.com/flywheel-ai/flywheel/modelserver"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/worker"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // openService loads a long-running command's config and opens its pool
@@ -136,7 +135,7 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 		return nil, fmt.Errorf("policy: v0 of %s is %q, not %q; serve another deployment (--gateway-policy-model) or use a fresh --data-dir",
 			name, meta[originKey], pb.origin)
 	}
-	server := upstream.Settings{BaseURL: serverURL, Model: name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	server := deployment.Settings{BaseURL: serverURL, Model: name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
 	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0), server, record)
 	if err != nil {
 		return nil, err
@@ -196,7 +195,7 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 		_ = srv.Shutdown(sctx)
 	}()
 	weights := &activities.Release{DB: pool, Logger: logger}
-	out, err := weights.SyncWeights(ctx, workflows.SyncWeightsInput{Deployment: pol.name})
+	out, err := weights.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: pol.name})
 	if err != nil && ctx.Err() != nil {
 		// Stopped while loading: a shutdown, not a failure. (The server
 		// answers from its saved state already, so a caller may have seen
@@ -299,10 +298,10 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 		Retries: cfg.Gateway.UpstreamRetries}
 	// Batches and checkpoints live under the data directory, which a
 	// trainer in another process (or container) must share.
-	d := deps{pool: pool, host: host, compute: inv.Compute(), logger: logger, rules: rules, temporal: c,
-		checkpointDir: filepath.Join(cfg.DataDir, "checkpoints"), batchDir: filepath.Join(cfg.DataDir, "batches"),
-		rewardMin: cfg.Gateway.RewardMin, rewardMax: cfg.Gateway.RewardMax, backend: engines}
-	if pol != nil && slices.Contains(cfg.Worker.TaskQueues, workflows.TrainerTaskQueue) {
+	d := worker.Deps{Pool: pool, Host: host, Compute: inv.Compute(), Logger: logger, Rules: rules, Temporal: c,
+		CheckpointDir: filepath.Join(cfg.DataDir, "checkpoints"), BatchDir: filepath.Join(cfg.DataDir, "batches"),
+		RewardMin: cfg.Gateway.RewardMin, RewardMax: cfg.Gateway.RewardMax, Backend: engines}
+	if pol != nil && slices.Contains(cfg.Worker.TaskQueues, flow.TrainerTaskQueue) {
 		tc, t := pol.train, cfg.Trainer
 		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
 			return fmt.Errorf("worker: trainer: %w", err)
@@ -314,8 +313,8 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 			return fmt.Errorf("worker: trainer: %w", err)
 		}
 		local.ReserveIDs(pol.newest)
-		d.trainer = local
-		d.trainerDeployment, d.advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
+		d.Trainer = local
+		d.TrainerDeployment, d.Advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
 	}
 	if swe != nil {
 		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
@@ -329,9 +328,9 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 				logger.Warn(msgSWECloseFailed, "err", err)
 			}
 		}()
-		d.swe = a
+		d.SWE = a
 	}
-	all := registrations(d)
+	all := worker.Registrations(d)
 	queues := map[string]worker.Registrar{}
 	for _, q := range cfg.Worker.TaskQueues {
 		r, ok := all[q]
@@ -343,95 +342,4 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	return worker.Run(ctx, c, queues, logger)
 }
 
-type deps struct {
-	pool          *pgxpool.Pool
-	host, compute string
-	logger        *slog.Logger
-	rules         trajectory.Rules
-	// backend lets release gates run candidate and baseline side by side,
-	// each deployment on its own engine (a deployment no engine here
-	// serves: its offline gates record that nothing was evaluated).
-	backend activities.Completer
-	// trainer and checkpointDir serve train steps (nil: none here).
-	trainer       activities.TrainStepper
-	checkpointDir string
-	// batchDir receives the trainer protocol's batch files.
-	batchDir string
-	// trainerDeployment is the deployment trainer's weights belong to;
-	// advantage is its advantage estimator, which train steps apply.
-	trainerDeployment string
-	advantage         trainer.AdvantageConfig
-	// temporal lets evolution signal-with-start the training loop.
-	temporal client.Client
-	// rewardMin and rewardMax are the gateway's reward range, which the
-	// live gates' tests need.
-	rewardMin, rewardMax float64
-	// swe runs SWE rollouts (nil: not on this worker).
-	swe *activities.SWEActivities
-}
-
 const msgSWECloseFailed = "removing this worker's sandboxes failed"
-
-// registrations says which workflows and activities run on which queue.
-func registrations(d deps) map[string]worker.Registrar {
-	ping := &activities.Ping{DB: d.pool, Worker: d.host, Compute: d.compute}
-	session := &activities.Session{DB: d.pool, Rules: d.rules, Logger: d.logger}
-	release := &activities.Release{DB: d.pool, Backend: d.backend, Logger: d.logger, RewardMin: d.rewardMin, RewardMax: d.rewardMax}
-	training := &activities.Training{DB: d.pool, Trainer: d.trainer, Deployment: d.trainerDeployment, CheckpointDir: d.checkpointDir,
-		BatchDir: d.batchDir, Advantage: d.advantage, Logger: d.logger}
-	evolve := &activities.Evolution{DB: d.pool, Temporal: d.temporal, Redactor: d.rules.Redactor, Logger: d.logger}
-	forget := &activities.Forget{DB: d.pool, Logger: d.logger}
-	sessions := func(r tworker.Registry) {
-		r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflowOpts(workflows.SessionWorkflowName))
-		r.RegisterActivityWithOptions(session.AssembleTrajectory, activityOpts(workflows.AssembleTrajectoryActivity))
-		r.RegisterActivityWithOptions(session.EnqueueSamples, activityOpts(workflows.EnqueueSamplesActivity))
-		r.RegisterActivityWithOptions(session.EndSession, activityOpts(workflows.EndSessionActivity))
-	}
-	return map[string]worker.Registrar{
-		workflows.SessionTaskQueue: sessions,
-		workflows.TaskQueue: func(r tworker.Registry) {
-			r.RegisterWorkflowWithOptions(workflows.PingWorkflow, workflowOpts(workflows.PingWorkflowName))
-			r.RegisterActivityWithOptions(ping.Ping, activityOpts(workflows.PingActivityName))
-			// Sessions started on this queue before they had their own
-			// (continue-as-new keeps a workflow's queue) still finish.
-			sessions(r)
-			r.RegisterWorkflowWithOptions(workflows.ReleaseWorkflow, workflowOpts(workflows.ReleaseWorkflowName))
-			r.RegisterActivityWithOptions(release.BeginRelease, activityOpts(workflows.BeginReleaseActivity))
-			r.RegisterActivityWithOptions(release.SetReleasePhase, activityOpts(workflows.SetPhaseActivity))
-			r.RegisterActivityWithOptions(release.EvaluateGate, activityOpts(workflows.EvaluateGateActivity))
-			r.RegisterActivityWithOptions(release.FinishRelease, activityOpts(workflows.FinishReleaseActivity))
-			r.RegisterActivityWithOptions(release.SyncWeights, activityOpts(workflows.SyncWeightsActivity))
-			r.RegisterWorkflowWithOptions(workflows.WatchdogWorkflow, workflowOpts(workflows.WatchdogWorkflowName))
-			r.RegisterActivityWithOptions(release.WatchServing, activityOpts(workflows.WatchServingActivity))
-			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflowOpts(workflows.TrainingWorkflowName))
-			r.RegisterActivityWithOptions(training.CheckBatch, activityOpts(workflows.CheckBatchActivity))
-			r.RegisterActivityWithOptions(training.ClaimBatch, activityOpts(workflows.ClaimBatchActivity))
-			r.RegisterActivityWithOptions(training.PrepareBatch, activityOpts(workflows.PrepareBatchActivity))
-			r.RegisterActivityWithOptions(training.RegisterCheckpoint, activityOpts(workflows.RegisterCheckpointActivity))
-			r.RegisterActivityWithOptions(training.FailTrainingRun, activityOpts(workflows.FailTrainingRunActivity))
-			r.RegisterWorkflowWithOptions(workflows.EvolutionWorkflow, workflowOpts(workflows.EvolutionWorkflowName))
-			r.RegisterActivityWithOptions(evolve.ComputeEvidence, activityOpts(workflows.ComputeEvidenceActivity))
-			r.RegisterActivityWithOptions(evolve.RecordDecision, activityOpts(workflows.RecordDecisionActivity))
-			r.RegisterActivityWithOptions(evolve.ProposeArtefact, activityOpts(workflows.ProposeArtefactActivity))
-			r.RegisterActivityWithOptions(evolve.RequestTraining, activityOpts(workflows.RequestTrainingActivity))
-			r.RegisterActivityWithOptions(evolve.RollbackVersion, activityOpts(workflows.RollbackVersionActivity))
-			r.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflowOpts(workflows.ForgetWorkflowName))
-			r.RegisterActivityWithOptions(forget.RetireForgotten, activityOpts(workflows.RetireForgottenActivity))
-		},
-		workflows.TrainerTaskQueue: func(r tworker.Registry) {
-			// Without weights this worker leaves train steps to one that has them.
-			if d.trainer != nil {
-				r.RegisterActivityWithOptions(training.TrainBatch, activityOpts(workflows.TrainBatchActivity))
-				r.RegisterActivityWithOptions(training.TrainStep, activityOpts(workflows.TrainStepActivity))
-				r.RegisterActivityWithOptions(training.ResetTrainer, activityOpts(workflows.ResetTrainerActivity))
-			}
-		},
-		workflows.SandboxTaskQueue: func(r tworker.Registry) {},
-		workflows.SWETaskQueue: func(r tworker.Registry) {
-			if d.swe != nil {
-				workflows.RegisterSWEWorkflows(r)
-				d.swe.Register(r)
-			}
-		},
-	}
-}

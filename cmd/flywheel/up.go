@@ -22,12 +22,14 @@ import (
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
-	"github.com/flywheel-ai/flywheel/demo"
+	"github.com/flywheel-ai/flywheel/demo/demotask"
+	"github.com/flywheel-ai/flywheel/demo/demotraining"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/worker"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // defaultTenant owns the key `flywheel up` prints; the gateway's status
@@ -56,9 +58,9 @@ func runUp(ctx context.Context, args []string) error {
 		cache := filepath.Join(cfg.DataDir, "demo-cache")
 		pb = &policyBase{
 			load: func(ctx context.Context) (*trainer.Model, map[string]string, error) {
-				return demo.DeploymentBase(ctx, cache, logger)
+				return demotask.DeploymentBase(ctx, cache, logger)
 			},
-			origin: demo.BaseOrigin(), train: demo.TrainerConfig(logger),
+			origin: demotask.BaseOrigin(), train: demotraining.TrainerConfig(logger),
 		}
 	default:
 		return fmt.Errorf(`--policy-base %q: want "" or "demo"`, baseName)
@@ -111,8 +113,8 @@ func runUp(ctx context.Context, args []string) error {
 	g.Go(func() error { return serveModel(ctx, cfg, pool, pol, msLn, modelReady, logger) })
 	// One process runs every queue, SWE rollouts included: their agents
 	// call this gateway with the development key, like any outside agent.
-	if !slices.Contains(cfg.Worker.TaskQueues, workflows.SWETaskQueue) {
-		cfg.Worker.TaskQueues = append(cfg.Worker.TaskQueues, workflows.SWETaskQueue)
+	if !slices.Contains(cfg.Worker.TaskQueues, flow.SWETaskQueue) {
+		cfg.Worker.TaskQueues = append(cfg.Worker.TaskQueues, flow.SWETaskQueue)
 	}
 	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel,
 		DockerHost: cfg.Docker.Host, Logger: logger}
@@ -143,14 +145,14 @@ func runUp(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("worker round trip: %w", err)
 		}
-		release := workflows.ReleasePolicy{}
+		release := deployment.ReleasePolicy{}
 		if pb != nil {
 			// The demo deployment learns with no human action: its training
 			// loop runs from the start, on the demo's schedule.
-			if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demo.TrainingPolicy()); err != nil {
+			if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demotraining.TrainingPolicy()); err != nil {
 				return err
 			}
-			release = demo.TrainingPolicy().Release
+			release = demotraining.TrainingPolicy().Release
 		}
 		if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
 			return err
@@ -175,11 +177,11 @@ func runUp(ctx context.Context, args []string) error {
 
 // startTraining starts the deployment's TrainingWorkflow with policy, or
 // leaves the running one as it is.
-func startTraining(ctx context.Context, c client.Client, deployment string, policy workflows.TrainingPolicy) error {
+func startTraining(ctx context.Context, c client.Client, deployment string, policy flow.TrainingPolicy) error {
 	_, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
-		ID: workflows.TrainingWorkflowID(deployment), TaskQueue: workflows.TaskQueue,
+		ID: flow.TrainingWorkflowID(deployment), TaskQueue: flow.TaskQueue,
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
-	}, workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: deployment, Policy: policy})
+	}, flow.TrainingWorkflowName, flow.TrainingInput{Deployment: deployment, Policy: policy})
 	if err != nil {
 		return fmt.Errorf("start training of %s: %w", deployment, err)
 	}
@@ -189,8 +191,8 @@ func startTraining(ctx context.Context, c client.Client, deployment string, poli
 // scheduleWatchdog makes the deployment's watchdog schedule run every
 // every with policy's thresholds (creating it, or updating the one an
 // earlier `flywheel up` made); every 0 removes it.
-func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, every time.Duration, policy workflows.ReleasePolicy) error {
-	id := workflows.WatchdogScheduleID(deployment)
+func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, every time.Duration, policy deployment.ReleasePolicy) error {
+	id := flow.WatchdogScheduleID(deployment)
 	h := c.ScheduleClient().GetHandle(ctx, id)
 	if every <= 0 {
 		var missing *serviceerror.NotFound
@@ -201,8 +203,8 @@ func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, e
 	}
 	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: every}}}
 	action := &client.ScheduleWorkflowAction{
-		ID: "watchdog-" + deployment, Workflow: workflows.WatchdogWorkflowName, TaskQueue: workflows.TaskQueue,
-		Args:                     []any{workflows.WatchdogInput{Deployment: deployment, Policy: policy}},
+		ID: "watchdog-" + deployment, Workflow: flow.WatchdogWorkflowName, TaskQueue: flow.TaskQueue,
+		Args:                     []any{flow.WatchdogInput{Deployment: deployment, Policy: policy}},
 		WorkflowExecutionTimeout: 15 * time.Minute,
 	}
 	_, err := c.ScheduleClient().Create(ctx, client.ScheduleOptions{ID: id, Spec: spec, Action: action, Overlap: enumspb.SCHEDULE_OVERLAP_POLICY_SKIP})
@@ -227,18 +229,18 @@ func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, e
 }
 
 // ping runs PingWorkflow through the worker.
-func ping(ctx context.Context, c client.Client) (workflows.PingOutput, error) {
+func ping(ctx context.Context, c client.Client) (flow.PingOutput, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 		ID:                       fmt.Sprintf("ping-%d", time.Now().UnixNano()),
-		TaskQueue:                workflows.TaskQueue,
+		TaskQueue:                flow.TaskQueue,
 		WorkflowExecutionTimeout: time.Minute,
-	}, workflows.PingWorkflowName, workflows.PingInput{Note: "up"})
+	}, flow.PingWorkflowName, flow.PingInput{Note: "up"})
 	if err != nil {
-		return workflows.PingOutput{}, err
+		return flow.PingOutput{}, err
 	}
-	var out workflows.PingOutput
+	var out flow.PingOutput
 	return out, run.Get(ctx, &out)
 }
 
@@ -275,17 +277,17 @@ func devKey(ctx context.Context, db store.DBTX, path string) (string, error) {
 // sides would score 0). Registering the same suites again keeps their
 // results, and so the anchor.
 func installDemoSuites(ctx context.Context, pool *pgxpool.Pool, deployment string) error {
-	heldOut, err := demo.GateHeldOut()
+	heldOut, err := demotask.GateHeldOut()
 	if err != nil {
 		return err
 	}
 	suites := []struct {
 		name    string
-		prompts []demo.Prompt
+		prompts []demotask.Prompt
 		match   string
 	}{
-		{workflows.GateRegression, heldOut, store.MatchExact},
-		{workflows.GateSafety, demo.GateSafetyPrompts(), store.MatchExact},
+		{flow.GateRegression, heldOut, store.MatchExact},
+		{flow.GateSafety, demotask.GateSafetyPrompts(), store.MatchExact},
 	}
 	for _, s := range suites {
 		var prompts []store.EvalPrompt
@@ -294,7 +296,7 @@ func installDemoSuites(ctx context.Context, pool *pgxpool.Pool, deployment strin
 			if err != nil {
 				return err
 			}
-			prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want, Match: s.match, MaxTokens: demo.AnswerTokens(p)})
+			prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want, Match: s.match, MaxTokens: demotask.AnswerTokens(p)})
 		}
 		if _, err := store.SetEvalSuite(ctx, pool, deployment, s.name, prompts); err != nil {
 			return err

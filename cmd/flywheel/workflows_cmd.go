@@ -15,9 +15,9 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/worker"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // The `flywheel session|release|train|evolve|forget` commands: the same
@@ -147,13 +147,13 @@ func runSessionCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		if tenant != "" {
-			id = workflows.SessionWorkflowID(tenant, id)
+			id = flow.SessionWorkflowID(tenant, id)
 		}
-		return queryState(ctx, e.c, id, workflows.SessionStateQuery)
+		return queryState(ctx, e.c, id, flow.SessionStateQuery)
 	case "list":
-		q := fmt.Sprintf("WorkflowType = '%s'", workflows.SessionWorkflowName)
+		q := fmt.Sprintf("WorkflowType = '%s'", flow.SessionWorkflowName)
 		if tenant != "" {
-			q += fmt.Sprintf(" AND %s = %s", workflows.TenantKey.GetName(), strconv.Quote(tenant))
+			q += fmt.Sprintf(" AND %s = %s", flow.TenantKey.GetName(), strconv.Quote(tenant))
 		}
 		return listWorkflows(ctx, e.c, q)
 	}
@@ -167,11 +167,11 @@ func runReleaseCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var in workflows.ReleaseInput
+	var in flow.ReleaseInput
 	var note string
 	e, pos, err := openWF(ctx, "release "+v, rest, v == "show" || v == "list", func(fs *flag.FlagSet) {
 		fs.StringVar(&in.Deployment, "deployment", "", "deployment (start, list)")
-		fs.StringVar(&in.Layer, "layer", workflows.LayerWeights, "weights, playbook, harness or tool_schema (start)")
+		fs.StringVar(&in.Layer, "layer", flow.LayerWeights, "weights, playbook, harness or tool_schema (start)")
 		fs.StringVar(&in.Candidate, "candidate", "", "model version or artefact version (start)")
 		fs.StringVar(&in.Reason, "reason", "manual release", "why (start)")
 		fs.DurationVar(&in.Policy.ShadowDuration, "shadow", 0, "shadow duration (default 1m)")
@@ -190,8 +190,8 @@ func runReleaseCmd(ctx context.Context, args []string) error {
 		if in.Deployment == "" || in.Candidate == "" {
 			return errors.New("release start: --deployment and --candidate are required")
 		}
-		id := workflows.ReleaseWorkflowID(in.Deployment, in.Layer, in.Candidate)
-		run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.ReleaseWorkflowName, in)
+		id := flow.ReleaseWorkflowID(in.Deployment, in.Layer, in.Candidate)
+		run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName, in)
 		if err != nil {
 			return fmt.Errorf("start release: %w", err)
 		}
@@ -225,9 +225,9 @@ func runReleaseCmd(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		sig := workflows.ReleaseApproveSignal
+		sig := flow.ReleaseApproveSignal
 		if v == "abort" {
-			sig = workflows.ReleaseAbortSignal
+			sig = flow.ReleaseAbortSignal
 		}
 		if err := e.c.SignalWorkflow(ctx, id, "", sig, note); err != nil {
 			return fmt.Errorf("%s %s: %w", v, id, err)
@@ -245,7 +245,7 @@ func runTrainCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var in workflows.TrainingInput
+	var in flow.TrainingInput
 	e, _, err := openWF(ctx, "train "+v, rest, false, func(fs *flag.FlagSet) {
 		fs.StringVar(&in.Deployment, "deployment", "", "deployment to train")
 		fs.IntVar(&in.Policy.BatchSize, "batch-size", 0, "samples per step (default 32)")
@@ -259,18 +259,18 @@ func runTrainCmd(ctx context.Context, args []string) error {
 	if in.Deployment == "" {
 		return errors.New("train: --deployment is required")
 	}
-	id := workflows.TrainingWorkflowID(in.Deployment)
+	id := flow.TrainingWorkflowID(in.Deployment)
 	switch v {
 	case "now":
-		run, err := e.c.SignalWithStartWorkflow(ctx, id, workflows.TrainNowSignal, nil,
-			client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.TrainingWorkflowName, in)
+		run, err := e.c.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+			client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName, in)
 		if err != nil {
 			return fmt.Errorf("train now: %w", err)
 		}
 		fmt.Printf("training requested: workflow %s run %s\n", run.GetID(), run.GetRunID())
 		return nil
 	case "show":
-		return queryState(ctx, e.c, id, workflows.TrainingStateQuery)
+		return queryState(ctx, e.c, id, flow.TrainingStateQuery)
 	}
 	return fmt.Errorf("usage: %s", trainUsage)
 }
@@ -282,7 +282,7 @@ func runEvolveCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var in workflows.EvolutionInput
+	var in flow.EvolutionInput
 	var every time.Duration
 	e, _, err := openWF(ctx, "evolve "+v, rest, v == "list", func(fs *flag.FlagSet) {
 		fs.StringVar(&in.Deployment, "deployment", "", "deployment to evolve")
@@ -301,11 +301,11 @@ func runEvolveCmd(ctx context.Context, args []string) error {
 	case "now":
 		in.Trigger = "manual"
 		id := fmt.Sprintf("evolution-%s-%d", in.Deployment, time.Now().Unix())
-		run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.EvolutionWorkflowName, in)
+		run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.EvolutionWorkflowName, in)
 		if err != nil {
 			return fmt.Errorf("start evolution: %w", err)
 		}
-		var res workflows.EvolutionResult
+		var res flow.EvolutionResult
 		if err := run.Get(ctx, &res); err != nil {
 			return fmt.Errorf("evolution %s: %w", id, err)
 		}
@@ -313,17 +313,17 @@ func runEvolveCmd(ctx context.Context, args []string) error {
 	case "schedule":
 		in.Trigger = "schedule"
 		_, err := e.c.ScheduleClient().Create(ctx, client.ScheduleOptions{
-			ID:   workflows.EvolutionScheduleID(in.Deployment),
+			ID:   flow.EvolutionScheduleID(in.Deployment),
 			Spec: client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: every}}},
 			Action: &client.ScheduleWorkflowAction{
-				ID: "evolution-" + in.Deployment, Workflow: workflows.EvolutionWorkflowName,
-				Args: []any{in}, TaskQueue: workflows.TaskQueue,
+				ID: "evolution-" + in.Deployment, Workflow: flow.EvolutionWorkflowName,
+				Args: []any{in}, TaskQueue: flow.TaskQueue,
 			},
 		})
 		if err != nil {
 			return fmt.Errorf("create schedule: %w", err)
 		}
-		fmt.Printf("schedule %s runs EvolutionWorkflow every %s\n", workflows.EvolutionScheduleID(in.Deployment), every)
+		fmt.Printf("schedule %s runs EvolutionWorkflow every %s\n", flow.EvolutionScheduleID(in.Deployment), every)
 		return nil
 	case "list":
 		rows, err := store.ListDecisions(ctx, e.pool, in.Deployment, 50)
@@ -358,12 +358,12 @@ func runForgetCmd(ctx context.Context, args []string) error {
 	if err != nil || id <= 0 {
 		return fmt.Errorf("forget request id %q is not a positive number", s)
 	}
-	run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: workflows.ForgetWorkflowID(id), TaskQueue: workflows.TaskQueue},
-		workflows.ForgetWorkflowName, workflows.ForgetInput{RequestID: id})
+	run, err := e.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: flow.ForgetWorkflowID(id), TaskQueue: flow.TaskQueue},
+		flow.ForgetWorkflowName, flow.ForgetInput{RequestID: id})
 	if err != nil {
 		return fmt.Errorf("start forget: %w", err)
 	}
-	var res workflows.ForgetResult
+	var res flow.ForgetResult
 	if err := run.Get(ctx, &res); err != nil {
 		return fmt.Errorf("forget %d: %w", id, err)
 	}

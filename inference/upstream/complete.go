@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -88,7 +89,7 @@ func (b *Backend) Complete(ctx context.Context, req *inference.Request) (*infere
 // the token strings instead. Asking for both always would cost every
 // modern server its token text (vLLM computes bytes from that string).
 func (b *Backend) learnIDs(resp *inference.Response) {
-	if b.cfg.Dialect == DialectVLLM && resp != nil && len(resp.Logprobs) > 0 && len(resp.CompletionTokenIDs) == 0 {
+	if b.cfg.Dialect == deployment.DialectVLLM && resp != nil && len(resp.Logprobs) > 0 && len(resp.CompletionTokenIDs) == 0 {
 		b.idsInTokens.Store(true)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 )
@@ -129,7 +130,7 @@ func TestDecodeWireFastPathTakesVLLMAnswers(t *testing.T) {
 func TestDecodeWireFastPathTakesFixtureAnswers(t *testing.T) {
 	srv := httptest.NewServer(&fakevllm.Fixture{})
 	defer srv.Close()
-	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", Dialect: DialectVLLM})
+	b, err := New(Config{BaseURL: srv.URL + "/v1", Model: "fixture-model", Dialect: deployment.DialectVLLM})
 	require.NoError(t, err)
 	body, err := json.Marshal(b.wire(&inference.Request{Messages: []inference.Message{{Role: "user", Content: "héllo \"there\"\n"}}}, false))
 	require.NoError(t, err)

@@ -8,16 +8,6 @@ import (
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
-// Dialect and its values are the deployment's (deployment.Dialect); the
-// names stay here for the client's own configuration.
-type Dialect = deployment.Dialect
-
-const (
-	DialectVLLM   = deployment.DialectVLLM
-	DialectSGLang = deployment.DialectSGLang
-	DialectOpenAI = deployment.DialectOpenAI
-)
-
 // ForDeployment builds the backend a deployment's settings describe for
 // deployment name: its model (default: name), then its fallbacks in order.
 // timeout and retries apply where the settings do not say.
@@ -50,8 +40,3 @@ func ForDeployment(c deployment.Settings, name string, timeout time.Duration, re
 	}
 	return chain, nil
 }
-
-// Transitional names while callers move to package deployment.
-type Settings = deployment.Settings
-
-var ParseSettings = deployment.Parse

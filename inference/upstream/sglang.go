@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -56,7 +57,7 @@ var errNoChatTokens = errors.New("upstream: the server cannot tokenize this chat
 
 // native reports whether req goes through SGLang's /generate.
 func (b *Backend) native(req *inference.Request) bool {
-	return b.cfg.Dialect == DialectSGLang && len(req.Tools) == 0
+	return b.cfg.Dialect == deployment.DialectSGLang && len(req.Tools) == 0
 }
 
 // generateRequest is SGLang's GenerateReqInput, as far as Flywheel sets it.

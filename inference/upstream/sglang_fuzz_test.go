@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -17,7 +18,7 @@ func FuzzReadGenerateStream(f *testing.F) {
 		`data: {"text":"","meta_info":{"completion_tokens":1,"output_token_logprobs":[[-0.1,97]]}}` + "\n\ndata: [DONE]\n\n"))
 	f.Add([]byte(`data: {"error":{"message":"boom"}}` + "\n\ndata: [DONE]\n\n"))
 	f.Add([]byte(`data: {"text":"x","meta_info":{"finish_reason":{"type":"abort","message":"cut"}}}` + "\n\n"))
-	b := &Backend{cfg: Config{Model: "m", Dialect: DialectSGLang}}
+	b := &Backend{cfg: Config{Model: "m", Dialect: deployment.DialectSGLang}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var ids []int
 		resp, err := b.readGenerateStream(bytes.NewReader(data), []int{1, 2}, func(d inference.Delta) error {

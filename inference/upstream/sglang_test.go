@@ -20,7 +20,7 @@ func newSGLang(t *testing.T, fake *fakesglang.Fake, cfg upstream.Config) *upstre
 	t.Helper()
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	cfg.BaseURL, cfg.Model, cfg.Dialect = srv.URL+"/v1", "qwen", upstream.DialectSGLang
+	cfg.BaseURL, cfg.Model, cfg.Dialect = srv.URL+"/v1", "qwen", deployment.DialectSGLang
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
 	}
@@ -219,13 +219,13 @@ func TestSGLangWithoutIDs(t *testing.T) {
 // "vllm" flag still reads, and an SGLang weight sync implies SGLang.
 func TestDialectSettings(t *testing.T) {
 	for raw, want := range map[string]deployment.Dialect{
-		`{"base_url":"http://e/v1"}`:                                                   upstream.DialectVLLM,
-		`{"base_url":"http://e/v1","vllm":false}`:                                      upstream.DialectOpenAI,
-		`{"base_url":"http://e/v1","vllm":true,"dialect":"vllm"}`:                      upstream.DialectVLLM,
-		`{"base_url":"http://e/v1","dialect":"sglang"}`:                                upstream.DialectSGLang,
-		`{"base_url":"http://e/v1","dialect":"openai","vllm":false}`:                   upstream.DialectOpenAI,
-		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"}}`:              upstream.DialectSGLang,
-		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"},"vllm":false}`: upstream.DialectOpenAI,
+		`{"base_url":"http://e/v1"}`:                                                   deployment.DialectVLLM,
+		`{"base_url":"http://e/v1","vllm":false}`:                                      deployment.DialectOpenAI,
+		`{"base_url":"http://e/v1","vllm":true,"dialect":"vllm"}`:                      deployment.DialectVLLM,
+		`{"base_url":"http://e/v1","dialect":"sglang"}`:                                deployment.DialectSGLang,
+		`{"base_url":"http://e/v1","dialect":"openai","vllm":false}`:                   deployment.DialectOpenAI,
+		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"}}`:              deployment.DialectSGLang,
+		`{"base_url":"http://e/v1","weight_sync":{"kind":"sglang_disk"},"vllm":false}`: deployment.DialectOpenAI,
 	} {
 		s, err := deployment.Parse(json.RawMessage(raw))
 		require.NoError(t, err, raw)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -32,16 +33,16 @@ func (b *Backend) CountTokens(ctx context.Context, req *inference.Request) (int,
 func (b *Backend) tokenize(ctx context.Context, req *inference.Request) ([]int, error) {
 	var url string
 	switch b.cfg.Dialect {
-	case DialectVLLM:
+	case deployment.DialectVLLM:
 		url = strings.TrimSuffix(b.cfg.BaseURL, "/v1") + "/tokenize"
-	case DialectSGLang:
+	case deployment.DialectSGLang:
 		url = b.cfg.BaseURL + "/tokenize"
 	default:
 		return nil, &inference.Error{Status: http.StatusNotImplemented, Message: "this upstream has no tokenizer endpoint (its dialect is plain OpenAI)"}
 	}
 	w := b.wire(req, false)
 	in := tokenizeRequest{Model: w.Model, Messages: w.Messages, Tools: w.Tools}
-	if b.cfg.Dialect == DialectVLLM {
+	if b.cfg.Dialect == deployment.DialectVLLM {
 		t := true
 		in.AddGenerationPrompt = &t
 	}

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/deployment"
 )
 
 // Config is one upstream model.
@@ -31,9 +33,9 @@ type Config struct {
 	Retries int
 	// Backoff is the first retry delay, doubled each time (default 200ms).
 	Backoff time.Duration
-	// Dialect is how the server is asked for token ids (zero: DialectOpenAI,
+	// Dialect is how the server is asked for token ids (zero: deployment.DialectOpenAI,
 	// plain OpenAI, which returns none).
-	Dialect Dialect
+	Dialect deployment.Dialect
 	// Version stamps responses when the upstream does not say which
 	// weights served (default: the model name the upstream reports).
 	Version string

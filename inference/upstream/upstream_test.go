@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
@@ -21,7 +22,7 @@ func newBackend(t *testing.T, fx *fakevllm.Fixture, cfg upstream.Config) *upstre
 	t.Cleanup(srv.Close)
 	cfg.BaseURL, cfg.Model = srv.URL+"/v1", "fixture-model"
 	if cfg.Dialect == "" {
-		cfg.Dialect = upstream.DialectVLLM
+		cfg.Dialect = deployment.DialectVLLM
 	}
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
@@ -71,7 +72,7 @@ func TestTokenIDsFromTokenStringsWithoutReturnTokenIDs(t *testing.T) {
 			"logprobs":{"content":[{"token":"token_id:104","logprob":-0.5},{"token":"token_id:105","logprob":-0.25}]}}]}`))
 	}))
 	defer srv.Close()
-	b, err := upstream.New(upstream.Config{BaseURL: srv.URL + "/v1", Model: "m", Dialect: upstream.DialectVLLM})
+	b, err := upstream.New(upstream.Config{BaseURL: srv.URL + "/v1", Model: "m", Dialect: deployment.DialectVLLM})
 	require.NoError(t, err)
 	resp, err := b.Complete(context.Background(), userReq("x"))
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package upstream
 import (
 	"encoding/json"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -72,7 +73,7 @@ func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
 	if stream {
 		w.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
-	if b.cfg.Dialect == DialectVLLM {
+	if b.cfg.Dialect == deployment.DialectVLLM {
 		t := true
 		w.ReturnTokenID = &t
 		if b.idsInTokens.Load() {

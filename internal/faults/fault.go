@@ -9,7 +9,7 @@ import (
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // runFault runs the load through one fault: it measures the gateway
@@ -154,7 +154,7 @@ func awaitWorkflows(ctx context.Context, st *stack, tenant string, sessions []st
 	for {
 		var still []string
 		for _, s := range left {
-			_, err := c.DescribeWorkflowExecution(ctx, workflows.SessionWorkflowID(tenant, s), "")
+			_, err := c.DescribeWorkflowExecution(ctx, flow.SessionWorkflowID(tenant, s), "")
 			var nf *serviceerror.NotFound
 			switch {
 			case errors.As(err, &nf):

@@ -13,14 +13,16 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // swapRelease is the release the model-server fault starts, as `flywheel
 // release start` would: short phases, so that it ends within the settle
 // time, and unevaluated gates allowed (the seeded policy has no held-out
 // suite), so that it may promote and swap the serving weights.
-var swapRelease = workflows.ReleasePolicy{
+var swapRelease = deployment.ReleasePolicy{
 	ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 3 * time.Second, CanaryChecks: 1, MinCanarySamples: 4,
 	MaxTrafficWait: 5 * time.Second, AllowUnevaluated: true, WeightDrain: 5 * time.Second,
 }
@@ -80,9 +82,9 @@ ORDER BY created_at DESC LIMIT 1`, trainedDeployment).Scan(&f.Candidate)
 			sleep(ctx, 200*time.Millisecond)
 		}
 	}
-	id := workflows.ReleaseWorkflowID(trainedDeployment, workflows.LayerWeights, f.Candidate)
-	_, err = c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue}, workflows.ReleaseWorkflowName,
-		workflows.ReleaseInput{Deployment: trainedDeployment, Layer: workflows.LayerWeights, Candidate: f.Candidate,
+	id := flow.ReleaseWorkflowID(trainedDeployment, flow.LayerWeights, f.Candidate)
+	_, err = c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName,
+		flow.ReleaseInput{Deployment: trainedDeployment, Layer: flow.LayerWeights, Candidate: f.Candidate,
 			Policy: swapRelease, Reason: "bench faults: model-server-kill"})
 	if err != nil {
 		return nil, fmt.Errorf("start release of %s: %w", f.Candidate, err)
@@ -103,7 +105,7 @@ ORDER BY created_at DESC LIMIT 1`, trainedDeployment).Scan(&f.Candidate)
 			return nil, fmt.Errorf("release %s ended before its weight sync could be cut", id)
 		}
 		for _, a := range d.GetPendingActivities() {
-			if a.GetActivityType().GetName() == workflows.SyncWeightsActivity {
+			if a.GetActivityType().GetName() == flow.ActivityName((*activities.Release).SyncWeights) {
 				f.KilledIn, f.KilledAttempt = a.GetActivityType().GetName(), a.GetAttempt()
 				f.KilledState = "scheduled"
 				if a.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED {
@@ -135,12 +137,12 @@ func settleSwap(ctx context.Context, st *stack, r *swapRun, settle time.Duration
 	f := r.f
 	wctx, cancel := context.WithTimeout(ctx, settle)
 	defer cancel()
-	var res workflows.ReleaseResult
+	var res flow.ReleaseResult
 	err = c.GetWorkflow(wctx, r.id, "").Get(wctx, &res)
 	switch {
 	case err == nil:
 		f.Outcome = res.State.Status
-		if res.State.Status != workflows.ReleasePromoted {
+		if res.State.Status != flow.ReleasePromoted {
 			f.Outcome += ": " + res.State.Reason
 		}
 		f.DoneS = time.Since(r.restarted).Seconds()

@@ -26,7 +26,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // stack is the private services one run owns; nothing else uses them, so
@@ -356,7 +356,7 @@ func (s *stack) startUp(ctx context.Context) error {
 	}
 	// Every queue but the trainer's (up adds the SWE queue itself): the
 	// trainer is its own process, startTrainer's.
-	queues := strings.Join([]string{workflows.TaskQueue, workflows.SessionTaskQueue, workflows.SandboxTaskQueue}, ",")
+	queues := strings.Join([]string{flow.TaskQueue, flow.SessionTaskQueue, flow.SandboxTaskQueue}, ",")
 	cmd, err := s.spawn("flywheel.log", s.bin, "up", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--gateway-listen", s.gatewayAddr, "--model-server-listen", s.modelAddr,
 		"--model-server-url", s.modelServerURL(), "--worker-task-queues", queues, "--gateway-rate-limit-rps", "0", "--log-level", "warn")
@@ -422,7 +422,7 @@ func (s *stack) startModelServer(ctx context.Context) error {
 func (s *stack) startTrainer(ctx context.Context) error {
 	cmd, err := s.spawn("trainer.log", s.bin, "worker", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--model-server-url", s.modelServerURL(),
-		"--worker-task-queues", workflows.TrainerTaskQueue, "--log-level", "warn")
+		"--worker-task-queues", flow.TrainerTaskQueue, "--log-level", "warn")
 	if err != nil {
 		return err
 	}
@@ -436,7 +436,7 @@ func (s *stack) startTrainer(ctx context.Context) error {
 	// killed trainer stay listed for a while and must not count.
 	identity := strconv.Itoa(cmd.pid()) + "@"
 	return cmd.await(ctx, "flywheel worker (trainer)", 2*time.Minute, func() bool {
-		resp, err := c.DescribeTaskQueue(ctx, workflows.TrainerTaskQueue, enumspb.TASK_QUEUE_TYPE_ACTIVITY)
+		resp, err := c.DescribeTaskQueue(ctx, flow.TrainerTaskQueue, enumspb.TASK_QUEUE_TYPE_ACTIVITY)
 		if err != nil {
 			return false
 		}

@@ -15,8 +15,9 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	tclient "go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/sandbox"
-	"github.com/flywheel-ai/flywheel/workflows"
 )
 
 // sweTask is the shipped SWE task the rollout works on.
@@ -140,7 +141,7 @@ func awaitSandboxStep(ctx context.Context, c tclient.Client, id string, deadline
 		}
 		for _, a := range d.GetPendingActivities() {
 			name := a.GetActivityType().GetName()
-			if (name == workflows.SWEStepActivity || name == workflows.SWEGradeActivity) && a.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED {
+			if (name == flow.ActivityName((*activities.SWEActivities).SWEStep) || name == flow.ActivityName((*activities.SWEActivities).SWEGrade)) && a.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED {
 				return name, a.GetAttempt(), nil
 			}
 		}
@@ -186,8 +187,8 @@ func settleSWE(ctx context.Context, st *stack, r *sweRun, settle time.Duration) 
 // would.
 func startRollout(ctx context.Context, c tclient.Client) (string, error) {
 	id := fmt.Sprintf("faults-swe-%d", time.Now().UnixNano())
-	_, err := c.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: id, TaskQueue: workflows.SWETaskQueue}, workflows.SWERolloutWorkflowName,
-		workflows.SWERolloutInput{TaskID: sweTask, MaxWallTime: 2 * time.Minute})
+	_, err := c.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{ID: id, TaskQueue: flow.SWETaskQueue}, flow.SWERolloutWorkflowName,
+		flow.SWERolloutInput{TaskID: sweTask, MaxWallTime: 2 * time.Minute})
 	if err != nil {
 		return "", fmt.Errorf("start rollout: %w", err)
 	}
@@ -199,7 +200,7 @@ func startRollout(ctx context.Context, c tclient.Client) (string, error) {
 func rolloutOutcome(ctx context.Context, c tclient.Client, id string, limit time.Duration) (string, error) {
 	wctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	var res workflows.SWERolloutResult
+	var res flow.SWERolloutResult
 	err := c.GetWorkflow(wctx, id, "").Get(wctx, &res)
 	switch {
 	case err == nil:

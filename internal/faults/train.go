@@ -11,7 +11,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/flywheel-ai/flywheel/config"
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // trainedDeployment is the policy deployment `flywheel up` serves and the
@@ -23,7 +23,7 @@ var trainedDeployment = config.Default().Gateway.PolicyModel
 // every step is a plain PrepareBatch ▶ TrainBatch ▶ RegisterCheckpoint;
 // and a short heartbeat timeout, so a step on a dead trainer is handed on
 // within seconds rather than the default minute.
-var faultTraining = workflows.TrainingPolicy{
+var faultTraining = flow.TrainingPolicy{
 	BatchSize: 16, MaxBatchAge: time.Second, GroupWait: time.Second, PollInterval: 250 * time.Millisecond,
 	MaxStaleness: -1, StepTimeout: 2 * time.Minute, StepHeartbeatTimeout: 10 * time.Second, NoRelease: true,
 }
@@ -73,10 +73,10 @@ func startTraining(ctx context.Context, st *stack) error {
 		return err
 	}
 	defer c.Close()
-	id := workflows.TrainingWorkflowID(trainedDeployment)
-	_, err = c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: workflows.TaskQueue,
+	id := flow.TrainingWorkflowID(trainedDeployment)
+	_, err = c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue,
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING},
-		workflows.TrainingWorkflowName, workflows.TrainingInput{Deployment: trainedDeployment, Policy: faultTraining})
+		flow.TrainingWorkflowName, flow.TrainingInput{Deployment: trainedDeployment, Policy: faultTraining})
 	if err != nil {
 		return fmt.Errorf("start training: %w", err)
 	}
@@ -99,7 +99,7 @@ func killTrainerInStep(ctx context.Context, st *stack, wait time.Duration) (*tra
 		return nil, err
 	}
 	defer closeAll()
-	id := workflows.TrainingWorkflowID(trainedDeployment)
+	id := flow.TrainingWorkflowID(trainedDeployment)
 	deadline := time.Now().Add(wait)
 	for {
 		if time.Now().After(deadline) {
@@ -113,7 +113,7 @@ func killTrainerInStep(ctx context.Context, st *stack, wait time.Duration) (*tra
 			return nil, fmt.Errorf("describe %s: %w", id, err)
 		}
 		for _, a := range d.GetPendingActivities() {
-			if a.GetActivityType().GetName() != workflows.TrainBatchActivity || a.GetState() != enumspb.PENDING_ACTIVITY_STATE_STARTED {
+			if a.GetActivityType().GetName() != flow.TrainBatchActivity || a.GetState() != enumspb.PENDING_ACTIVITY_STATE_STARTED {
 				continue
 			}
 			// The loop trains one run at a time: the one prepared and

@@ -11,7 +11,7 @@ import (
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/testsuite"
 
-	"github.com/flywheel-ai/flywheel/workflows"
+	"github.com/flywheel-ai/flywheel/flow"
 )
 
 // TemporalNamespace is the namespace test dev servers create.
@@ -33,7 +33,7 @@ func TemporalServer(t testing.TB) (client.Client, string) {
 	t.Helper()
 	cli := Need(t, "FLYWHEEL_TEMPORAL_CLI")
 	args := []string{"--log-level", "error"}
-	for name, typ := range workflows.SearchAttributes() {
+	for name, typ := range flow.SearchAttributes() {
 		args = append(args, "--search-attribute", name+"="+typ.String())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
