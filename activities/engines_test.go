@@ -14,7 +14,6 @@ import (
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/internal/policytest"
@@ -45,7 +44,7 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	a, err := store.CreateArtefact(ctx, db, "team", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := flow.GateInput{Deployment: "team", Layer: flow.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
+	in := flow.GateInput{Deployment: "team", Layer: artefact.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
 	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -56,7 +55,7 @@ func TestGatesAnswerOnTheDeploymentsOwnEngine(t *testing.T) {
 	require.Zero(t, policy.Completions.Load(), "the policy's model server was not asked about another model")
 
 	// A policy no engine here reaches: nothing can answer for it.
-	in.Deployment, in.Layer, in.Candidate = "elsewhere", flow.LayerWeights, "elsewhere@v2"
+	in.Deployment, in.Layer, in.Candidate = "elsewhere", artefact.LayerWeights, "elsewhere@v2"
 	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -88,7 +87,7 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 		AdapterReply: func(adapter, last string) string { return "banana from " + adapter }}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
 	require.NoError(t, err)
 	dir := t.TempDir()
@@ -101,7 +100,7 @@ func TestWeightsCandidateAnswersAsItsAdapter(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"qwen@v1"}, sync.Loaded, "the release loads its candidate first")
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v1", Gate: flow.GateRegression, Policy: gp}
+	in := flow.GateInput{Deployment: "qwen", Layer: artefact.LayerWeights, Candidate: "qwen@v1", Gate: flow.GateRegression, Policy: gp}
 	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -135,7 +134,7 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	fake := &fakesglang.Fake{}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncSGLangDisk}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, `UPDATE deployments SET serving_version = 'qwen@v1' WHERE name = 'qwen'`)
@@ -146,7 +145,7 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
 	gp := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
 	for _, gate := range []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety} {
-		in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
+		in := flow.GateInput{Deployment: "qwen", Layer: artefact.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1", Gate: gate, Policy: gp, Final: true}
 		in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err, gate)
@@ -170,7 +169,7 @@ func TestInPlaceCandidatesFailClosed(t *testing.T) {
 	// serving harness: judged, on the deployment's own engine.
 	a, err := store.CreateArtefact(ctx, db, "qwen", "harness", []byte(`{"system_prompt":"Be brief."}`), "k1")
 	require.NoError(t, err)
-	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
+	in := flow.GateInput{Deployment: "qwen", Layer: artefact.LayerHarness, Candidate: fmt.Sprint(a.Version), Gate: flow.GateRegression, Policy: gp}
 	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -187,7 +186,7 @@ func TestDeploymentGatesWin(t *testing.T) {
 	ctx := context.Background()
 	srv := httptest.NewServer(&fakesglang.Fake{})
 	t.Cleanup(srv.Close)
-	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindSGLangDisk},
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "Qwen/Qwen3-8B", WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncSGLangDisk},
 		BaseModel: "Qwen/Qwen3-8B", Gates: json.RawMessage(`{"allow_unevaluated": true, "max_reward_drop": 0}`)}
 	require.NoError(t, settings.Validate())
 	_, err := store.CreateUpstreamDeployment(ctx, db, "qwen", settings)
@@ -195,7 +194,7 @@ func TestDeploymentGatesWin(t *testing.T) {
 	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ('qwen@v1', 'qwen', 'serving'), ('qwen@v2', 'qwen', 'candidate')`)
 	require.NoError(t, err)
 	r := &Release{DB: db, Backend: &Engines{DB: db}}
-	in := flow.GateInput{Deployment: "qwen", Layer: flow.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
+	in := flow.GateInput{Deployment: "qwen", Layer: artefact.LayerWeights, Candidate: "qwen@v2", Baseline: "qwen@v1",
 		Gate: flow.GateShadow, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}, Final: true}
 	in.ReleaseID = beginRelease(t, r, flow.ReleaseInput{Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate}).ReleaseID
 	res, err := r.EvaluateGate(ctx, in)

@@ -12,10 +12,10 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
 )
@@ -179,7 +179,7 @@ func (r *Release) variants(ctx context.Context, in flow.GateInput) (cand, base v
 	if err != nil {
 		return cand, base, err
 	}
-	weights, err := store.ServingOf(ctx, r.DB, in.Deployment, flow.LayerWeights)
+	weights, err := store.ServingOf(ctx, r.DB, in.Deployment, artefact.LayerWeights)
 	if err != nil {
 		return cand, base, err
 	}
@@ -249,7 +249,7 @@ func (r *Release) unevaluable(ctx context.Context, in flow.GateInput) (string, e
 	}
 	return fmt.Sprintf("the deployment's engine answers only as the weights it holds (they are replaced in place, as %s does, "+
 		"or not synced; only %s names each version), so candidate %s cannot answer beside the serving version on it, "+
-		"and is not judged on other weights", weightsync.KindSGLangDisk, weightsync.KindVLLMLoRA, in.Candidate), nil
+		"and is not judged on other weights", deployment.WeightSyncSGLangDisk, deployment.WeightSyncVLLMLoRA, in.Candidate), nil
 }
 
 // rejected reports whether the backend refused the request itself (a 4xx

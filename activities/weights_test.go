@@ -40,7 +40,7 @@ func TestSyncWeightsKeepsWhatRoutesNameAndUnloadsTheRest(t *testing.T) {
 	fx := &fakevllm.Fixture{RuntimeLoRA: true, Model: "meta-llama/Llama-3.1-8B"}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "meta-llama/Llama-3.1-8B", WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: srv.URL + "/v1", Model: "meta-llama/Llama-3.1-8B", WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
 	_, err := store.CreateUpstreamDeployment(ctx, db, "llama", settings)
 	require.NoError(t, err)
 	v1, v2, foreign := adapterDir(t), adapterDir(t), adapterDir(t)

@@ -9,8 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 )
 
 // maxModelName bounds a model name in Settings, maxModelRef a base model
@@ -63,7 +61,7 @@ type Settings struct {
 	// WeightSync is how trained versions reach the server (nil: they do
 	// not). With vllm_lora each version is an adapter named by its version
 	// id, and a request pinned to a version asks for that name.
-	WeightSync *weightsync.Settings `json:"weight_sync,omitempty"`
+	WeightSync *WeightSync `json:"weight_sync,omitempty"`
 	// TrainerQueue is the Temporal task queue of the workers that train
 	// this deployment (the trainer protocol's TrainBatch; default: the
 	// built-in trainer's queue, flywheel-trainer).
@@ -106,7 +104,7 @@ func (c Settings) ServerDialect() Dialect {
 		return c.Dialect
 	case c.VLLM != nil && !*c.VLLM:
 		return DialectOpenAI
-	case c.VLLM == nil && c.WeightSync != nil && c.WeightSync.Kind == weightsync.KindSGLangDisk:
+	case c.VLLM == nil && c.WeightSync != nil && c.WeightSync.Kind == WeightSyncSGLangDisk:
 		return DialectSGLang
 	}
 	return DialectVLLM

@@ -40,7 +40,7 @@ func BenchmarkWeightSwap(b *testing.B) {
 	}
 	h := httptest.NewServer(srv)
 	defer h.Close()
-	ws, err := weightsync.New(weightsync.Settings{Kind: weightsync.KindVLLMLoRA}, h.URL+"/v1", "", nil)
+	ws, err := weightsync.New(deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}, h.URL+"/v1", "", nil)
 	if err != nil {
 		b.Fatal(err)
 	}

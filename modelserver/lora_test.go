@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/modelserver"
@@ -19,7 +20,7 @@ import (
 
 func (e *env) weightsync(t *testing.T) weightsync.Engine {
 	t.Helper()
-	ws, err := weightsync.New(weightsync.Settings{Kind: weightsync.KindVLLMLoRA}, e.http.URL+"/v1", "", nil)
+	ws, err := weightsync.New(deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}, e.http.URL+"/v1", "", nil)
 	require.NoError(t, err)
 	return ws
 }

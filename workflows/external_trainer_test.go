@@ -26,9 +26,9 @@ import (
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
@@ -146,7 +146,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	t.Cleanup(srv.Close)
 	const dep, queue = "team-model", "team-model-gpu"
 	_, err := store.CreateUpstreamDeployment(ctx, s.pool, dep, deployment.Settings{BaseURL: srv.URL + "/v1", Model: "base-model",
-		WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}})
+		WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}})
 	require.NoError(t, err)
 
 	gpu := &fakeGPUTrainer{}
@@ -185,7 +185,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 
 	v1 := store.VersionID(dep, 1)
 	var rel flow.ReleaseResult
-	rid := flow.ReleaseWorkflowID(dep, flow.LayerWeights, v1)
+	rid := flow.ReleaseWorkflowID(dep, artefact.LayerWeights, v1)
 	require.Eventually(t, func() bool { return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil },
 		2*time.Minute, 300*time.Millisecond, "the external trainer's checkpoint goes through a release")
 
@@ -246,7 +246,7 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	require.NotNil(t, replay)
 	require.False(t, replay.NotEvaluated, replay.Reason)
 	require.Equal(t, flow.ReleasePromoted, rel.State.Status, rel.State.Reason)
-	serving, err := store.ServingOf(ctx, s.pool, dep, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, dep, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	require.Eventually(t, func() bool {

@@ -23,56 +23,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/deployment"
 )
-
-// Kinds of weight sync.
-const (
-	KindVLLMLoRA   = "vllm_lora"
-	KindSGLangDisk = "sglang_disk"
-)
-
-// Settings are a deployment's weight sync (the weight_sync object of an
-// upstream deployment's config).
-type Settings struct {
-	// Kind is vllm_lora or sglang_disk.
-	Kind string `json:"kind"`
-	// URL is where the engine's weight endpoints are. Default: the
-	// deployment's base_url (vLLM's are under /v1), or for SGLang that URL
-	// without its /v1.
-	URL string `json:"url,omitempty"`
-	// Timeout bounds one load, as a Go duration (default 2m for an
-	// adapter, 10m for full weights).
-	Timeout string `json:"timeout,omitempty"`
-}
-
-// Validate checks the settings.
-func (s Settings) Validate() error {
-	switch s.Kind {
-	case KindVLLMLoRA, KindSGLangDisk:
-	default:
-		return fmt.Errorf("weight_sync.kind %q: want %s or %s", s.Kind, KindVLLMLoRA, KindSGLangDisk)
-	}
-	if s.URL != "" {
-		u, err := url.Parse(s.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("weight_sync.url %q: want an http(s) URL", s.URL)
-		}
-	}
-	if s.Timeout != "" {
-		if d, err := time.ParseDuration(s.Timeout); err != nil || d <= 0 {
-			return fmt.Errorf("weight_sync.timeout %q: want a positive duration such as 5m", s.Timeout)
-		}
-	}
-	return nil
-}
-
-// ByName reports whether the engine serves each version under its own
-// model name (an adapter), beside the others, rather than in place.
-func (s Settings) ByName() bool { return s.Kind == KindVLLMLoRA }
 
 // Engine is one serving engine's weight endpoints.
 type Engine interface {
@@ -82,7 +38,7 @@ type Engine interface {
 	Load(ctx context.Context, name, path string) error
 	// Unload releases name (an in-place engine keeps its one set).
 	Unload(ctx context.Context, name string) error
-	// ByName: see Settings.ByName.
+	// ByName: see deployment.WeightSync.ByName.
 	ByName() bool
 }
 
@@ -113,19 +69,19 @@ func Temporary(err error) bool {
 
 // New builds the engine client for settings s of a deployment whose
 // OpenAI-compatible base URL is baseURL.
-func New(s Settings, baseURL, apiKey string, client *http.Client) (Engine, error) {
+func New(s deployment.WeightSync, baseURL, apiKey string, client *http.Client) (Engine, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	root := strings.TrimRight(s.URL, "/")
 	if root == "" {
 		root = strings.TrimRight(baseURL, "/")
-		if s.Kind == KindSGLangDisk {
+		if s.Kind == deployment.WeightSyncSGLangDisk {
 			root = strings.TrimSuffix(root, "/v1")
 		}
 	}
 	timeout := 2 * time.Minute
-	if s.Kind == KindSGLangDisk {
+	if s.Kind == deployment.WeightSyncSGLangDisk {
 		timeout = 10 * time.Minute
 	}
 	if d, err := time.ParseDuration(s.Timeout); err == nil && d > 0 {
@@ -135,7 +91,7 @@ func New(s Settings, baseURL, apiKey string, client *http.Client) (Engine, error
 		client = &http.Client{}
 	}
 	c := caller{root: root, key: apiKey, client: client, timeout: timeout}
-	if s.Kind == KindSGLangDisk {
+	if s.Kind == deployment.WeightSyncSGLangDisk {
 		return &SGLangDisk{c: c}, nil
 	}
 	return &VLLMLoRA{c: c}, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 )
@@ -28,7 +29,7 @@ func checkpoint(t *testing.T, file string) string {
 func vllm(t *testing.T, fx *fakevllm.Fixture) Engine {
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	e, err := New(Settings{Kind: KindVLLMLoRA}, srv.URL+"/v1", "", nil)
+	e, err := New(deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}, srv.URL+"/v1", "", nil)
 	require.NoError(t, err)
 	return e
 }
@@ -87,7 +88,7 @@ func TestEngineTimeoutIsTemporary(t *testing.T) {
 	block := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-block }))
 	t.Cleanup(func() { close(block); srv.Close() })
-	e, err := New(Settings{Kind: KindVLLMLoRA, Timeout: "100ms"}, srv.URL+"/v1", "", nil)
+	e, err := New(deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA, Timeout: "100ms"}, srv.URL+"/v1", "", nil)
 	require.NoError(t, err)
 	start := time.Now()
 	err = e.Load(context.Background(), "qwen@v1", "/ckpt")
@@ -106,7 +107,7 @@ func TestSyncSwapsWithoutFailingARequest(t *testing.T) {
 	fx := &fakevllm.Fixture{RuntimeLoRA: true, Model: "base", LoRALatency: 20 * time.Millisecond}
 	srv := httptest.NewServer(fx)
 	t.Cleanup(srv.Close)
-	e, err := New(Settings{Kind: KindVLLMLoRA}, srv.URL+"/v1", "", nil)
+	e, err := New(deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}, srv.URL+"/v1", "", nil)
 	require.NoError(t, err)
 	v1, v2 := checkpoint(t, "adapter_config.json"), checkpoint(t, "adapter_config.json")
 	// Someone else's adapter on the same server stays.
@@ -176,7 +177,7 @@ func TestSGLangDiskUpdatesInPlace(t *testing.T) {
 	fake := &fakesglang.Fake{ModelPath: "/models/base", LoadLatency: 30 * time.Millisecond}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	e, err := New(Settings{Kind: KindSGLangDisk}, srv.URL+"/v1", "", nil)
+	e, err := New(deployment.WeightSync{Kind: deployment.WeightSyncSGLangDisk}, srv.URL+"/v1", "", nil)
 	require.NoError(t, err)
 	require.False(t, e.ByName())
 	v2 := checkpoint(t, "config.json")
@@ -225,10 +226,10 @@ func TestSGLangDiskUpdatesInPlace(t *testing.T) {
 }
 
 func TestSettingsValidate(t *testing.T) {
-	require.NoError(t, Settings{Kind: KindVLLMLoRA}.Validate())
-	require.ErrorContains(t, Settings{Kind: "nccl"}.Validate(), "weight_sync.kind")
-	require.ErrorContains(t, Settings{Kind: KindSGLangDisk, URL: "ftp://x"}.Validate(), "weight_sync.url")
-	require.ErrorContains(t, Settings{Kind: KindSGLangDisk, Timeout: "soon"}.Validate(), "weight_sync.timeout")
+	require.NoError(t, deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}.Validate())
+	require.ErrorContains(t, deployment.WeightSync{Kind: "nccl"}.Validate(), "weight_sync.kind")
+	require.ErrorContains(t, deployment.WeightSync{Kind: deployment.WeightSyncSGLangDisk, URL: "ftp://x"}.Validate(), "weight_sync.url")
+	require.ErrorContains(t, deployment.WeightSync{Kind: deployment.WeightSyncSGLangDisk, Timeout: "soon"}.Validate(), "weight_sync.timeout")
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }

@@ -108,7 +108,7 @@ func Start(t testing.TB, db DB, o Options) *Policy {
 	}))
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL + "/v1"
-	settings := deployment.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
 	ctx := context.Background()
 	serving, err := store.EnsurePolicyDeployment(ctx, db, o.Name, p.Serving, path, settings, true)
 	require.NoError(t, err)
