@@ -61,48 +61,25 @@ func EvolutionWorkflow(ctx workflow.Context, in flow.EvolutionInput) (flow.Evolu
 	}
 
 	phase = "acting"
-	info := workflow.GetInfo(ctx)
+	if err := act(ctx, actx, in, &res); err != nil {
+		return res, err
+	}
+	phase = "done"
+	return res, nil
+}
+
+// act carries out res's decision and records in res what it did.
+func act(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.EvolutionResult) error {
 	switch res.Decision.Kind {
 	case evolution.DecisionNoOp:
 		res.Action = "none"
 	case evolution.DecisionMemory, evolution.DecisionHarness, evolution.DecisionToolSchema:
-		kind, layer := evolution.KindPlaybook, flow.LayerPlaybook
-		switch res.Decision.Kind {
-		case evolution.DecisionHarness:
-			kind, layer = evolution.KindHarness, flow.LayerHarness
-		case evolution.DecisionToolSchema:
-			kind, layer = evolution.KindToolSchema, flow.LayerToolSchema
-		}
-		var art flow.ProposeArtefactOutput
-		if err := workflow.ExecuteActivity(actx, aEvolution.ProposeArtefact, flow.ProposeArtefactInput{
-			Deployment: in.Deployment, Kind: kind, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
-			Window: in.Window, Key: info.WorkflowExecution.ID,
-		}).Get(ctx, &art); err != nil {
-			return res, fmt.Errorf("propose %s: %w", kind, err)
-		}
-		if art.Version == 0 {
-			res.Action = "nothing to propose: " + art.Reason
-			break
-		}
-		candidate := fmt.Sprint(art.Version)
-		id := flow.ReleaseWorkflowID(in.Deployment, layer, candidate)
-		res.Action = "release " + id
-		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID: id, ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
-		})
-		var rel flow.ReleaseResult
-		if err := workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, flow.ReleaseInput{
-			Deployment: in.Deployment, Layer: layer, Candidate: candidate, Policy: in.Release,
-			Reason: fmt.Sprintf("evolution decision %d: %s", res.DecisionID, res.Decision.Reason),
-		}).Get(ctx, &rel); err != nil {
-			return res, fmt.Errorf("release %s: %w", id, err)
-		}
-		res.Release = rel.State.Status
+		return releaseArtefact(ctx, actx, in, res)
 	case evolution.DecisionWeights:
 		if err := workflow.ExecuteActivity(actx, aEvolution.RequestTraining, flow.RequestTrainingInput{
 			Deployment: in.Deployment, Policy: in.Training,
 		}).Get(ctx, nil); err != nil {
-			return res, fmt.Errorf("request training: %w", err)
+			return fmt.Errorf("request training: %w", err)
 		}
 		res.Action = "training requested from " + flow.TrainingWorkflowID(in.Deployment)
 	case evolution.DecisionRollback:
@@ -110,10 +87,47 @@ func EvolutionWorkflow(ctx workflow.Context, in flow.EvolutionInput) (flow.Evolu
 		if err := workflow.ExecuteActivity(actx, aEvolution.RollbackVersion, flow.RollbackInput{
 			Deployment: in.Deployment, To: res.Decision.Target, Reason: res.Decision.Reason,
 		}).Get(ctx, &from); err != nil {
-			return res, fmt.Errorf("roll back: %w", err)
+			return fmt.Errorf("roll back: %w", err)
 		}
 		res.Action = fmt.Sprintf("rolled back from %s to %s", from, res.Decision.Target)
 	}
-	phase = "done"
-	return res, nil
+	return nil
+}
+
+// releaseArtefact proposes the playbook, harness or tool-schema artefact
+// the decision asks for and takes it through a ReleaseWorkflow.
+func releaseArtefact(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.EvolutionResult) error {
+	kind, layer := evolution.KindPlaybook, flow.LayerPlaybook
+	switch res.Decision.Kind {
+	case evolution.DecisionHarness:
+		kind, layer = evolution.KindHarness, flow.LayerHarness
+	case evolution.DecisionToolSchema:
+		kind, layer = evolution.KindToolSchema, flow.LayerToolSchema
+	}
+	var art flow.ProposeArtefactOutput
+	if err := workflow.ExecuteActivity(actx, aEvolution.ProposeArtefact, flow.ProposeArtefactInput{
+		Deployment: in.Deployment, Kind: kind, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
+		Window: in.Window, Key: workflow.GetInfo(ctx).WorkflowExecution.ID,
+	}).Get(ctx, &art); err != nil {
+		return fmt.Errorf("propose %s: %w", kind, err)
+	}
+	if art.Version == 0 {
+		res.Action = "nothing to propose: " + art.Reason
+		return nil
+	}
+	candidate := fmt.Sprint(art.Version)
+	id := flow.ReleaseWorkflowID(in.Deployment, layer, candidate)
+	res.Action = "release " + id
+	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+		WorkflowID: id, ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
+	})
+	var rel flow.ReleaseResult
+	if err := workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, flow.ReleaseInput{
+		Deployment: in.Deployment, Layer: layer, Candidate: candidate, Policy: in.Release,
+		Reason: fmt.Sprintf("evolution decision %d: %s", res.DecisionID, res.Decision.Reason),
+	}).Get(ctx, &rel); err != nil {
+		return fmt.Errorf("release %s: %w", id, err)
+	}
+	res.Release = rel.State.Status
+	return nil
 }

@@ -183,89 +183,14 @@ func (r *releaseRun) finish(ctx, actx workflow.Context, releaseID int64, base, s
 
 // gates runs every gate and says how the release ends.
 func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, reason string, err error) {
-	p := r.policy
-	gate := func(name string, since time.Time, final, setPhase bool) (flow.GateResult, error) {
-		var res flow.GateResult
-		err := workflow.ExecuteActivity(actx, aRelease.EvaluateGate, flow.GateInput{
-			ReleaseID: r.state.ReleaseID, Deployment: r.in.Deployment, Layer: r.in.Layer,
-			Candidate: r.in.Candidate, Baseline: base, Gate: name, Since: since, Policy: p, Final: final, SetPhase: setPhase,
-		}).Get(ctx, &res)
-		if err != nil {
-			return res, fmt.Errorf("evaluate %s gate: %w", name, err)
-		}
-		if final || !res.Insufficient {
-			r.state.Gates = append(r.state.Gates, res)
-		}
-		return res, nil
-	}
-	phase := func(name string, share float64) error {
-		r.state.Phase = name
-		_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(name))
-		return workflow.ExecuteActivity(actx, aRelease.SetReleasePhase, flow.SetPhaseInput{ReleaseID: r.state.ReleaseID, Phase: name, CanaryShare: share}).Get(ctx, nil)
-	}
-	// wait sleeps for d unless an abort (or, when approveEnds, an approval)
-	// comes first.
-	wait := func(d time.Duration, approveEnds bool) {
-		_, _ = workflow.AwaitWithTimeout(ctx, d, func() bool { return r.aborted || (approveEnds && r.approved) })
-	}
-
+	g := &gating{releaseRun: r, ctx: ctx, actx: actx, base: base}
 	// Traffic waits: a phase that saw too little traffic for a verdict
 	// waits up to MaxTrafficWait more before it fails as not evaluated.
-	v2 := workflow.GetVersion(ctx, releaseChangeGatesV2, workflow.DefaultVersion, 1) >= 1
-	waitForTraffic := v2
-	trafficWait := func(planned time.Duration) time.Duration {
-		if !waitForTraffic {
-			return 0
-		}
-		if p.MaxTrafficWait > 0 {
-			return p.MaxTrafficWait
-		}
-		return planned
+	g.v2 = workflow.GetVersion(ctx, releaseChangeGatesV2, workflow.DefaultVersion, 1) >= 1
+	g.waitForTraffic = g.v2
+	if status, reason, err := g.beforeCanary(); status != "" || err != nil {
+		return status, reason, err
 	}
-
-	// Shadow: the gateway mirrors live traffic to the candidate; users
-	// keep seeing the baseline.
-	if err := phase(flow.GateShadow, 0); err != nil {
-		return "", "", fmt.Errorf("set shadow phase: %w", err)
-	}
-	since := workflow.Now(ctx)
-	wait(p.ShadowDuration, false)
-	if r.aborted {
-		return flow.ReleaseAborted, r.abortWhy, nil
-	}
-	shadowUntil := workflow.Now(ctx).Add(trafficWait(p.ShadowDuration))
-	for _, name := range []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety} {
-		inGate := false
-		if name != flow.GateShadow {
-			if v2 {
-				// The gate's activity records the phase itself.
-				r.state.Phase, inGate = name, true
-				_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(name))
-			} else if err := phase(name, 0); err != nil {
-				return "", "", fmt.Errorf("set %s phase: %w", name, err)
-			}
-		}
-		final := !waitForTraffic || name != flow.GateShadow || !workflow.Now(ctx).Before(shadowUntil)
-		res, err := gate(name, since, final, inGate)
-		for err == nil && res.Insufficient && !final {
-			wait(p.ShadowDuration, false)
-			if r.aborted {
-				return flow.ReleaseAborted, r.abortWhy, nil
-			}
-			final = !workflow.Now(ctx).Before(shadowUntil)
-			res, err = gate(name, since, final, false)
-		}
-		if err != nil {
-			return "", "", err
-		}
-		if r.aborted {
-			return flow.ReleaseAborted, r.abortWhy, nil
-		}
-		if !res.Passed {
-			return flow.ReleaseRolledBack, fmt.Sprintf("%s gate failed: %s", name, res.Reason), nil
-		}
-	}
-
 	// Canary: a share of live traffic, compared with control as it comes.
 	// The gateway serves a weights candidate's share by model version and
 	// an artefact candidate's share (its own split of sessions) under the
@@ -273,20 +198,92 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	if r.in.Layer != flow.LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
 		return r.approval(ctx, "offline gates passed (no live canary for the "+r.in.Layer+" layer)")
 	}
-	if err := phase(flow.GateCanary, p.CanaryShare); err != nil {
+	if status, reason, err := g.canary(); status != "" || err != nil {
+		return status, reason, err
+	}
+	return r.approval(ctx, "every gate passed")
+}
+
+// gating is one release's way through its gates: the contexts they run
+// in, the baseline they compare with, and how the history decided to wait.
+type gating struct {
+	*releaseRun
+	ctx, actx workflow.Context
+	base      string
+	// v2 is releaseChangeGatesV2; waitForTraffic follows it.
+	v2, waitForTraffic bool
+}
+
+// beforeCanary runs the shadow phase, then the shadow, replay, regression
+// and safety gates in turn. A status is how the release ends ("" when
+// every gate passed).
+func (g *gating) beforeCanary() (status, reason string, err error) {
+	ctx, p := g.ctx, g.policy
+	// Shadow: the gateway mirrors live traffic to the candidate; users
+	// keep seeing the baseline.
+	if err := g.phase(flow.GateShadow, 0); err != nil {
+		return "", "", fmt.Errorf("set shadow phase: %w", err)
+	}
+	since := workflow.Now(ctx)
+	g.wait(p.ShadowDuration, false)
+	if g.aborted {
+		return flow.ReleaseAborted, g.abortWhy, nil
+	}
+	shadowUntil := workflow.Now(ctx).Add(g.trafficWait(p.ShadowDuration))
+	for _, name := range []string{flow.GateShadow, flow.GateReplay, flow.GateRegression, flow.GateSafety} {
+		inGate := false
+		if name != flow.GateShadow {
+			if g.v2 {
+				// The gate's activity records the phase itself.
+				g.state.Phase, inGate = name, true
+				_ = workflow.UpsertTypedSearchAttributes(ctx, flow.GateKey.ValueSet(name))
+			} else if err := g.phase(name, 0); err != nil {
+				return "", "", fmt.Errorf("set %s phase: %w", name, err)
+			}
+		}
+		final := !g.waitForTraffic || name != flow.GateShadow || !workflow.Now(ctx).Before(shadowUntil)
+		res, err := g.gate(name, since, final, inGate)
+		for err == nil && res.Insufficient && !final {
+			g.wait(p.ShadowDuration, false)
+			if g.aborted {
+				return flow.ReleaseAborted, g.abortWhy, nil
+			}
+			final = !workflow.Now(ctx).Before(shadowUntil)
+			res, err = g.gate(name, since, final, false)
+		}
+		if err != nil {
+			return "", "", err
+		}
+		if g.aborted {
+			return flow.ReleaseAborted, g.abortWhy, nil
+		}
+		if !res.Passed {
+			return flow.ReleaseRolledBack, fmt.Sprintf("%s gate failed: %s", name, res.Reason), nil
+		}
+	}
+	return "", "", nil
+}
+
+// canary sends the candidate its share of live traffic and checks it
+// CanaryChecks times over CanaryDuration (longer, while the traffic is too
+// little for a verdict). A status is how the release ends ("" when the
+// canary passed).
+func (g *gating) canary() (status, reason string, err error) {
+	ctx, p := g.ctx, g.policy
+	if err := g.phase(flow.GateCanary, p.CanaryShare); err != nil {
 		return "", "", fmt.Errorf("set canary phase: %w", err)
 	}
-	since = workflow.Now(ctx)
+	since := workflow.Now(ctx)
 	every := p.CanaryDuration / time.Duration(p.CanaryChecks)
-	canaryUntil := since.Add(p.CanaryDuration + trafficWait(p.CanaryDuration))
+	canaryUntil := since.Add(p.CanaryDuration + g.trafficWait(p.CanaryDuration))
 	for i := 1; ; i++ {
-		wait(every, true)
-		if r.aborted {
-			return flow.ReleaseAborted, r.abortWhy, nil
+		g.wait(every, true)
+		if g.aborted {
+			return flow.ReleaseAborted, g.abortWhy, nil
 		}
 		planned := i >= p.CanaryChecks
-		final := r.approved || (planned && !workflow.Now(ctx).Before(canaryUntil))
-		res, err := gate(flow.GateCanary, since, final, false)
+		final := g.approved || (planned && !workflow.Now(ctx).Before(canaryUntil))
+		res, err := g.gate(flow.GateCanary, since, final, false)
 		if err != nil {
 			return "", "", err
 		}
@@ -294,17 +291,58 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 			return flow.ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
 		}
 		if final {
-			if !res.Passed && !r.approved {
+			if !res.Passed && !g.approved {
 				return flow.ReleaseRolledBack, "canary gate failed: " + res.Reason, nil
 			}
-			break
+			return "", "", nil
 		}
 		if planned && !res.Insufficient {
-			break // the planned checks are done and the last had enough data
+			return "", "", nil // the planned checks are done and the last had enough data
 		}
 	}
+}
 
-	return r.approval(ctx, "every gate passed")
+// gate evaluates one gate on the traffic since since and keeps its result
+// when it is the verdict (final, or enough data for one).
+func (g *gating) gate(name string, since time.Time, final, setPhase bool) (flow.GateResult, error) {
+	var res flow.GateResult
+	err := workflow.ExecuteActivity(g.actx, aRelease.EvaluateGate, flow.GateInput{
+		ReleaseID: g.state.ReleaseID, Deployment: g.in.Deployment, Layer: g.in.Layer,
+		Candidate: g.in.Candidate, Baseline: g.base, Gate: name, Since: since, Policy: g.policy, Final: final, SetPhase: setPhase,
+	}).Get(g.ctx, &res)
+	if err != nil {
+		return res, fmt.Errorf("evaluate %s gate: %w", name, err)
+	}
+	if final || !res.Insufficient {
+		g.state.Gates = append(g.state.Gates, res)
+	}
+	return res, nil
+}
+
+// phase records the phase the release enters, with the candidate's share
+// of live traffic.
+func (g *gating) phase(name string, share float64) error {
+	g.state.Phase = name
+	_ = workflow.UpsertTypedSearchAttributes(g.ctx, flow.GateKey.ValueSet(name))
+	return workflow.ExecuteActivity(g.actx, aRelease.SetReleasePhase, flow.SetPhaseInput{ReleaseID: g.state.ReleaseID, Phase: name, CanaryShare: share}).Get(g.ctx, nil)
+}
+
+// wait sleeps for d unless an abort (or, when approveEnds, an approval)
+// comes first.
+func (g *gating) wait(d time.Duration, approveEnds bool) {
+	_, _ = workflow.AwaitWithTimeout(g.ctx, d, func() bool { return g.aborted || (approveEnds && g.approved) })
+}
+
+// trafficWait is how much longer than planned a phase may wait for
+// traffic enough for a verdict.
+func (g *gating) trafficWait(planned time.Duration) time.Duration {
+	if !g.waitForTraffic {
+		return 0
+	}
+	if g.policy.MaxTrafficWait > 0 {
+		return g.policy.MaxTrafficWait
+	}
+	return planned
 }
 
 // approval waits for the operator when the policy asks for it.

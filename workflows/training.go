@@ -31,7 +31,7 @@ func TrainingWorkflow(ctx workflow.Context, in flow.TrainingInput) (flow.Trainin
 		r.st.Steps, r.st.LastVersion, r.trainNow = c.Steps, c.LastVersion, c.TrainNow
 		r.st.Serving, r.st.Ahead = c.Serving, c.Ahead
 		r.pending, r.pendingAhead, r.pendingReason = c.Pending, c.PendingAhead, c.PendingReason
-		r.st.From = c.From
+		r.st.From, r.failed = c.From, c.Failed
 	}
 	if err := workflow.SetQueryHandler(ctx, flow.TrainingStateQuery, func() (flow.TrainingState, error) { return r.st, nil }); err != nil {
 		return r.st, fmt.Errorf("register state query: %w", err)
@@ -65,10 +65,58 @@ type trainingRun struct {
 	relAhead int
 	// relDone is set by the release's callback, handled by the loop.
 	relDone bool
+	// failed counts the steps failed in a row.
+	failed int
 }
 
 func (r *trainingRun) run(ctx workflow.Context) (flow.TrainingState, error) {
-	p, in := r.p, r.in
+	r.setUp(ctx)
+	info := workflow.GetInfo(ctx)
+	// A run ends after StepsPerRun steps or maxPollsPerRun idle polls, far
+	// below the history limits either way.
+	const maxPollsPerRun = 500
+	polls := 0
+	for steps := 0; steps < r.p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
+		r.drain()
+		if err := r.servingChanged(ctx); err != nil {
+			return r.st, err
+		}
+		if err := r.settleRelease(ctx); err != nil {
+			return r.st, err
+		}
+		if r.rel != nil && r.st.Ahead >= r.p.MaxAhead {
+			// Another step would train past what the serving version's
+			// samples can feed (η): wait for the release.
+			r.st.Phase = "waiting for release"
+			r.wait(ctx, 0)
+			continue
+		}
+		ready, err := r.batchReady(ctx)
+		if err != nil {
+			return r.st, err
+		}
+		if !ready {
+			polls++
+			r.st.Phase = "waiting"
+			r.wait(ctx, r.p.PollInterval)
+			continue
+		}
+		claim, err := r.claim(ctx, fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps))
+		if err != nil {
+			return r.st, err
+		}
+		steps++
+		if claim.Samples == 0 {
+			continue // everything was stale
+		}
+		r.trainClaimed(ctx, claim)
+	}
+	return r.continueAsNew(ctx)
+}
+
+// setUp listens for the loop's signals and sets the options its
+// activities run with.
+func (r *trainingRun) setUp(ctx workflow.Context) {
 	r.nowCh = workflow.GetSignalChannel(ctx, flow.TrainNowSignal)
 	r.servingCh = workflow.GetSignalChannel(ctx, flow.ServingChangedSignal)
 	// Checking and claiming are short Postgres statements (the claim is
@@ -81,102 +129,103 @@ func (r *trainingRun) run(ctx workflow.Context) (flow.TrainingState, error) {
 	// The step heartbeats; when its worker dies the heartbeat timeout hands
 	// it to another trainer worker, which resumes from the claimed run.
 	r.train = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:           p.TrainerQueue,
-		StartToCloseTimeout: p.StepTimeout,
-		HeartbeatTimeout:    p.StepHeartbeatTimeout,
+		TaskQueue:           r.p.TrainerQueue,
+		StartToCloseTimeout: r.p.StepTimeout,
+		HeartbeatTimeout:    r.p.StepHeartbeatTimeout,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData", "WrongDeployment"}},
 	})
+}
 
-	info := workflow.GetInfo(ctx)
-	// A run ends after StepsPerRun steps or maxPollsPerRun idle polls, far
-	// below the history limits either way.
-	const maxPollsPerRun = 500
-	polls, failed := 0, 0
-	if in.Carry != nil {
-		failed = in.Carry.Failed
+// batchReady checks the queue: a batch is ready at BatchSize samples, or
+// sooner once its oldest sample is MaxBatchAge old or train-now was
+// signalled.
+func (r *trainingRun) batchReady(ctx workflow.Context) (bool, error) {
+	p := r.p
+	var q flow.CheckBatchOutput
+	if err := workflow.ExecuteLocalActivity(r.light, aTraining.CheckBatch, flow.CheckBatchInput{Deployment: r.in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true, GroupWait: p.GroupWait}).Get(ctx, &q); err != nil {
+		return false, fmt.Errorf("check batch: %w", err)
 	}
-	for steps := 0; steps < p.StepsPerRun && polls < maxPollsPerRun && !info.GetContinueAsNewSuggested(); {
-		r.drain()
-		if err := r.servingChanged(ctx); err != nil {
-			return r.st, err
-		}
-		if err := r.settleRelease(ctx); err != nil {
-			return r.st, err
-		}
-		if r.rel != nil && r.st.Ahead >= p.MaxAhead {
-			// Another step would train past what the serving version's
-			// samples can feed (η): wait for the release.
-			r.st.Phase = "waiting for release"
-			r.wait(ctx, 0)
-			continue
-		}
-		var q flow.CheckBatchOutput
-		if err := workflow.ExecuteLocalActivity(r.light, aTraining.CheckBatch, flow.CheckBatchInput{Deployment: in.Deployment, MaxStaleness: r.claimStaleness(), FreshOnly: true, GroupWait: p.GroupWait}).Get(ctx, &q); err != nil {
-			return r.st, fmt.Errorf("check batch: %w", err)
-		}
-		r.st.Queued = q.Queued
-		ready := q.Queued >= p.BatchSize || (q.Queued > 0 && (q.OldestAge >= p.MaxBatchAge || r.trainNow))
-		if !ready {
-			polls++
-			r.st.Phase = "waiting"
-			r.wait(ctx, p.PollInterval)
-			continue
-		}
-		r.trainNow = false
-		r.st.Phase = "claiming"
-		runKey := fmt.Sprintf("%s/%s/%d", info.WorkflowExecution.ID, info.WorkflowExecution.RunID, steps)
-		var claim flow.ClaimBatchOutput
-		err := workflow.ExecuteLocalActivity(r.light, aTraining.ClaimBatch, flow.ClaimBatchInput{
-			Deployment: in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(), GroupWait: p.GroupWait,
-		}).Get(ctx, &claim)
-		if err != nil {
-			return r.st, fmt.Errorf("claim batch: %w", err)
-		}
-		steps++
-		if claim.BaseVersion != "" {
-			r.st.Serving = claim.BaseVersion // the store's word wins
-		}
-		if claim.Samples == 0 {
-			continue // everything was stale
-		}
-		r.st.Phase = "training"
-		var out flow.TrainStepOutput
-		if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
-			out, err = r.step(ctx, claim.RunID)
+	r.st.Queued = q.Queued
+	return q.Queued >= p.BatchSize || (q.Queued > 0 && (q.OldestAge >= p.MaxBatchAge || r.trainNow)), nil
+}
+
+// claim claims the next batch under runKey, which a train-now signal no
+// longer hurries; the store's base version wins over the loop's.
+func (r *trainingRun) claim(ctx workflow.Context, runKey string) (flow.ClaimBatchOutput, error) {
+	p := r.p
+	r.trainNow = false
+	r.st.Phase = "claiming"
+	var claim flow.ClaimBatchOutput
+	err := workflow.ExecuteLocalActivity(r.light, aTraining.ClaimBatch, flow.ClaimBatchInput{
+		Deployment: r.in.Deployment, RunKey: runKey, BatchSize: p.BatchSize, MaxStaleness: r.claimStaleness(), GroupWait: p.GroupWait,
+	}).Get(ctx, &claim)
+	if err != nil {
+		return claim, fmt.Errorf("claim batch: %w", err)
+	}
+	if claim.BaseVersion != "" {
+		r.st.Serving = claim.BaseVersion // the store's word wins
+	}
+	return claim, nil
+}
+
+// trainClaimed trains one step on a claimed batch, through the trainer
+// protocol or (histories from before it) one TrainStep activity.
+func (r *trainingRun) trainClaimed(ctx workflow.Context, claim flow.ClaimBatchOutput) {
+	r.st.Phase = "training"
+	var out flow.TrainStepOutput
+	var err error
+	if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
+		out, err = r.step(ctx, claim.RunID)
+	} else {
+		err = workflow.ExecuteActivity(r.train, aTraining.TrainStep, flow.TrainStepInput{Deployment: r.in.Deployment, RunID: claim.RunID, Masks: r.p.Masks}).Get(ctx, &out)
+	}
+	if err != nil {
+		r.stepFailed(ctx, claim.RunID, err)
+		return
+	}
+	r.stepTrained(ctx, claim, out)
+}
+
+// stepFailed records a failed step and waits before the next claim,
+// longer with each failure in a row.
+func (r *trainingRun) stepFailed(ctx workflow.Context, runID int64, err error) {
+	// A failed step leaves its samples queued for the next batch.
+	r.st.LastError = err.Error()
+	workflow.GetLogger(ctx).Error("train step failed", "deployment", r.in.Deployment, "run_id", runID, "error", err)
+	r.failed++
+	if workflow.GetVersion(ctx, trainingChangeBackoff, workflow.DefaultVersion, 1) >= 1 {
+		// A step that cannot succeed (no trainer for this
+		// deployment, a bad batch) fails at once; claiming the
+		// next batch at once would spin. Wait, longer each time.
+		r.st.Phase = "waiting after a failed step"
+		if workflow.GetVersion(ctx, trainingChangeFailedWaitHolds, workflow.DefaultVersion, 1) >= 1 {
+			// Train-now (an evolution decision every few
+			// seconds) must not cut this wait short, or a
+			// deployment no worker can train spins on it.
+			r.waitOut(ctx, failedStepWait(r.p.PollInterval, r.failed))
 		} else {
-			err = workflow.ExecuteActivity(r.train, aTraining.TrainStep, flow.TrainStepInput{Deployment: in.Deployment, RunID: claim.RunID, Masks: p.Masks}).Get(ctx, &out)
-		}
-		if err != nil {
-			// A failed step leaves its samples queued for the next batch.
-			r.st.LastError = err.Error()
-			workflow.GetLogger(ctx).Error("train step failed", "deployment", in.Deployment, "run_id", claim.RunID, "error", err)
-			failed++
-			if workflow.GetVersion(ctx, trainingChangeBackoff, workflow.DefaultVersion, 1) >= 1 {
-				// A step that cannot succeed (no trainer for this
-				// deployment, a bad batch) fails at once; claiming the
-				// next batch at once would spin. Wait, longer each time.
-				r.st.Phase = "waiting after a failed step"
-				if workflow.GetVersion(ctx, trainingChangeFailedWaitHolds, workflow.DefaultVersion, 1) >= 1 {
-					// Train-now (an evolution decision every few
-					// seconds) must not cut this wait short, or a
-					// deployment no worker can train spins on it.
-					r.waitOut(ctx, failedStepWait(p.PollInterval, failed))
-				} else {
-					r.wait(ctx, failedStepWait(p.PollInterval, failed))
-				}
-			}
-			continue
-		}
-		failed = 0
-		r.st.Steps++
-		r.st.Ahead++
-		r.st.LastVersion, r.st.LastError = out.Version, ""
-		_ = workflow.UpsertTypedSearchAttributes(ctx, flow.ModelVersionKey.ValueSet(out.Version))
-		if !p.NoRelease {
-			r.pending, r.pendingAhead = out.Version, r.st.Ahead
-			r.pendingReason = fmt.Sprintf("training run %d: %d samples, loss %.4f", claim.RunID, out.Samples, out.Loss)
+			r.wait(ctx, failedStepWait(r.p.PollInterval, r.failed))
 		}
 	}
+}
+
+// stepTrained counts a trained step and makes its version the candidate
+// to release next.
+func (r *trainingRun) stepTrained(ctx workflow.Context, claim flow.ClaimBatchOutput, out flow.TrainStepOutput) {
+	r.failed = 0
+	r.st.Steps++
+	r.st.Ahead++
+	r.st.LastVersion, r.st.LastError = out.Version, ""
+	_ = workflow.UpsertTypedSearchAttributes(ctx, flow.ModelVersionKey.ValueSet(out.Version))
+	if !r.p.NoRelease {
+		r.pending, r.pendingAhead = out.Version, r.st.Ahead
+		r.pendingReason = fmt.Sprintf("training run %d: %d samples, loss %.4f", claim.RunID, out.Samples, out.Loss)
+	}
+}
+
+// continueAsNew ends the run once its release is settled and carries the
+// loop's state into the next one.
+func (r *trainingRun) continueAsNew(ctx workflow.Context) (flow.TrainingState, error) {
 	// The next run starts with no release in flight: it cannot wait on a
 	// child of this one. Training could not go far meanwhile anyway.
 	for {
@@ -197,9 +246,9 @@ func (r *trainingRun) run(ctx workflow.Context) (flow.TrainingState, error) {
 	}
 	r.st.Phase = "continuing"
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, flow.TrainingInput{
-		Deployment: in.Deployment, Policy: in.Policy,
+		Deployment: r.in.Deployment, Policy: r.in.Policy,
 		Carry: &flow.TrainingCarry{Steps: r.st.Steps, LastVersion: r.st.LastVersion, TrainNow: r.trainNow,
-			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: failed,
+			Serving: r.st.Serving, Ahead: r.st.Ahead, Pending: r.pending, PendingAhead: r.pendingAhead, PendingReason: r.pendingReason, Failed: r.failed,
 			From: r.st.From},
 	})
 }
