@@ -8,12 +8,10 @@ package sweagent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"path"
 	"strings"
 	"time"
 
@@ -121,38 +119,6 @@ const systemPrompt = `You are a software engineer fixing a bug in the repository
 Use the tools to inspect files, run commands and edit code. The network is disabled.
 When the fix is complete, call submit with a one-line summary.`
 
-// Tool names.
-const (
-	ToolBash       = "bash"
-	ToolReadFile   = "read_file"
-	ToolWriteFile  = "write_file"
-	ToolStrReplace = "str_replace"
-	ToolSubmit     = "submit"
-)
-
-func tool(name, desc string, props map[string]any, required ...string) openai.ChatCompletionToolUnionParam {
-	return openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{
-		Name:        name,
-		Description: openai.String(desc),
-		Parameters: openai.FunctionParameters{
-			"type": "object", "properties": props, "required": required, "additionalProperties": false,
-		},
-	})
-}
-
-func str(desc string) map[string]any { return map[string]any{"type": "string", "description": desc} }
-
-// Tools are the tool definitions offered to the model.
-func Tools() []openai.ChatCompletionToolUnionParam {
-	return []openai.ChatCompletionToolUnionParam{
-		tool(ToolBash, "Run a shell command in /workspace and return its exit code and output.", map[string]any{"command": str("the command")}, "command"),
-		tool(ToolReadFile, "Read a text file.", map[string]any{"path": str("path, relative to /workspace or absolute")}, "path"),
-		tool(ToolWriteFile, "Create or overwrite a file.", map[string]any{"path": str("path"), "content": str("the full new content")}, "path", "content"),
-		tool(ToolStrReplace, "Replace the single occurrence of old_str in a file with new_str.", map[string]any{"path": str("path"), "old_str": str("exact text to replace; must occur once"), "new_str": str("replacement")}, "path", "old_str", "new_str"),
-		tool(ToolSubmit, "Finish: the work in /workspace is the answer.", map[string]any{"summary": str("one-line summary of the fix")}),
-	}
-}
-
 // Run works on the problem in env until the model submits or a budget runs
 // out. Running out of budget is a normal result, not an error; an error
 // means the model API failed (the partial result is returned with it).
@@ -236,130 +202,6 @@ func Run(ctx context.Context, cfg Config, env Env, problem string) (Result, erro
 			return res, nil
 		}
 	}
-}
-
-// runTool executes one tool call and returns the observation for the model.
-func runTool(ctx context.Context, cfg Config, env Env, res *Result, name, rawArgs string) (string, bool) {
-	var args struct {
-		Command string  `json:"command"`
-		Path    string  `json:"path"`
-		Content *string `json:"content"`
-		OldStr  *string `json:"old_str"`
-		NewStr  *string `json:"new_str"`
-		Summary string  `json:"summary"`
-	}
-	if rawArgs != "" {
-		if err := json.Unmarshal([]byte(rawArgs), &args); err != nil {
-			return "error: arguments are not valid JSON: " + err.Error(), false
-		}
-	}
-	switch name {
-	case ToolSubmit:
-		res.Summary = args.Summary
-		return "", true
-	case ToolBash:
-		if strings.TrimSpace(args.Command) == "" {
-			return "error: command is required", false
-		}
-		d := cfg.Policy.Check(args.Command)
-		switch d.Verdict {
-		case sandbox.VerdictDeny:
-			res.Denied++
-			return "error: command refused by policy (" + d.Rule + "): " + d.Reason, false
-		case sandbox.VerdictFlag:
-			res.Flagged++
-		}
-		r, err := env.Exec(ctx, sandbox.ExecRequest{Cmd: args.Command, Timeout: cfg.CommandTimeout, MaxOutput: int64(cfg.MaxObservation)})
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "exit code: %d\n", r.ExitCode)
-		if r.TimedOut {
-			fmt.Fprintf(&b, "(killed after %s)\n", cfg.CommandTimeout)
-		}
-		b.Write(r.Stdout)
-		if len(r.Stderr) > 0 {
-			b.WriteString("\nstderr:\n")
-			b.Write(r.Stderr)
-		}
-		if r.Truncated {
-			b.WriteString("\n(output truncated)")
-		}
-		return b.String(), false
-	case ToolReadFile:
-		p, err := workspacePath(args.Path)
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		data, size, err := env.ReadFile(ctx, p, int64(cfg.MaxObservation))
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		out := string(data)
-		if size > int64(len(data)) {
-			out += fmt.Sprintf("\n(file is %d bytes; showing the first %d)", size, len(data))
-		}
-		return out, false
-	case ToolWriteFile:
-		p, err := workspacePath(args.Path)
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		if args.Content == nil {
-			return "error: content is required", false
-		}
-		if err := env.WriteFile(ctx, p, []byte(*args.Content), 0o644); err != nil {
-			return "error: " + err.Error(), false
-		}
-		return fmt.Sprintf("wrote %d bytes to %s", len(*args.Content), p), false
-	case ToolStrReplace:
-		p, err := workspacePath(args.Path)
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		if args.OldStr == nil || args.NewStr == nil || *args.OldStr == "" {
-			return "error: old_str (non-empty) and new_str are required", false
-		}
-		data, size, err := env.ReadFile(ctx, p, 8<<20)
-		if err != nil {
-			return "error: " + err.Error(), false
-		}
-		if size > int64(len(data)) {
-			return "error: file too large to edit", false
-		}
-		switch n := strings.Count(string(data), *args.OldStr); n {
-		case 0:
-			return "error: old_str not found in " + p, false
-		case 1:
-		default:
-			return fmt.Sprintf("error: old_str occurs %d times in %s; include more context", n, p), false
-		}
-		updated := strings.Replace(string(data), *args.OldStr, *args.NewStr, 1)
-		if err := env.WriteFile(ctx, p, []byte(updated), 0o644); err != nil {
-			return "error: " + err.Error(), false
-		}
-		return "replaced 1 occurrence in " + p, false
-	default:
-		return "error: unknown tool " + name, false
-	}
-}
-
-// workspacePath resolves p against /workspace and keeps it there: the
-// file tools are for the repository (bash can reach the rest of the
-// sandbox, as the sandbox user).
-func workspacePath(p string) (string, error) {
-	if strings.TrimSpace(p) == "" {
-		return "", errors.New("path is required")
-	}
-	if !path.IsAbs(p) {
-		p = path.Join(sandbox.Workspace, p)
-	}
-	p = path.Clean(p)
-	if p != sandbox.Workspace && !strings.HasPrefix(p, sandbox.Workspace+"/") {
-		return "", fmt.Errorf("path %s is outside %s", p, sandbox.Workspace)
-	}
-	return p, nil
 }
 
 func clip(s string, n int) string {
