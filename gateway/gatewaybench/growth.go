@@ -112,50 +112,25 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 		{"role": "user", "content": "The build of service-api fails; find out why and fix it."},
 	}
 	res := &GrowthResult{Turns: gc.Turns, TurnKB: gc.TurnKB}
-	var stored, disk, logprobs int64
+	var tally sessionTally
 	for turn := 1; turn <= gc.Turns; turn++ {
 		if turn > 1 {
 			messages = append(messages, map[string]any{"role": "user", "content": toolOutput(rng, turn, gc.TurnKB<<10)})
 		}
 		body, _ := json.Marshal(map[string]any{"model": "fixture-model", "messages": messages, "max_tokens": 48})
-		before := captureSnapshot(srv.reg)
-		pgBefore, pgBeforeOK := proccpu.Named("postgres")
-		reply, completionID, err := growthTurn(ctx, gwURL, key, session, body)
+		t, reply, completionID, err := timedTurn(ctx, srv, gwURL, key, session, body)
 		if err != nil {
 			return nil, fmt.Errorf("turn %d: %w", turn, err)
 		}
-		pgAfter, pgAfterOK := proccpu.Named("postgres")
-		_, commit := captureSnapshot(srv.reg).since(before)
+		t.Turn = turn
 		messages = append(messages, map[string]any{"role": "assistant", "content": reply})
-
-		t := GrowthTurn{Turn: turn, CommitMS: commit, PostgresCPUMS: -1}
-		if pgBeforeOK && pgAfterOK {
-			t.PostgresCPUMS = float64(pgAfter-pgBefore) / 1e6
+		if err := tally.add(ctx, gc.Pool, completionID, &t); err != nil {
+			return nil, fmt.Errorf("turn %d: %w", turn, err)
 		}
-		var tenant string
-		var req, resp []byte
-		var nIDs, nLogprobs int64
-		if err := gc.Pool.QueryRow(ctx, `SELECT tenant_id, request::text, coalesce(response::text, ''),
-			coalesce(cardinality(prompt_token_ids), 0) + coalesce(cardinality(completion_token_ids), 0), coalesce(cardinality(logprobs), 0),
-			pg_column_size(request) + coalesce(pg_column_size(response), 0) + coalesce(pg_column_size(prompt_token_ids), 0)
-				+ coalesce(pg_column_size(completion_token_ids), 0) + coalesce(pg_column_size(logprobs), 0)
-			FROM interactions WHERE completion_id = $1`, completionID).Scan(&tenant, &req, &resp, &nIDs, &nLogprobs, &t.DiskBytes); err != nil {
-			return nil, fmt.Errorf("turn %d: read its row: %w", turn, err)
-		}
-		t.StoredBytes = compactLen(req) + compactLen(resp) + 4*(nIDs+nLogprobs)
-		whole, err := store.InteractionByCompletion(ctx, gc.Pool, tenant, completionID)
-		if err != nil {
-			return nil, fmt.Errorf("turn %d: read it whole: %w", turn, err)
-		}
-		t.UniqueBytes = compactLen(whole.Request) + compactLen(whole.Response) +
-			4*int64(len(whole.PromptTokenIDs)+len(whole.CompletionTokenIDs)+len(whole.Logprobs)) + 4*logprobs
-		logprobs += int64(len(whole.Logprobs))
-		stored, disk = stored+t.StoredBytes, disk+t.DiskBytes
-		t.Ratio, t.DiskRatio = float64(stored)/float64(t.UniqueBytes), float64(disk)/float64(t.UniqueBytes)
 		res.PerTurn = append(res.PerTurn, t)
 		if turn == 1 || turn%10 == 0 {
 			logf("turn %2d: row %7d B (%6d B on disk), session stored %8d B for %8d B unique: ratio %.2f (on disk %.2f); capture commit %.2f ms, Postgres CPU %.2f ms",
-				turn, t.StoredBytes, t.DiskBytes, stored, t.UniqueBytes, t.Ratio, t.DiskRatio, t.CommitMS, t.PostgresCPUMS)
+				turn, t.StoredBytes, t.DiskBytes, tally.stored, t.UniqueBytes, t.Ratio, t.DiskRatio, t.CommitMS, t.PostgresCPUMS)
 		}
 	}
 	last := res.PerTurn[len(res.PerTurn)-1]
@@ -164,7 +139,70 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 		return nil, err
 	}
 	res.AssembledRatio /= float64(last.UniqueBytes)
-	fifth := max(1, gc.Turns/5)
+	res.summarizeTimes()
+	logf("%d turns of %d kB: stored ÷ unique %.2f (on disk %.2f), its ATDP steps ÷ unique %.1f; medians of the first and last fifth: capture commit %.2f → %.2f ms (×%.2f), Postgres CPU %.2f → %.2f ms (×%.2f)",
+		gc.Turns, gc.TurnKB, res.Ratio, res.DiskRatio, res.AssembledRatio, res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth,
+		res.PostgresCPUFirstMS, res.PostgresCPULastMS, res.PostgresCPUGrowth)
+	return res, nil
+}
+
+// timedTurn sends one turn of the session and measures its capture commit
+// and the CPU local Postgres spent meanwhile. It returns the turn's
+// figures so far, the reply's text and its completion id.
+func timedTurn(ctx context.Context, srv *benchServer, gwURL, key, session string, body []byte) (GrowthTurn, string, string, error) {
+	before := captureSnapshot(srv.reg)
+	pgBefore, pgBeforeOK := proccpu.Named("postgres")
+	reply, completionID, err := growthTurn(ctx, gwURL, key, session, body)
+	if err != nil {
+		return GrowthTurn{}, "", "", err
+	}
+	pgAfter, pgAfterOK := proccpu.Named("postgres")
+	_, commit := captureSnapshot(srv.reg).since(before)
+	t := GrowthTurn{CommitMS: commit, PostgresCPUMS: -1}
+	if pgBeforeOK && pgAfterOK {
+		t.PostgresCPUMS = float64(pgAfter-pgBefore) / 1e6
+	}
+	return t, reply, completionID, nil
+}
+
+// sessionTally is what the session has stored so far, turn by turn.
+type sessionTally struct {
+	stored, disk int64
+	// logprobs counts the earlier turns' logprobs, which only their own
+	// rows hold.
+	logprobs int64
+}
+
+// add reads the row the turn with completionID stored, fills t's bytes
+// and ratios from it and adds it to the tally.
+func (s *sessionTally) add(ctx context.Context, pool *pgxpool.Pool, completionID string, t *GrowthTurn) error {
+	var tenant string
+	var req, resp []byte
+	var nIDs, nLogprobs int64
+	if err := pool.QueryRow(ctx, `SELECT tenant_id, request::text, coalesce(response::text, ''),
+		coalesce(cardinality(prompt_token_ids), 0) + coalesce(cardinality(completion_token_ids), 0), coalesce(cardinality(logprobs), 0),
+		pg_column_size(request) + coalesce(pg_column_size(response), 0) + coalesce(pg_column_size(prompt_token_ids), 0)
+			+ coalesce(pg_column_size(completion_token_ids), 0) + coalesce(pg_column_size(logprobs), 0)
+		FROM interactions WHERE completion_id = $1`, completionID).Scan(&tenant, &req, &resp, &nIDs, &nLogprobs, &t.DiskBytes); err != nil {
+		return fmt.Errorf("read its row: %w", err)
+	}
+	t.StoredBytes = compactLen(req) + compactLen(resp) + 4*(nIDs+nLogprobs)
+	whole, err := store.InteractionByCompletion(ctx, pool, tenant, completionID)
+	if err != nil {
+		return fmt.Errorf("read it whole: %w", err)
+	}
+	t.UniqueBytes = compactLen(whole.Request) + compactLen(whole.Response) +
+		4*int64(len(whole.PromptTokenIDs)+len(whole.CompletionTokenIDs)+len(whole.Logprobs)) + 4*s.logprobs
+	s.logprobs += int64(len(whole.Logprobs))
+	s.stored, s.disk = s.stored+t.StoredBytes, s.disk+t.DiskBytes
+	t.Ratio, t.DiskRatio = float64(s.stored)/float64(t.UniqueBytes), float64(s.disk)/float64(t.UniqueBytes)
+	return nil
+}
+
+// summarizeTimes sets the medians of the capture commit and Postgres's CPU
+// over the first and the last fifth of the turns, and their growth.
+func (res *GrowthResult) summarizeTimes() {
+	fifth := max(1, res.Turns/5)
 	firstLast := func(f func(GrowthTurn) float64) (first, last, growth float64) {
 		pick := func(ts []GrowthTurn) []float64 {
 			out := make([]float64, len(ts))
@@ -181,10 +219,6 @@ func RunGrowth(ctx context.Context, gc GrowthConfig) (*GrowthResult, error) {
 	}
 	res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth = firstLast(func(t GrowthTurn) float64 { return t.CommitMS })
 	res.PostgresCPUFirstMS, res.PostgresCPULastMS, res.PostgresCPUGrowth = firstLast(func(t GrowthTurn) float64 { return t.PostgresCPUMS })
-	logf("%d turns of %d kB: stored ÷ unique %.2f (on disk %.2f), its ATDP steps ÷ unique %.1f; medians of the first and last fifth: capture commit %.2f → %.2f ms (×%.2f), Postgres CPU %.2f → %.2f ms (×%.2f)",
-		gc.Turns, gc.TurnKB, res.Ratio, res.DiskRatio, res.AssembledRatio, res.CommitFirstMS, res.CommitLastMS, res.CommitGrowth,
-		res.PostgresCPUFirstMS, res.PostgresCPULastMS, res.PostgresCPUGrowth)
-	return res, nil
 }
 
 // assembledBytes is the size of the session's ATDP steps as assembly
