@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/deployment"
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -27,32 +26,9 @@ func runDeployments(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var up deployment.Settings
-	var fallbacks string
-	var dialect string
-	vllm := true
-	retries := -1
-	var timeout time.Duration
-	var sync weightsync.Settings
-	var gates string
-	upstreamFlags := func(fs *flag.FlagSet) {
-		fs.StringVar(&up.BaseURL, "base-url", "", "the server's OpenAI-compatible base URL, ending in /v1; required")
-		fs.StringVar(&up.Model, "model", "", "the server's name for the model (default: NAME)")
-		fs.StringVar(&up.APIKeyEnv, "api-key-env", "", "environment variable holding the server's API key")
-		fs.StringVar(&fallbacks, "fallbacks", "", "comma-separated models on the same server to try when this one fails")
-		fs.StringVar(&dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train). Default: sglang with --weight-sync sglang_disk, else vllm")
-		fs.BoolVar(&vllm, "vllm", true, "older spelling: --vllm=false is --dialect openai")
-		fs.DurationVar(&timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
-		fs.IntVar(&retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
-		fs.StringVar(&sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
-		fs.StringVar(&sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
-		fs.StringVar(&up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
-		fs.StringVar(&up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
-		fs.StringVar(&up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
-		fs.StringVar(&gates, "gates", "", `this deployment's release-gate thresholds as JSON, e.g. '{"allow_unevaluated": true, "max_reward_drop": 0.02}' (allow_unevaluated, max_reward_drop, anchor_budget, max_safety_drop, max_error_rise, alpha, min_canary_samples); each wins over its release's`)
-	}
+	var f upstreamFlags
 	cfg, fs, err := subcommand("deployments", v, rest, deploymentsUsage, map[string]func(fs *flag.FlagSet){
-		"create": upstreamFlags, "update": upstreamFlags, "list": nil, "show": nil})
+		"create": f.register, "update": f.register, "list": nil, "show": nil})
 	if err != nil {
 		return err
 	}
@@ -65,25 +41,9 @@ func runDeployments(ctx context.Context, args []string) error {
 			return fmt.Errorf("deployments %s: %w", v, err)
 		}
 	}
+	var up deployment.Settings
 	if v == "create" || v == "update" {
-		up.Fallbacks = splitList(fallbacks)
-		up.Dialect = deployment.Dialect(dialect)
-		if !vllm {
-			up.VLLM = &vllm
-		}
-		if timeout > 0 {
-			up.Timeout = timeout.String()
-		}
-		if retries >= 0 {
-			up.Retries = &retries
-		}
-		if sync.Kind != "" || sync.URL != "" {
-			up.WeightSync = &sync
-		}
-		if gates != "" {
-			up.Gates = json.RawMessage(gates)
-		}
-		if err := up.Validate(); err != nil {
+		if up, err = f.settings(); err != nil {
 			return fmt.Errorf("deployments %s: %w", v, err)
 		}
 	}
@@ -94,36 +54,114 @@ func runDeployments(ctx context.Context, args []string) error {
 	defer pool.Close()
 	switch v {
 	case "create":
-		d, err := store.CreateUpstreamDeployment(ctx, pool, name, up)
-		if errors.Is(err, store.ErrExists) {
-			return fmt.Errorf("deployments create: %q exists; `flywheel deployments update %s …` changes it", name, name)
-		}
-		if err != nil {
-			return err
-		}
-		return printJSON(d)
+		return createDeployment(ctx, pool, name, up)
 	case "update":
-		d, err := store.UpdateUpstreamDeployment(ctx, pool, name, up)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("deployments update: no deployment %q", name)
-		case errors.Is(err, deployment.ErrNotUpstream):
-			return fmt.Errorf("deployments update: %q is served by the in-process policy; it has no upstream to change", name)
-		case err != nil:
-			return err
-		}
-		return printJSON(d)
+		return updateDeployment(ctx, pool, name, up)
 	case "show":
-		d, err := store.GetDeployment(ctx, pool, name)
-		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("deployments show: no deployment %q", name)
-		}
-		if err != nil {
-			return err
-		}
-		return printJSON(d)
+		return showDeployment(ctx, pool, name)
 	}
-	ds, err := store.ListDeployments(ctx, pool)
+	return listDeployments(ctx, pool)
+}
+
+// upstreamFlags are the flags of `deployments create` and `update`: an
+// upstream deployment's settings.
+type upstreamFlags struct {
+	up        deployment.Settings
+	fallbacks string
+	dialect   string
+	vllm      bool
+	retries   int
+	timeout   time.Duration
+	sync      deployment.WeightSync
+	gates     string
+}
+
+func (f *upstreamFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.up.BaseURL, "base-url", "", "the server's OpenAI-compatible base URL, ending in /v1; required")
+	fs.StringVar(&f.up.Model, "model", "", "the server's name for the model (default: NAME)")
+	fs.StringVar(&f.up.APIKeyEnv, "api-key-env", "", "environment variable holding the server's API key")
+	fs.StringVar(&f.fallbacks, "fallbacks", "", "comma-separated models on the same server to try when this one fails")
+	fs.StringVar(&f.dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train). Default: sglang with --weight-sync sglang_disk, else vllm")
+	fs.BoolVar(&f.vllm, "vllm", true, "older spelling: --vllm=false is --dialect openai")
+	fs.DurationVar(&f.timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
+	fs.IntVar(&f.retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
+	fs.StringVar(&f.sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
+	fs.StringVar(&f.sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
+	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
+	fs.StringVar(&f.up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
+	fs.StringVar(&f.up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
+	fs.StringVar(&f.gates, "gates", "", `this deployment's release-gate thresholds as JSON, e.g. '{"allow_unevaluated": true, "max_reward_drop": 0.02}' (allow_unevaluated, max_reward_drop, anchor_budget, max_safety_drop, max_error_rise, alpha, min_canary_samples); each wins over its release's`)
+}
+
+// settings is the deployment the flags describe, validated; a flag left
+// unset leaves its setting to the default.
+func (f *upstreamFlags) settings() (deployment.Settings, error) {
+	up := f.up
+	up.Fallbacks = splitList(f.fallbacks)
+	up.Dialect = deployment.Dialect(f.dialect)
+	if !f.vllm {
+		vllm := f.vllm
+		up.VLLM = &vllm
+	}
+	if f.timeout > 0 {
+		up.Timeout = f.timeout.String()
+	}
+	if f.retries >= 0 {
+		retries := f.retries
+		up.Retries = &retries
+	}
+	if f.sync.Kind != "" || f.sync.URL != "" {
+		sync := f.sync
+		up.WeightSync = &sync
+	}
+	if f.gates != "" {
+		up.Gates = json.RawMessage(f.gates)
+	}
+	if err := up.Validate(); err != nil {
+		return deployment.Settings{}, err
+	}
+	return up, nil
+}
+
+func createDeployment(ctx context.Context, db store.DBTX, name string, up deployment.Settings) error {
+	d, err := store.CreateUpstreamDeployment(ctx, db, name, up)
+	if errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("deployments create: %q exists; `flywheel deployments update %s …` changes it", name, name)
+	}
+	if err != nil {
+		return err
+	}
+	return printJSON(d)
+}
+
+func updateDeployment(ctx context.Context, db store.DBTX, name string, up deployment.Settings) error {
+	d, err := store.UpdateUpstreamDeployment(ctx, db, name, up)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("deployments update: no deployment %q", name)
+	case errors.Is(err, deployment.ErrNotUpstream):
+		return fmt.Errorf("deployments update: %q is served by the in-process policy; it has no upstream to change", name)
+	case err != nil:
+		return err
+	}
+	return printJSON(d)
+}
+
+func showDeployment(ctx context.Context, db store.DBTX, name string) error {
+	d, err := store.GetDeployment(ctx, db, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("deployments show: no deployment %q", name)
+	}
+	if err != nil {
+		return err
+	}
+	return printJSON(d)
+}
+
+// listDeployments prints a table of every deployment and where it is
+// served.
+func listDeployments(ctx context.Context, db store.DBTX) error {
+	ds, err := store.ListDeployments(ctx, db)
 	if err != nil {
 		return err
 	}

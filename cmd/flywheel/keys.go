@@ -25,68 +25,23 @@ func runKeys(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var tenant, name, models, period string
-	var budget int64
-	var tpm *int64
-	var expires, grace time.Duration
-	var all, sessions bool
+	var f keysFlags
 	cfg, fs, err := subcommand("keys", v, rest, keysUsage, map[string]func(fs *flag.FlagSet){
-		"create": func(fs *flag.FlagSet) {
-			fs.StringVar(&tenant, "tenant", "", "tenant the key belongs to (created if new); required")
-			fs.StringVar(&name, "name", "", "a label for the key")
-			fs.StringVar(&models, "models", "", "comma-separated model names the key may use (default: all)")
-			fs.DurationVar(&expires, "expires", 0, "the key ends after this long (default: never)")
-			fs.Int64Var(&budget, "token-budget", 0, "prompt and completion tokens the key (and its session keys) may use per --budget-period; over it calls get 429 (default: no budget)")
-			fs.StringVar(&period, "budget-period", store.BudgetDay, "the budget's period, in UTC: day or month")
-			fs.Func("tpm", "prompt and completion tokens per minute the key (and its session keys) may use; 0: no token rate limit (default: the gateway's gateway.rate_limit_tpm)", func(v string) error {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return errors.New("want a number of tokens per minute")
-				}
-				tpm = &n
-				return nil
-			})
-		},
-		"list": func(fs *flag.FlagSet) {
-			fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
-			fs.BoolVar(&all, "all", false, "include revoked and expired keys")
-			fs.BoolVar(&sessions, "sessions", false, "include per-session keys")
-		},
-		"revoke": nil,
-		"rotate": func(fs *flag.FlagSet) {
-			fs.DurationVar(&grace, "grace", 0, "how long the old key keeps working (default: it stops now)")
-		},
-	})
+		"create": f.registerCreate, "list": f.registerList, "revoke": nil, "rotate": f.registerRotate})
 	if err != nil {
 		return err
 	}
 	var id int64
 	switch v {
 	case "create":
-		if tenant == "" {
-			return errors.New("keys create: --tenant is required")
-		}
-		if err := store.ValidTenantName(tenant); err != nil {
+		if err := f.checkCreate(); err != nil {
 			return err
 		}
-		if expires < 0 {
-			return errors.New("keys create: --expires must be positive")
-		}
-		if err := store.ValidBudget(budget, period); err != nil {
-			return fmt.Errorf("keys create: %w", err)
-		}
-		if err := store.ValidTPM(tpm); err != nil {
-			return fmt.Errorf("keys create: --%w", err)
-		}
 	case "revoke", "rotate":
-		s, err := one(fs.Args(), "key id")
-		if err != nil {
-			return fmt.Errorf("keys %s: %w", v, err)
+		if id, err = keyID(v, fs.Args()); err != nil {
+			return err
 		}
-		if id, err = strconv.ParseInt(s, 10, 64); err != nil || id <= 0 {
-			return fmt.Errorf("keys %s: key id %q: want a positive integer (see keys list)", v, s)
-		}
-		if grace < 0 {
+		if f.grace < 0 {
 			return errors.New("keys rotate: --grace must not be negative")
 		}
 	}
@@ -97,48 +52,134 @@ func runKeys(ctx context.Context, args []string) error {
 	defer pool.Close()
 	switch v {
 	case "create":
-		if err := store.EnsureTenant(ctx, pool, tenant); err != nil {
-			return err
-		}
-		spec := store.KeySpec{TenantID: tenant, Name: name, Models: splitList(models), TokenBudget: budget, BudgetPeriod: period, TPM: tpm}
-		if expires > 0 {
-			spec.ExpiresAt = time.Now().Add(expires)
-		}
-		key, _, err := store.IssueKey(ctx, pool, spec)
-		if err != nil {
-			return err
-		}
-		// Only the key goes to stdout, so `KEY=$(flywheel keys create …)` works.
-		fmt.Println(key)
+		return createKey(ctx, pool, f)
 	case "list":
-		keys, err := store.ListKeys(ctx, pool, store.KeyFilter{TenantID: tenant, All: all, Sessions: sessions})
+		keys, err := store.ListKeys(ctx, pool, store.KeyFilter{TenantID: f.tenant, All: f.all, Sessions: f.sessions})
 		if err != nil {
 			return err
 		}
 		printKeys(keys)
 	case "revoke":
-		k, err := store.RevokeKey(ctx, pool, id)
-		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("keys revoke: no key %d", id)
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "revoked key %d (%s…, tenant %s) and the session keys it issued; gateways stop accepting it within gateway.key_cache_ttl\n",
-			k.ID, k.Prefix, k.TenantID)
+		return revokeKey(ctx, pool, id)
 	case "rotate":
-		key, k, err := store.RotateKey(ctx, pool, id, grace)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("keys rotate: no key %d", id)
-		case errors.Is(err, store.ErrKeyNotLive):
-			return fmt.Errorf("keys rotate: key %d is revoked or expired; create a new key instead", id)
-		case err != nil:
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "key %d replaces key %d, which works for %s more\n", k.ID, id, grace)
-		fmt.Println(key)
+		return rotateKey(ctx, pool, id, f.grace)
 	}
+	return nil
+}
+
+// keysFlags are the flags of every `keys` subcommand.
+type keysFlags struct {
+	tenant, name, models, period string
+	budget                       int64
+	tpm                          *int64
+	expires, grace               time.Duration
+	all, sessions                bool
+}
+
+func (f *keysFlags) registerCreate(fs *flag.FlagSet) {
+	fs.StringVar(&f.tenant, "tenant", "", "tenant the key belongs to (created if new); required")
+	fs.StringVar(&f.name, "name", "", "a label for the key")
+	fs.StringVar(&f.models, "models", "", "comma-separated model names the key may use (default: all)")
+	fs.DurationVar(&f.expires, "expires", 0, "the key ends after this long (default: never)")
+	fs.Int64Var(&f.budget, "token-budget", 0, "prompt and completion tokens the key (and its session keys) may use per --budget-period; over it calls get 429 (default: no budget)")
+	fs.StringVar(&f.period, "budget-period", store.BudgetDay, "the budget's period, in UTC: day or month")
+	fs.Func("tpm", "prompt and completion tokens per minute the key (and its session keys) may use; 0: no token rate limit (default: the gateway's gateway.rate_limit_tpm)", func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return errors.New("want a number of tokens per minute")
+		}
+		f.tpm = &n
+		return nil
+	})
+}
+
+func (f *keysFlags) registerList(fs *flag.FlagSet) {
+	fs.StringVar(&f.tenant, "tenant", "", "only this tenant's keys")
+	fs.BoolVar(&f.all, "all", false, "include revoked and expired keys")
+	fs.BoolVar(&f.sessions, "sessions", false, "include per-session keys")
+}
+
+func (f *keysFlags) registerRotate(fs *flag.FlagSet) {
+	fs.DurationVar(&f.grace, "grace", 0, "how long the old key keeps working (default: it stops now)")
+}
+
+// checkCreate refuses a key `keys create` could not issue, before the
+// database is opened.
+func (f *keysFlags) checkCreate() error {
+	if f.tenant == "" {
+		return errors.New("keys create: --tenant is required")
+	}
+	if err := store.ValidTenantName(f.tenant); err != nil {
+		return err
+	}
+	if f.expires < 0 {
+		return errors.New("keys create: --expires must be positive")
+	}
+	if err := store.ValidBudget(f.budget, f.period); err != nil {
+		return fmt.Errorf("keys create: %w", err)
+	}
+	if err := store.ValidTPM(f.tpm); err != nil {
+		return fmt.Errorf("keys create: --%w", err)
+	}
+	return nil
+}
+
+// keyID is the one key id subcommand v was given.
+func keyID(v string, pos []string) (int64, error) {
+	s, err := one(pos, "key id")
+	if err != nil {
+		return 0, fmt.Errorf("keys %s: %w", v, err)
+	}
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("keys %s: key id %q: want a positive integer (see keys list)", v, s)
+	}
+	return id, nil
+}
+
+// createKey issues the key f describes, creating its tenant if new.
+func createKey(ctx context.Context, db store.DBTX, f keysFlags) error {
+	if err := store.EnsureTenant(ctx, db, f.tenant); err != nil {
+		return err
+	}
+	spec := store.KeySpec{TenantID: f.tenant, Name: f.name, Models: splitList(f.models), TokenBudget: f.budget, BudgetPeriod: f.period, TPM: f.tpm}
+	if f.expires > 0 {
+		spec.ExpiresAt = time.Now().Add(f.expires)
+	}
+	key, _, err := store.IssueKey(ctx, db, spec)
+	if err != nil {
+		return err
+	}
+	// Only the key goes to stdout, so `KEY=$(flywheel keys create …)` works.
+	fmt.Println(key)
+	return nil
+}
+
+func revokeKey(ctx context.Context, db store.DBTX, id int64) error {
+	k, err := store.RevokeKey(ctx, db, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("keys revoke: no key %d", id)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "revoked key %d (%s…, tenant %s) and the session keys it issued; gateways stop accepting it within gateway.key_cache_ttl\n",
+		k.ID, k.Prefix, k.TenantID)
+	return nil
+}
+
+func rotateKey(ctx context.Context, db store.Beginner, id int64, grace time.Duration) error {
+	key, k, err := store.RotateKey(ctx, db, id, grace)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("keys rotate: no key %d", id)
+	case errors.Is(err, store.ErrKeyNotLive):
+		return fmt.Errorf("keys rotate: key %d is revoked or expired; create a new key instead", id)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "key %d replaces key %d, which works for %s more\n", k.ID, id, grace)
+	fmt.Println(key)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -51,19 +52,9 @@ func runUp(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := newLogger(cfg.Log)
-	var pb *policyBase
-	switch baseName {
-	case "":
-	case "demo":
-		cache := filepath.Join(cfg.DataDir, "demo-cache")
-		pb = &policyBase{
-			load: func(ctx context.Context) (*trainer.Model, map[string]string, error) {
-				return demotask.DeploymentBase(ctx, cache, logger)
-			},
-			origin: demotask.BaseOrigin(), train: demotraining.TrainerConfig(logger),
-		}
-	default:
-		return fmt.Errorf(`--policy-base %q: want "" or "demo"`, baseName)
+	pb, err := namedPolicyBase(baseName, cfg.DataDir, logger)
+	if err != nil {
+		return err
 	}
 	if err := migrateUp(ctx, cfg.Database.URL); err != nil {
 		return err
@@ -85,18 +76,9 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Gateway.Listen)
+	ln, msLn, err := listenUp(cfg)
 	if err != nil {
-		return fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
-	}
-
-	// The policy is served as production serves a model: its own model
-	// server in vLLM's dialect, which the gateway and the gates reach over
-	// HTTP and releases load new versions into by name.
-	msLn, err := net.Listen("tcp", cfg.ModelServer.Listen)
-	if err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
+		return err
 	}
 	pol, err := newPolicy(ctx, cfg, pool, pb, modelServerURL(cfg, msLn.Addr()), true, logger)
 	if err != nil {
@@ -118,61 +100,105 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel,
 		DockerHost: cfg.Docker.Host, Logger: logger}
+	// Gates ask the model server; it answers once it holds what the routes
+	// name.
 	g.Go(func() error {
-		// Gates ask the model server; it answers once it holds what the
-		// routes name.
-		select {
-		case <-modelReady:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return serveWorker(ctx, cfg, c, pool, pol, swe, logger)
+		return afterReady(ctx, modelReady, func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
 	})
 	gw, err := newGateway(cfg, pool, c, logger)
 	if err != nil {
 		return err
 	}
-	g.Go(func() error {
-		select {
-		case <-modelReady:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return gw.Serve(ctx, ln)
-	})
-	g.Go(func() error {
-		out, err := ping(ctx, c)
-		if err != nil {
-			return fmt.Errorf("worker round trip: %w", err)
-		}
-		release := deployment.ReleasePolicy{}
-		if pb != nil {
-			// The demo deployment learns with no human action: its training
-			// loop runs from the start, on the demo's schedule.
-			if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demotraining.TrainingPolicy()); err != nil {
-				return err
-			}
-			release = demotraining.TrainingPolicy().Release
-		}
-		if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
-			return err
-		}
-		fmt.Printf("\nFlywheel is up (%s)\n"+
-			"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
-			"  temporal ui  %s/namespaces/%s/workflows\n"+
-			"  status page  http://%s/status   (versions, gates, decisions, sessions, the curve; JSON: GET /v1/status)\n"+
-			"  model server %s   (%s in vLLM's dialect)\n"+
-			"  api key      %s   (tenant %q)\n"+
-			"  worker       %s on %s, postgres %s\n\n",
-			version(), ln.Addr(), ln.Addr(), cfg.Temporal.UIURL, cfg.Temporal.Namespace,
-			ln.Addr(), modelServerURL(cfg, msLn.Addr()), cfg.Gateway.PolicyModel, key, defaultTenant, out.Worker, out.Compute, out.Postgres)
-		return nil
-	})
+	g.Go(func() error { return afterReady(ctx, modelReady, func() error { return gw.Serve(ctx, ln) }) })
+	g.Go(func() error { return announceUp(ctx, c, cfg, pb != nil, upAddrs{ln.Addr(), msLn.Addr()}, key) })
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// namedPolicyBase is the v0 of a new policy deployment that --policy-base
+// names: nil for a seeded random model.
+func namedPolicyBase(name, dataDir string, logger *slog.Logger) (*policyBase, error) {
+	switch name {
+	case "":
+		return nil, nil
+	case "demo":
+		cache := filepath.Join(dataDir, "demo-cache")
+		return &policyBase{
+			load: func(ctx context.Context) (*trainer.Model, map[string]string, error) {
+				return demotask.DeploymentBase(ctx, cache, logger)
+			},
+			origin: demotask.BaseOrigin(), train: demotraining.TrainerConfig(logger),
+		}, nil
+	default:
+		return nil, fmt.Errorf(`--policy-base %q: want "" or "demo"`, name)
+	}
+}
+
+// listenUp opens the gateway's listener and the model server's. The
+// policy is served as production serves a model: its own model server in
+// vLLM's dialect, which the gateway and the gates reach over HTTP and
+// releases load new versions into by name.
+func listenUp(cfg config.Config) (gateway, modelServer net.Listener, err error) {
+	gateway, err = net.Listen("tcp", cfg.Gateway.Listen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
+	}
+	modelServer, err = net.Listen("tcp", cfg.ModelServer.Listen)
+	if err != nil {
+		_ = gateway.Close()
+		return nil, nil, fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
+	}
+	return gateway, modelServer, nil
+}
+
+// afterReady runs serve once ready is closed, unless ctx ends first.
+func afterReady(ctx context.Context, ready <-chan struct{}, serve func() error) error {
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return serve()
+}
+
+// upAddrs is where `flywheel up` listens.
+type upAddrs struct {
+	gateway, modelServer net.Addr
+}
+
+// announceUp waits for a workflow's round trip through the worker, starts
+// the policy deployment's control loops and prints where everything is.
+func announceUp(ctx context.Context, c client.Client, cfg config.Config, demo bool, addrs upAddrs, key string) error {
+	out, err := ping(ctx, c)
+	if err != nil {
+		return fmt.Errorf("worker round trip: %w", err)
+	}
+	release := deployment.ReleasePolicy{}
+	if demo {
+		// The demo deployment learns with no human action: its training
+		// loop runs from the start, on the demo's schedule.
+		if err := startTraining(ctx, c, cfg.Gateway.PolicyModel, demotraining.TrainingPolicy()); err != nil {
+			return err
+		}
+		release = demotraining.TrainingPolicy().Release
+	}
+	if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
+		return err
+	}
+	gw := addrs.gateway
+	fmt.Printf("\nFlywheel is up (%s)\n"+
+		"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
+		"  temporal ui  %s/namespaces/%s/workflows\n"+
+		"  status page  http://%s/status   (versions, gates, decisions, sessions, the curve; JSON: GET /v1/status)\n"+
+		"  model server %s   (%s in vLLM's dialect)\n"+
+		"  api key      %s   (tenant %q)\n"+
+		"  worker       %s on %s, postgres %s\n\n",
+		version(), gw, gw, cfg.Temporal.UIURL, cfg.Temporal.Namespace,
+		gw, modelServerURL(cfg, addrs.modelServer), cfg.Gateway.PolicyModel, key, defaultTenant, out.Worker, out.Compute, out.Postgres)
+	return nil
 }
 
 // startTraining starts the deployment's TrainingWorkflow with policy, or
