@@ -20,7 +20,6 @@ import (
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
-	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/modelserver"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
@@ -135,7 +134,7 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 		return nil, fmt.Errorf("policy: v0 of %s is %q, not %q; serve another deployment (--gateway-policy-model) or use a fresh --data-dir",
 			name, meta[originKey], pb.origin)
 	}
-	server := deployment.Settings{BaseURL: serverURL, Model: name, WeightSync: &weightsync.Settings{Kind: weightsync.KindVLLMLoRA}}
+	server := deployment.Settings{BaseURL: serverURL, Model: name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
 	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0), server, record)
 	if err != nil {
 		return nil, err
