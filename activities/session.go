@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/atdp"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trajectory"
@@ -42,7 +43,7 @@ func (s *Session) AssembleTrajectory(ctx context.Context, in flow.AssembleInput)
 		rules.Discount = in.Discount
 	}
 	if rules.Discount == 0 {
-		rules.Discount = flow.DefaultDiscount
+		rules.Discount = atdp.DefaultDiscount
 	}
 	if rules.Discount < 0 || rules.Discount > 1 {
 		return flow.AssembleOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("assemble: discount %v must be in (0, 1]", rules.Discount), "BadInput", nil)

@@ -101,6 +101,12 @@ type Result struct {
 	Error       string    `json:"error,omitempty"`
 }
 
+// DefaultDiscount is γ, the discount of Reward.Return, when neither the
+// session nor the worker's configuration sets one: 1, the undiscounted
+// return. It lives here, beside the return it discounts, so that the
+// configuration and the assembly read the same default.
+const DefaultDiscount = 1.0
+
 // Reward (r) is every reward bound to the step, merged and discounted.
 type Reward struct {
 	Values []RewardValue `json:"values"`

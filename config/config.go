@@ -14,6 +14,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/flywheel-ai/flywheel/atdp"
 )
 
 // DefaultAdminKey is the development admin key. The gateway refuses to start
@@ -159,7 +161,7 @@ func Default() Config {
 			RewardMin:       -1,
 			RewardMax:       1,
 			RewardWeights:   map[string]float64{"user": 1},
-			Discount:        1,
+			Discount:        atdp.DefaultDiscount,
 			PolicyModel:     "flywheel-policy",
 			UpstreamTimeout: 2 * time.Minute,
 			UpstreamRetries: 2,

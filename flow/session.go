@@ -11,8 +11,6 @@ const (
 	// (every signal is one history event; each batch of ≤ this many events is
 	// also bounded by the server's own continue-as-new suggestion).
 	DefaultSessionEventsPerRun = 2000
-	// DefaultDiscount is γ when neither the session nor the worker sets one.
-	DefaultDiscount = 1.0
 	// DefaultRewardGrace is how long a session the client ended without
 	// any reward waits for one before it is assembled. Agents usually post
 	// the reward just after their last call; without the grace that reward
