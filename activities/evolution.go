@@ -15,6 +15,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
@@ -109,7 +110,7 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in flow.EvidenceInput) 
 	if ev.QueuedSamples, _, err = store.QueueStats(ctx, e.DB, in.Deployment); err != nil {
 		return evolution.Evidence{}, err
 	}
-	if ev.ServingVersion, err = store.ServingOf(ctx, e.DB, in.Deployment, flow.LayerWeights); err != nil {
+	if ev.ServingVersion, err = store.ServingOf(ctx, e.DB, in.Deployment, artefact.LayerWeights); err != nil {
 		return evolution.Evidence{}, err
 	}
 	if ev.ServingVersion != "" {
@@ -172,7 +173,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 	var content any
 	items := 0
 	switch in.Kind {
-	case evolution.KindPlaybook:
+	case artefact.LayerPlaybook:
 		window := in.Window
 		if window <= 0 {
 			window = time.Hour
@@ -196,7 +197,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		}
 		pb := evolution.CuratePlaybook(old, lessons, max)
 		content, items = pb, len(pb.Items)
-	case evolution.KindHarness:
+	case artefact.LayerHarness:
 		old := ""
 		if cur.Harness != nil {
 			old = cur.Harness.System
@@ -206,7 +207,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 			return flow.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
 		}
 		content, items = h, 1
-	case evolution.KindToolSchema:
+	case artefact.LayerToolSchema:
 		var f *evolution.ToolFailure
 		for i := range in.Evidence.ToolFailures {
 			if g := &in.Evidence.ToolFailures[i]; g.Tool == in.Target && g.Tenant == in.Tenant {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -100,17 +101,17 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, id, rows[0].ID)
 	require.Contains(t, string(rows[0].Evidence), `"correction_rate": 0.5`)
 
-	ts, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
+	ts, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
 	require.NoError(t, err)
 	require.Equal(t, 1, ts.Version)
-	a, err := store.ArtefactVersion(ctx, db, "dep", evolution.KindToolSchema, "1")
+	a, err := store.ArtefactVersion(ctx, db, "dep", artefact.LayerToolSchema, "1")
 	require.NoError(t, err)
 	var tools evolution.ArtefactSet
-	require.NoError(t, tools.Decode(evolution.KindToolSchema, a.Content))
+	require.NoError(t, tools.Decode(artefact.LayerToolSchema, a.Content))
 	require.Contains(t, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Description, "month must be a number")
 	require.Equal(t, []string{"new-0", "new-2"}, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Sessions)
 	require.NotContains(t, tools.ToolSchema.Tenants, "globex", "acme's tool override is acme's alone")
-	_, err = e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
+	_, err = e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
 	require.ErrorContains(t, err, "not in the evidence")
 
 	// A tenant that does not train by default corrects the agent too: its
@@ -127,14 +128,14 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, 2, again.Tenants)
 	require.Equal(t, ev.CorrectionRate, again.CorrectionRate)
 
-	pb, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
+	pb, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
 	require.NoError(t, err)
 	require.Equal(t, 1, pb.Version)
 	require.Equal(t, 2, pb.Items, "the same correction from two tenants is two lessons, one for each")
-	a, err = store.ArtefactVersion(ctx, db, "dep", evolution.KindPlaybook, "1")
+	a, err = store.ArtefactVersion(ctx, db, "dep", artefact.LayerPlaybook, "1")
 	require.NoError(t, err)
 	var set evolution.ArtefactSet
-	require.NoError(t, set.Decode(evolution.KindPlaybook, a.Content))
+	require.NoError(t, set.Decode(artefact.LayerPlaybook, a.Content))
 	for i, tenant := range []string{"acme", "globex"} {
 		it := set.Playbook.Items[i]
 		require.Equal(t, tenant, it.Tenant)
@@ -146,13 +147,13 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.NotContains(t, string(a.Content), "bob@example.com", "lessons are redacted before other sessions see them")
 	require.NotContains(t, string(a.Content), "BLUEBIRD", "an opted-out session feeds no artefact")
 
-	h, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindHarness, Evidence: ev, Key: "w3"})
+	h, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerHarness, Evidence: ev, Key: "w3"})
 	require.NoError(t, err)
 	require.Equal(t, 1, h.Version)
 
 	// Nothing corrected in an empty window: nothing to propose.
 	e.Now = func() time.Time { return now.Add(24 * time.Hour) }
-	none, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: evolution.KindPlaybook, Window: time.Hour, Key: "w4"})
+	none, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "w4"})
 	require.NoError(t, err)
 	require.Zero(t, none.Version)
 	require.NotEmpty(t, none.Reason)
@@ -166,7 +167,7 @@ func TestRollbackVersion(t *testing.T) {
 	from, err := e.RollbackVersion(ctx, flow.RollbackInput{Deployment: "dep", To: "dep@v1", Reason: "reward fell"})
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", from)
-	serving, err := store.ServingOf(ctx, db, "dep", flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, db, "dep", artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, "dep@v1", serving)
 	var status, why string

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/testsuite"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -88,20 +89,20 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	seedVersions(t, db, "dep", "dep@v1", "dep@v2", "dep@v3")
 	r := &Release{DB: db}
 
-	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"})
+	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2"})
 	require.Equal(t, "dep@v1", begin.Baseline, "the baseline is what serves now")
-	again := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"})
+	again := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2"})
 	require.Equal(t, begin.ReleaseID, again.ReleaseID, "a retried BeginRelease finds its row")
 
 	require.NoError(t, r.SetReleasePhase(ctx, flow.SetPhaseInput{ReleaseID: begin.ReleaseID, Phase: flow.GateCanary, CanaryShare: 0.25}))
-	running, err := store.RunningRelease(ctx, db, "dep", flow.LayerWeights)
+	running, err := store.RunningRelease(ctx, db, "dep", artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, 0.25, running.CanaryShare)
 	require.Equal(t, "dep@v2", running.Candidate)
 
 	since := time.Now().Add(-time.Minute)
 	policy := deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}
-	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: flow.LayerWeights,
+	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: artefact.LayerWeights,
 		Candidate: "dep@v2", Baseline: "dep@v1", Gate: flow.GateCanary, Since: since, Policy: policy}
 
 	seedTraffic(t, db, "acme", "dep", "dep@v1", 60, 0.8)
@@ -143,11 +144,11 @@ func TestReleaseActivitiesCanaryAndPromotion(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = 'dep@v2'`).Scan(&candStatus))
 	require.Equal(t, "dep@v1", serving)
 	require.Equal(t, "rolled_back", candStatus)
-	_, err = store.RunningRelease(ctx, db, "dep", flow.LayerWeights)
+	_, err = store.RunningRelease(ctx, db, "dep", artefact.LayerWeights)
 	require.ErrorIs(t, err, store.ErrNotFound, "a finished release routes no traffic")
 
 	// A better candidate is promoted: it serves, the old version is superseded.
-	b3, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v3", WorkflowID: "release-dep-v3"})
+	b3, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v3", WorkflowID: "release-dep-v3"})
 	require.NoError(t, err)
 	require.NotEqual(t, begin.ReleaseID, b3.ID)
 	require.Equal(t, "dep@v1", b3.Baseline)
@@ -171,8 +172,8 @@ func TestReleaseOfflineGates(t *testing.T) {
 	fb := &fakeBackend{refuse: map[string]bool{"dep@v1": true}}
 	r := &Release{DB: db, Backend: fb}
 	policy := deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}
-	in := flow.GateInput{ReleaseID: beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
-		Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
+	in := flow.GateInput{ReleaseID: beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2"}).ReleaseID,
+		Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Baseline: "dep@v1", Policy: policy}
 
 	// Safety: the baseline refuses the built-in refusal set, the candidate
 	// complies: the score drops, the gate fails.
@@ -256,7 +257,7 @@ func TestReleaseOfflineGates(t *testing.T) {
 	// A candidate that cannot take the prompts fails replay and the suite,
 	// instead of retrying forever.
 	fb.reject = map[string]bool{"dep@v3": true}
-	in.Candidate, in.ReleaseID = "dep@v3", beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v3"}).ReleaseID
+	in.Candidate, in.ReleaseID = "dep@v3", beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v3"}).ReleaseID
 	in.Gate = flow.GateReplay
 	res, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
@@ -277,7 +278,7 @@ func TestReleaseOfflineGates(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a.ID, a2.ID, "the same key returns the same artefact")
 	fb.seen = nil
-	in.Layer, in.Candidate, in.Baseline, in.Gate = flow.LayerHarness, fmt.Sprint(a.Version), "", flow.GateRegression
+	in.Layer, in.Candidate, in.Baseline, in.Gate = artefact.LayerHarness, fmt.Sprint(a.Version), "", flow.GateRegression
 	_, err = r.EvaluateGate(ctx, in)
 	require.NoError(t, err)
 	require.Len(t, fb.seen, 40)
@@ -305,7 +306,7 @@ func TestCanaryOfAnArtefactRelease(t *testing.T) {
 		('dep', 'harness', 1, '{"system_prompt":"Be brief."}', 'serving'), ('dep', 'harness', 2, '{"system_prompt":"Be vague."}', 'candidate')`)
 	require.NoError(t, err)
 	r := &Release{DB: db}
-	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerHarness, Candidate: "2"})
+	begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerHarness, Candidate: "2"})
 	tag := func(key string) {
 		_, err := db.Exec(ctx, `UPDATE interactions SET request = request || jsonb_build_object('artefacts', $1::text) WHERE NOT request ? 'artefacts'`, key)
 		require.NoError(t, err)
@@ -317,7 +318,7 @@ func TestCanaryOfAnArtefactRelease(t *testing.T) {
 	seedTraffic(t, db, "acme", "dep", "dep@v0", 30, 0.1) // another version's calls are neither side
 	tag("+harness:2")
 
-	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: flow.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
+	gate := flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: artefact.LayerHarness, Candidate: "2", Baseline: begin.Baseline,
 		Gate: flow.GateCanary, Since: time.Now().Add(-time.Minute), Policy: deployment.ReleasePolicy{MinCanarySamples: 5, MaxRewardDrop: 0.05, MaxErrorRise: 0.02}}
 	res, err := r.EvaluateGate(ctx, gate)
 	require.NoError(t, err)

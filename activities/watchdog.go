@@ -8,6 +8,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
@@ -28,7 +29,7 @@ func (r *Release) WatchServing(ctx context.Context, in flow.WatchdogInput) (flow
 	if in.Policy, err = gatePolicy(ctx, r.DB, in.Deployment, in.Policy); err != nil {
 		return flow.WatchdogResult{}, err
 	}
-	serving, err := store.ServingOf(ctx, r.DB, in.Deployment, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, r.DB, in.Deployment, artefact.LayerWeights)
 	if err != nil {
 		return flow.WatchdogResult{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -66,14 +67,14 @@ func promote(t *testing.T, db *pgxpool.Pool, dep, v string) {
 	ctx := context.Background()
 	_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, $2, 'candidate') ON CONFLICT DO NOTHING`, v, dep)
 	require.NoError(t, err)
-	rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: dep, Layer: flow.LayerWeights, Candidate: v, WorkflowID: "release-" + v})
+	rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: dep, Layer: artefact.LayerWeights, Candidate: v, WorkflowID: "release-" + v})
 	require.NoError(t, err)
 	require.NoError(t, store.FinishRelease(ctx, db, rel.ID, flow.ReleasePromoted, "test"))
 }
 
 func serving(t *testing.T, db *pgxpool.Pool, dep string) string {
 	t.Helper()
-	v, err := store.ServingOf(context.Background(), db, dep, flow.LayerWeights)
+	v, err := store.ServingOf(context.Background(), db, dep, artefact.LayerWeights)
 	require.NoError(t, err)
 	return v
 }
@@ -91,7 +92,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	r := &Release{DB: db, Backend: b}
 	b.right["dep@v0"] = 120 // 0.60
 	begin := func(cand string) store.Release {
-		rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: flow.LayerWeights, Candidate: cand, WorkflowID: "release-" + cand})
+		rel, err := store.BeginRelease(ctx, db, store.Release{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: cand, WorkflowID: "release-" + cand})
 		require.NoError(t, err)
 		return rel
 	}
@@ -104,7 +105,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 		_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status) VALUES ($1, 'dep', 'candidate')`, cand)
 		require.NoError(t, err)
 		rel := begin(cand)
-		in := flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: flow.LayerWeights, Candidate: cand,
+		in := flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: artefact.LayerWeights, Candidate: cand,
 			Baseline: rel.Baseline, Gate: flow.GateRegression, Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05}}
 		res, err := r.EvaluateGate(ctx, in)
 		require.NoError(t, err)
@@ -132,7 +133,7 @@ func TestAnchorStopsAChainOfSmallDrops(t *testing.T) {
 	require.NoError(t, err)
 	rel := begin("dep@v9")
 	for _, gate := range []string{flow.GateRegression, flow.GateSafety} {
-		res, err := r.EvaluateGate(ctx, flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: flow.LayerWeights,
+		res, err := r.EvaluateGate(ctx, flow.GateInput{ReleaseID: rel.ID, Deployment: "dep", Layer: artefact.LayerWeights,
 			Candidate: "dep@v9", Baseline: rel.Baseline, Gate: gate})
 		require.NoError(t, err)
 		require.True(t, res.Passed, res.Reason)

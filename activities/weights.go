@@ -8,6 +8,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
@@ -41,7 +42,7 @@ func (r *Release) SyncWeights(ctx context.Context, in flow.SyncWeightsInput) (fl
 	if err != nil {
 		return flow.SyncWeightsOutput{}, temporal.NewNonRetryableApplicationError(err.Error(), "BadInput", err)
 	}
-	serving, err := store.ServingOf(ctx, r.DB, d.Name, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, r.DB, d.Name, artefact.LayerWeights)
 	if err != nil {
 		return flow.SyncWeightsOutput{}, err
 	}
@@ -53,13 +54,13 @@ func (r *Release) SyncWeights(ctx context.Context, in flow.SyncWeightsInput) (fl
 	}
 	// A release in flight keeps its candidate (another release's sync
 	// must not unload it).
-	if rel, err := store.RunningRelease(ctx, r.DB, d.Name, flow.LayerWeights); err == nil {
+	if rel, err := store.RunningRelease(ctx, r.DB, d.Name, artefact.LayerWeights); err == nil {
 		names = append(names, rel.Candidate)
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return flow.SyncWeightsOutput{}, err
 	}
 	if in.Unload && in.Drain > 0 {
-		draining, err := store.Draining(ctx, r.DB, d.Name, flow.LayerWeights, in.Drain)
+		draining, err := store.Draining(ctx, r.DB, d.Name, artefact.LayerWeights, in.Drain)
 		if err != nil {
 			return flow.SyncWeightsOutput{}, err
 		}

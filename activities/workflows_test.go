@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
@@ -72,10 +73,10 @@ func TestForgetRetiresVersionsTrainedOnTheData(t *testing.T) {
 	require.Equal(t, "retired", status("dep@v2"))
 	require.Equal(t, "retired", status("dep@v3"))
 	require.Equal(t, "rolled_back", status("dep@v4"), "versions not trained on the data are untouched")
-	serving, err := store.ServingOf(ctx, db, "dep", flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, db, "dep", artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, "dep@v1", serving)
-	_, err = store.RunningRelease(ctx, db, "dep", flow.LayerWeights)
+	_, err = store.RunningRelease(ctx, db, "dep", artefact.LayerWeights)
 	require.ErrorIs(t, err, store.ErrNotFound, "the release of a retired candidate stops routing")
 	var affected []string
 	require.NoError(t, db.QueryRow(ctx, `SELECT affected_versions FROM forget_requests WHERE id = $1`, res.ID).Scan(&affected))
@@ -85,7 +86,7 @@ func TestForgetRetiresVersionsTrainedOnTheData(t *testing.T) {
 	again, err := f.RetireForgotten(ctx, flow.ForgetInput{RequestID: res.ID})
 	require.NoError(t, err)
 	require.Empty(t, again.Rollbacks)
-	require.Equal(t, "dep@v1", func() string { s, _ := store.ServingOf(ctx, db, "dep", flow.LayerWeights); return s }())
+	require.Equal(t, "dep@v1", func() string { s, _ := store.ServingOf(ctx, db, "dep", artefact.LayerWeights); return s }())
 
 	_, err = f.RetireForgotten(ctx, flow.ForgetInput{RequestID: 999})
 	require.ErrorContains(t, err, "not found")

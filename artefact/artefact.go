@@ -15,11 +15,15 @@ import (
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
-// Artefact kinds (artefacts.kind).
+// The layers a deployment evolves, each named once: releases.layer holds
+// these words, and every layer but the weights is also an artefact kind
+// (artefacts.kind). The evolution decision that changes the playbook has
+// its own stored word ("memory"); evolution.DecisionLayer maps it.
 const (
-	KindPlaybook   = "playbook"
-	KindHarness    = "harness"
-	KindToolSchema = "tool_schema"
+	LayerWeights    = "weights"
+	LayerPlaybook   = "playbook"
+	LayerHarness    = "harness"
+	LayerToolSchema = "tool_schema"
 )
 
 // Playbook is the memory layer: itemised lessons the gateway injects into
@@ -84,17 +88,17 @@ type Set struct {
 func (s *Set) Decode(kind string, content []byte) error {
 	var err error
 	switch kind {
-	case KindPlaybook:
+	case LayerPlaybook:
 		var v Playbook
 		if err = json.Unmarshal(content, &v); err == nil {
 			s.Playbook = &v
 		}
-	case KindHarness:
+	case LayerHarness:
 		var v Harness
 		if err = json.Unmarshal(content, &v); err == nil {
 			s.Harness = &v
 		}
-	case KindToolSchema:
+	case LayerToolSchema:
 		var v ToolSchema
 		if err = json.Unmarshal(content, &v); err == nil {
 			s.ToolSchema = &v
@@ -225,7 +229,7 @@ func (s *Set) Forget(tenant string, sessions []string) []string {
 		}
 		if len(items) < len(s.Playbook.Items) {
 			s.Playbook = &Playbook{Items: items}
-			changed = append(changed, KindPlaybook)
+			changed = append(changed, LayerPlaybook)
 		}
 	}
 	if s.ToolSchema != nil {
@@ -246,7 +250,7 @@ func (s *Set) Forget(tenant string, sessions []string) []string {
 				ts.Tenants[tenant] = kept
 			}
 			s.ToolSchema = &ts
-			changed = append(changed, KindToolSchema)
+			changed = append(changed, LayerToolSchema)
 		}
 	}
 	return changed

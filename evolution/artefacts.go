@@ -11,11 +11,9 @@ import (
 
 // The artefacts' stored form lives in package artefact, which store reads
 // without importing this decision logic; these names stay for the
-// callers of evolution.
+// callers of evolution. The layer names are artefact's alone
+// (artefact.LayerPlaybook, …).
 const (
-	KindPlaybook   = artefact.KindPlaybook
-	KindHarness    = artefact.KindHarness
-	KindToolSchema = artefact.KindToolSchema
 	AllTenants     = artefact.AllTenants
 	PlaybookHeader = artefact.PlaybookHeader
 )

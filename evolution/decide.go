@@ -4,17 +4,35 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/flywheel-ai/flywheel/artefact"
 )
 
-// Decisions u* the control plane can take.
+// Decisions u* the control plane can take. A decision that changes one
+// layer is named after it, except DecisionMemory: decisions rows and
+// workflow histories hold "memory" for a playbook change, so the word
+// stays and DecisionLayer maps it.
 const (
 	DecisionNoOp       = "noop"
 	DecisionMemory     = "memory"
-	DecisionHarness    = "harness"
-	DecisionToolSchema = "tool_schema"
-	DecisionWeights    = "weights"
+	DecisionHarness    = artefact.LayerHarness
+	DecisionToolSchema = artefact.LayerToolSchema
+	DecisionWeights    = artefact.LayerWeights
 	DecisionRollback   = "rollback"
 )
+
+// DecisionLayer is the layer (artefact.Layer*) a decision changes, or ""
+// for a decision that changes none (noop, rollback). It is the one place
+// where a decision's word and its layer's may differ.
+func DecisionLayer(decision string) string {
+	switch decision {
+	case DecisionMemory:
+		return artefact.LayerPlaybook
+	case DecisionHarness, DecisionToolSchema, DecisionWeights:
+		return decision
+	}
+	return ""
+}
 
 // Evidence is what a decision rests on: the deployment's recent window
 // compared with the window before it. It is stored with the decision.

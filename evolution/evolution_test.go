@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/inference"
 )
 
@@ -69,6 +70,17 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestDecisionLayer: the stored words stay as they were ("memory" for a
+// playbook change), and each maps to the layer it releases.
+func TestDecisionLayer(t *testing.T) {
+	for decision, layer := range map[string]string{"memory": "playbook", "harness": "harness", "tool_schema": "tool_schema",
+		"weights": "weights", "noop": "", "rollback": ""} {
+		require.Equal(t, layer, DecisionLayer(decision), decision)
+	}
+	require.Equal(t, []string{"weights", "playbook", "harness", "tool_schema"},
+		[]string{artefact.LayerWeights, artefact.LayerPlaybook, artefact.LayerHarness, artefact.LayerToolSchema})
+}
+
 func TestDrift(t *testing.T) {
 	a := []string{"reset my password please", "password reset link broken"}
 	require.InDelta(t, 0, Drift(a, a, 10), 1e-12)
@@ -95,13 +107,13 @@ func TestGateScoring(t *testing.T) {
 // lessons of no tenant to no one. The gates' view is every tenant's part.
 func TestArtefactsApply(t *testing.T) {
 	var set ArtefactSet
-	require.NoError(t, set.Decode(KindHarness, []byte(`{"system_prompt":"Be brief."}`)))
-	require.NoError(t, set.Decode(KindPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units.","tenant":"acme"},
+	require.NoError(t, set.Decode(artefact.LayerHarness, []byte(`{"system_prompt":"Be brief."}`)))
+	require.NoError(t, set.Decode(artefact.LayerPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units.","tenant":"acme"},
 		{"id":"p2","content":"Globex lesson.","tenant":"globex"},{"id":"p0","content":"Old mixed lesson."}]}`)))
-	require.NoError(t, set.Decode(KindToolSchema, []byte(`{"tenants":{"acme":{"search":{"description":"Search the web. Query must be non-empty."}},
+	require.NoError(t, set.Decode(artefact.LayerToolSchema, []byte(`{"tenants":{"acme":{"search":{"description":"Search the web. Query must be non-empty."}},
 		"globex":{"calc":{"description":"Globex calc."}}}}`)))
 	require.Error(t, set.Decode("kernel", []byte(`{}`)))
-	require.Error(t, set.Decode(KindHarness, []byte(`[`)))
+	require.Error(t, set.Decode(artefact.LayerHarness, []byte(`[`)))
 
 	in := []inference.Message{{Role: "system", Content: "You are helpful."}, {Role: "user", Content: "hi"}}
 	tools := []inference.Tool{{Name: "search", Description: "Search."}, {Name: "calc"}}
@@ -161,7 +173,7 @@ func TestForgetRemovesWhatASessionTaught(t *testing.T) {
 			"globex": {"search": {Description: "y", Sessions: []string{"s1"}}}}},
 	}
 	before := set
-	require.Equal(t, []string{KindPlaybook, KindToolSchema}, set.Forget("acme", []string{"s1"}))
+	require.Equal(t, []string{artefact.LayerPlaybook, artefact.LayerToolSchema}, set.Forget("acme", []string{"s1"}))
 	require.Equal(t, []string{"b", "c"}, []string{set.Playbook.Items[0].ID, set.Playbook.Items[1].ID})
 	require.NotContains(t, set.ToolSchema.Tenants, "acme")
 	require.Contains(t, set.ToolSchema.Tenants, "globex")

@@ -17,14 +17,6 @@ const (
 	ReleaseStateQuery  = "state"
 )
 
-// Layers a release can change.
-const (
-	LayerWeights    = "weights"
-	LayerPlaybook   = "playbook"
-	LayerHarness    = "harness"
-	LayerToolSchema = "tool_schema"
-)
-
 // Gates, in the order a release runs them.
 const (
 	GateShadow     = "shadow"
@@ -69,7 +61,8 @@ type SyncWeightsOutput struct {
 // workflow id should be "release-<deployment>-<candidate>".
 type ReleaseInput struct {
 	Deployment string
-	Layer      string
+	// Layer is one of artefact.Layer*.
+	Layer string
 	// Candidate is a model version id (weights) or an artefact version
 	// (other layers, as its decimal number).
 	Candidate string

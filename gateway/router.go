@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
@@ -78,7 +79,7 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 		versions = append(versions, store.StoredArtefact{Kind: kind, Version: a.Version})
 	}
 	ra.servingKey = store.ArtefactSuffix(versions, "", "")
-	ra.servingTools = route.Artefacts[evolution.KindToolSchema].Version
+	ra.servingTools = route.Artefacts[artefact.LayerToolSchema].Version
 	if c := route.ArtefactCanary; c != nil {
 		ra.canary = ra.serving
 		if err := ra.canary.Decode(c.Kind, c.Content); err != nil {
@@ -87,7 +88,7 @@ func (r *router) decodeArtefacts(route *store.Route) routeArtefacts {
 		}
 		ra.canaryKey = store.ArtefactSuffix(versions, c.Kind, strconv.Itoa(c.Version))
 		ra.canaryTools = ra.servingTools
-		if c.Kind == evolution.KindToolSchema {
+		if c.Kind == artefact.LayerToolSchema {
 			ra.canaryTools = c.Version
 		}
 		ra.canaryShare = c.Share

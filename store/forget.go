@@ -139,7 +139,7 @@ func forgetArtefacts(ctx context.Context, tx pgx.Tx, tenantID string, sessions [
 			continue
 		}
 		var clean any = set.Playbook
-		if a.Kind == artefact.KindToolSchema {
+		if a.Kind == artefact.LayerToolSchema {
 			clean = set.ToolSchema
 		}
 		content, err := json.Marshal(clean)

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/artefact"
 )
 
 // ArtefactKind maps a release layer to its artefacts.kind ("" for weights).
 func ArtefactKind(layer string) string {
 	switch layer {
-	case "playbook", "harness", "tool_schema":
+	case artefact.LayerPlaybook, artefact.LayerHarness, artefact.LayerToolSchema:
 		return layer
 	}
 	return ""

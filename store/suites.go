@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/artefact"
 )
 
 // Evaluation suites: the prompts a release's regression and safety gates
@@ -376,7 +378,7 @@ func ArtefactSuffix(serving []StoredArtefact, kind, version string) string {
 		vs[kind] = version
 	}
 	var b strings.Builder
-	for _, k := range []string{"harness", "playbook", "tool_schema"} {
+	for _, k := range []string{artefact.LayerHarness, artefact.LayerPlaybook, artefact.LayerToolSchema} {
 		if v, ok := vs[k]; ok {
 			b.WriteString("+" + k + ":" + v)
 		}
@@ -421,7 +423,7 @@ func AnchorOf(ctx context.Context, db DBTX, deployment string) (*AnchorStatus, e
 	if a.PassRate, _, err = rate(v); err != nil {
 		return nil, err
 	}
-	cur, err := ServingOf(ctx, db, deployment, "weights")
+	cur, err := ServingOf(ctx, db, deployment, artefact.LayerWeights)
 	if err != nil || cur == "" {
 		return a, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
@@ -39,7 +40,7 @@ func QueueStats(ctx context.Context, db DBTX, deployment string) (queued int, ol
 func FreshQueueStats(ctx context.Context, db DBTX, deployment string, eta int, groupWait time.Duration) (queued int, oldest time.Duration, err error) {
 	floor := int64(-1)
 	if eta >= 0 {
-		serving, err := ServingOf(ctx, db, deployment, "weights")
+		serving, err := ServingOf(ctx, db, deployment, artefact.LayerWeights)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -197,7 +198,7 @@ func ClaimBatch(ctx context.Context, db Beginner, deployment, runKey string, siz
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		base, err := ServingOf(ctx, tx, deployment, "weights")
+		base, err := ServingOf(ctx, tx, deployment, artefact.LayerWeights)
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
@@ -82,9 +83,9 @@ ORDER BY created_at DESC LIMIT 1`, trainedDeployment).Scan(&f.Candidate)
 			sleep(ctx, 200*time.Millisecond)
 		}
 	}
-	id := flow.ReleaseWorkflowID(trainedDeployment, flow.LayerWeights, f.Candidate)
+	id := flow.ReleaseWorkflowID(trainedDeployment, artefact.LayerWeights, f.Candidate)
 	_, err = c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName,
-		flow.ReleaseInput{Deployment: trainedDeployment, Layer: flow.LayerWeights, Candidate: f.Candidate,
+		flow.ReleaseInput{Deployment: trainedDeployment, Layer: artefact.LayerWeights, Candidate: f.Candidate,
 			Policy: swapRelease, Reason: "bench faults: model-server-kill"})
 	if err != nil {
 		return nil, fmt.Errorf("start release of %s: %w", f.Candidate, err)
