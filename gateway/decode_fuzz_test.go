@@ -70,12 +70,8 @@ func oaEcho(t *testing.T, req *inference.Request) []byte {
 	if tools != nil {
 		body["tools"] = tools
 	}
-	switch req.ToolChoice {
-	case "":
-	case "none", "auto", "required":
-		body["tool_choice"] = req.ToolChoice
-	default:
-		body["tool_choice"] = map[string]any{"type": "function", "function": map[string]string{"name": req.ToolChoice}}
+	if tc := openai.EncodeToolChoice(req.ToolChoice); tc != nil {
+		body["tool_choice"] = tc
 	}
 	if req.MaxTokens != 0 {
 		body["max_tokens"] = req.MaxTokens

@@ -15,7 +15,10 @@ import (
 // reads. Unknown fields are ignored, as vLLM ignores them (with a warning).
 // Its parts are protocol/openai's where vLLM reads them as the gateway
 // does; messages are read by vLLM's rules (messageContent, chatToolCall),
-// and so is the whole (request).
+// and so is the whole (request). It is not openai.Request with those
+// fields shadowed: encoding/json names the Go struct in its decode errors
+// ("chatRequest.temperature"), which a client reads in the 400, and an
+// embedded struct would add its name to that path.
 type chatRequest struct {
 	Model               string                `json:"model"`
 	Messages            []chatMessage         `json:"messages"`
@@ -93,30 +96,19 @@ func isNull(raw []byte) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
-// toolChoice reads OpenAI's tool_choice into inference.Request's form:
-// "", "auto", "none", "required" or the name of the one tool to call.
+// toolChoice reads tool_choice (openai.DecodeToolChoice) and words its
+// refusal as the model server always has; unlike the gateway it holds the
+// named form to OpenAI's "type": "function", as vLLM does.
 func toolChoice(raw json.RawMessage) (string, error) {
-	if isNull(raw) {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		switch s {
-		case "auto", "none", "required":
-			return s, nil
-		}
-		return "", fmt.Errorf("tool_choice %q: want auto, none, required or a named function", s)
-	}
-	var named struct {
-		Type     string `json:"type"`
-		Function struct {
-			Name string `json:"name"`
-		} `json:"function"`
-	}
-	if err := json.Unmarshal(raw, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
+	tc, err := openai.DecodeToolChoice(raw)
+	var modeErr *openai.ToolChoiceModeError
+	switch {
+	case errors.As(err, &modeErr):
+		return "", fmt.Errorf("tool_choice %q: want auto, none, required or a named function", modeErr.Mode)
+	case err != nil || (tc.Name != "" && tc.Type != "function"):
 		return "", errors.New(`tool_choice: want auto, none, required or {"type": "function", "function": {"name": …}}`)
 	}
-	return named.Function.Name, nil
+	return tc.Choice(), nil
 }
 
 // arguments is a tool call's arguments as text: OpenAI sends a JSON

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // Decoding the upstream's answer was half of the gateway's CPU per call:
@@ -91,11 +94,8 @@ func (d *fastDecoder) response(w *wireResponse) error {
 			if d.null() {
 				return nil
 			}
-			w.Usage = &struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
-			}{}
-			return d.usage(&w.Usage.PromptTokens, &w.Usage.CompletionTokens)
+			w.Usage = &openai.Usage{}
+			return d.usage(w.Usage)
 		}
 		return d.skipUnknown(key)
 	})
@@ -109,7 +109,7 @@ func (d *fastDecoder) response(w *wireResponse) error {
 	return nil
 }
 
-func (d *fastDecoder) usage(prompt, completion *int) error {
+func (d *fastDecoder) usage(u *openai.Usage) error {
 	var seen uint8
 	return d.object(func(key []byte) error {
 		switch string(key) {
@@ -117,12 +117,17 @@ func (d *fastDecoder) usage(prompt, completion *int) error {
 			if err := d.once(&seen, 1); err != nil {
 				return err
 			}
-			return d.optInt(prompt)
+			return d.optInt(&u.PromptTokens)
 		case "completion_tokens":
 			if err := d.once(&seen, 2); err != nil {
 				return err
 			}
-			return d.optInt(completion)
+			return d.optInt(&u.CompletionTokens)
+		case "total_tokens":
+			if err := d.once(&seen, 4); err != nil {
+				return err
+			}
+			return d.optInt(&u.TotalTokens)
 		}
 		return d.skipUnknown(key)
 	})
@@ -136,22 +141,17 @@ func (d *fastDecoder) choice(c *wireChoice) error {
 			if err := d.once(&seen, 1); err != nil {
 				return err
 			}
-			return d.message(&c.Message.Content, &c.Message.ReasoningContent, &c.Message.ToolCalls)
+			return d.message(&c.Message)
 		case "delta":
 			if err := d.once(&seen, 2); err != nil {
 				return err
 			}
-			return d.message(&c.Delta.Content, &c.Delta.ReasoningContent, &c.Delta.ToolCalls)
+			return d.message(&c.Delta)
 		case "finish_reason":
 			if err := d.once(&seen, 4); err != nil {
 				return err
 			}
-			if d.null() {
-				return nil
-			}
-			s, err := d.str()
-			c.FinishReason = &s
-			return err
+			return d.optStrPtr(&c.FinishReason)
 		case "logprobs":
 			if err := d.once(&seen, 8); err != nil {
 				return err
@@ -190,36 +190,41 @@ func (d *fastDecoder) choice(c *wireChoice) error {
 
 // message decodes a message or delta; tool calls other than an empty
 // list go to encoding/json.
-func (d *fastDecoder) message(content **string, reasoning *string, calls *[]wireToolCall) error {
+func (d *fastDecoder) message(m *openai.RespMessage) error {
 	if d.null() {
 		return nil // json leaves a struct untouched on null
 	}
 	var seen uint8
 	return d.object(func(key []byte) error {
 		switch string(key) {
-		case "content":
+		case "role":
 			if err := d.once(&seen, 1); err != nil {
 				return err
 			}
-			if d.null() {
-				return nil
-			}
-			s, err := d.str()
-			*content = &s
-			return err
-		case "reasoning_content":
+			return d.optStrKnown(&m.Role, inference.RoleAssistant)
+		case "content":
 			if err := d.once(&seen, 2); err != nil {
 				return err
 			}
-			return d.optStr(reasoning)
-		case "tool_calls":
+			return d.optStrPtr(&m.Content)
+		case "reasoning_content":
 			if err := d.once(&seen, 4); err != nil {
+				return err
+			}
+			return d.optStr(&m.ReasoningContent)
+		case "refusal":
+			if err := d.once(&seen, 8); err != nil {
+				return err
+			}
+			return d.optStrPtr(&m.Refusal)
+		case "tool_calls":
+			if err := d.once(&seen, 16); err != nil {
 				return err
 			}
 			if d.null() {
 				return nil
 			}
-			*calls = []wireToolCall{}
+			m.ToolCalls = []openai.ToolCall{}
 			return d.emptyArray()
 		}
 		return d.skipUnknown(key)

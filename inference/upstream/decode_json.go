@@ -196,6 +196,30 @@ func (d *fastDecoder) optStr(s *string) error {
 	return err
 }
 
+// optStrKnown is optStr that, for the one value every answer repeats
+// (the assistant's role), takes the constant instead of copying the bytes.
+func (d *fastDecoder) optStrKnown(s *string, known string) error {
+	d.space()
+	if end := d.pos + len(known) + 2; end <= len(d.buf) && d.buf[d.pos] == '"' && d.buf[end-1] == '"' &&
+		string(d.buf[d.pos+1:end-1]) == known {
+		d.pos = end
+		*s = known
+		return nil
+	}
+	return d.optStr(s)
+}
+
+// optStrPtr decodes a string into a new *s; null leaves *s nil, as json
+// does for a pointer field decoded once.
+func (d *fastDecoder) optStrPtr(s **string) error {
+	if d.null() {
+		return nil
+	}
+	v, err := d.str()
+	*s = &v
+	return err
+}
+
 // optInt is optStr for an int.
 func (d *fastDecoder) optInt(n *int) error {
 	if d.null() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // Stream runs one streaming generation.
@@ -164,7 +165,7 @@ type toolCallParts struct {
 }
 
 // add joins one piece to its call and returns it as the client's delta.
-func (p *toolCallParts) add(tc wireToolCall) inference.ToolCallDelta {
+func (p *toolCallParts) add(tc openai.ToolCall) inference.ToolCallDelta {
 	idx := 0
 	if tc.Index != nil {
 		idx = *tc.Index

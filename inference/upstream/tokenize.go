@@ -11,6 +11,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
 // CountTokens implements inference.Counter with the server's tokenizer
@@ -80,8 +81,8 @@ func (b *Backend) tokenize(ctx context.Context, req *inference.Request) ([]int, 
 // request. add_generation_prompt is vLLM's (default true there too);
 // SGLang always adds the generation prompt, as its chat endpoint does.
 type tokenizeRequest struct {
-	Model               string        `json:"model"`
-	Messages            []wireMessage `json:"messages"`
-	Tools               []wireTool    `json:"tools,omitempty"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt,omitempty"`
+	Model               string           `json:"model"`
+	Messages            []openai.Message `json:"messages"`
+	Tools               []openai.Tool    `json:"tools,omitempty"`
+	AddGenerationPrompt *bool            `json:"add_generation_prompt,omitempty"`
 }

@@ -5,111 +5,45 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 )
 
-type wireMessage struct {
-	Role       string         `json:"role"`
-	Content    *string        `json:"content"`
-	Name       string         `json:"name,omitempty"`
-	ToolCalls  []wireToolCall `json:"tool_calls,omitempty"`
-	ToolCallID string         `json:"tool_call_id,omitempty"`
-}
-
-type wireToolCall struct {
-	Index    *int   `json:"index,omitempty"`
-	ID       string `json:"id,omitempty"`
-	Type     string `json:"type,omitempty"`
-	Function struct {
-		Name      string `json:"name,omitempty"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
-}
-
-type wireTool struct {
-	Type     string `json:"type"`
-	Function struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
-		Parameters  json.RawMessage `json:"parameters,omitempty"`
-	} `json:"function"`
-}
-
-type wireRequest struct {
-	Model       string        `json:"model"`
-	Messages    []wireMessage `json:"messages"`
-	Tools       []wireTool    `json:"tools,omitempty"`
-	ToolChoice  any           `json:"tool_choice,omitempty"`
-	MaxTokens   int           `json:"max_tokens,omitempty"`
-	Temperature *float64      `json:"temperature,omitempty"`
-	TopP        *float64      `json:"top_p,omitempty"`
-	Stop        []string      `json:"stop,omitempty"`
-	Seed        *int64        `json:"seed,omitempty"`
-	// The client's own parameters, forwarded as they came.
-	ResponseFormat    json.RawMessage    `json:"response_format,omitempty"`
-	ParallelToolCalls *bool              `json:"parallel_tool_calls,omitempty"`
-	FrequencyPenalty  *float64           `json:"frequency_penalty,omitempty"`
-	PresencePenalty   *float64           `json:"presence_penalty,omitempty"`
-	LogitBias         map[string]float64 `json:"logit_bias,omitempty"`
-	Logprobs          bool               `json:"logprobs"`
-	TopLogprobs       int                `json:"top_logprobs,omitempty"`
-	Stream            bool               `json:"stream,omitempty"`
-	StreamOptions     *streamOptions     `json:"stream_options,omitempty"`
-	ReturnTokenID     *bool              `json:"return_token_ids,omitempty"`
-	TokensAsIDs       *bool              `json:"return_tokens_as_token_ids,omitempty"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-func (b *Backend) wire(req *inference.Request, stream bool) wireRequest {
-	w := wireRequest{Model: b.cfg.Model, MaxTokens: req.MaxTokens, Temperature: req.Temperature, TopP: req.TopP,
-		Stop: req.Stop, Seed: req.Seed, Logprobs: true, TopLogprobs: req.TopLogprobs, Stream: stream,
+// wire is the chat request for req in the engine's dialect: always with
+// logprobs, and on vLLM with its token-id extensions.
+func (b *Backend) wire(req *inference.Request, stream bool) openai.Request {
+	w := openai.Request{Model: b.cfg.Model, Messages: openai.EncodeMessages(req.Messages), Tools: openai.EncodeTools(req.Tools),
+		ToolChoice: openai.EncodeToolChoice(req.ToolChoice), Temperature: req.Temperature, TopP: req.TopP,
+		Stop: openai.EncodeStops(req.Stop), Seed: req.Seed, Logprobs: true, Stream: stream,
 		ResponseFormat: req.ResponseFormat, ParallelToolCalls: req.ParallelToolCalls, FrequencyPenalty: req.FrequencyPenalty,
 		PresencePenalty: req.PresencePenalty, LogitBias: req.LogitBias}
+	if req.MaxTokens != 0 {
+		w.MaxTokens = &req.MaxTokens
+	}
+	if req.TopLogprobs != 0 {
+		w.TopLogprobs = &req.TopLogprobs
+	}
 	if b.cfg.VersionsByName && req.Version != "" {
 		w.Model = req.Version
 	}
 	if stream {
-		w.StreamOptions = &streamOptions{IncludeUsage: true}
+		w.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
 	}
 	if b.cfg.Dialect == deployment.DialectVLLM {
-		t := true
-		w.ReturnTokenID = &t
-		if b.idsInTokens.Load() {
-			w.TokensAsIDs = &t
-		}
-	}
-	for _, m := range req.Messages {
-		content := m.Content
-		wm := wireMessage{Role: m.Role, Content: &content, Name: m.Name, ToolCallID: m.ToolCallID}
-		if m.Role == inference.RoleAssistant && content == "" && len(m.ToolCalls) > 0 {
-			wm.Content = nil
-		}
-		for _, tc := range m.ToolCalls {
-			var wt wireToolCall
-			wt.ID, wt.Type = tc.ID, "function"
-			wt.Function.Name, wt.Function.Arguments = tc.Name, tc.Arguments
-			wm.ToolCalls = append(wm.ToolCalls, wt)
-		}
-		w.Messages = append(w.Messages, wm)
-	}
-	for _, t := range req.Tools {
-		var wt wireTool
-		wt.Type = "function"
-		wt.Function.Name, wt.Function.Description, wt.Function.Parameters = t.Name, t.Description, t.Parameters
-		w.Tools = append(w.Tools, wt)
-	}
-	switch req.ToolChoice {
-	case "":
-	case "auto", "none", "required":
-		w.ToolChoice = req.ToolChoice
-	default:
-		w.ToolChoice = map[string]any{"type": "function", "function": map[string]string{"name": req.ToolChoice}}
+		w.ReturnTokenIDs = true
+		w.TokensAsIDs = b.idsInTokens.Load()
 	}
 	return w
 }
 
+// The answer's envelope is the engine client's own, not openai.Completion:
+// it is decoded per token on the gateway's hot path (decode.go), and
+// openai's logprob shape would cost an allocation per token for "bytes",
+// which the client never reads, and a float64 that the client rounds to
+// float32 (twice rounded, where vLLM's float32 is parsed once here). Its
+// messages, tool calls and usage are openai's.
+
+// wireLogprob is one token's logprob as the engine sends it, less the
+// bytes.
 type wireLogprob struct {
 	Token       string  `json:"token"`
 	Logprob     float32 `json:"logprob"`
@@ -120,36 +54,27 @@ type wireLogprob struct {
 }
 
 type wireChoice struct {
-	Message struct {
-		Content          *string        `json:"content"`
-		ReasoningContent string         `json:"reasoning_content"`
-		ToolCalls        []wireToolCall `json:"tool_calls"`
-	} `json:"message"`
-	Delta struct {
-		Content          *string        `json:"content"`
-		ReasoningContent string         `json:"reasoning_content"`
-		ToolCalls        []wireToolCall `json:"tool_calls"`
-	} `json:"delta"`
-	FinishReason *string `json:"finish_reason"`
+	Message      openai.RespMessage `json:"message"`
+	Delta        openai.RespMessage `json:"delta"`
+	FinishReason *string            `json:"finish_reason"`
 	// StopReason is vLLM's: the stop string that ended the answer.
 	StopReason stopReason `json:"stop_reason"`
 	Logprobs   *struct {
 		Content []wireLogprob `json:"content"`
 	} `json:"logprobs"`
+	// TokenIDs is vLLM's (return_token_ids).
 	TokenIDs []int `json:"token_ids"`
 }
 
 type wireResponse struct {
 	// Error is set on a chunk that reports a failure after the stream
 	// started (vLLM sends it, then [DONE]).
-	Error          *wireError   `json:"error"`
-	Model          string       `json:"model"`
-	Choices        []wireChoice `json:"choices"`
-	PromptTokenIDs []int        `json:"prompt_token_ids"`
-	Usage          *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
+	Error   *wireError   `json:"error"`
+	Model   string       `json:"model"`
+	Choices []wireChoice `json:"choices"`
+	// PromptTokenIDs is vLLM's (return_token_ids).
+	PromptTokenIDs []int         `json:"prompt_token_ids"`
+	Usage          *openai.Usage `json:"usage"`
 }
 
 type wireError struct {

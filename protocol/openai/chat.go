@@ -1,13 +1,18 @@
-// Package openai is OpenAI's Chat Completions wire format, as far as the
-// gateway speaks it: the request and its messages, tools and options, the
-// completion and its stream chunks, with converters to and from the
-// protocol-neutral inference types. Decode's errors name the field and are
-// the client's fault (400).
+// Package openai is OpenAI's Chat Completions wire format, the one
+// definition of it in Flywheel: the request and its messages, tools,
+// tool_choice and options, with vLLM's extensions to them; the completion
+// and its stream chunks; converters to and from the protocol-neutral
+// inference types. The gateway reads requests and writes answers with it,
+// the engine client (inference/upstream) writes requests and reads
+// messages, tool calls and usage with it, and the model server reads its
+// requests' parts with it. Decode's errors name the field and are the
+// client's fault (400). It does no I/O.
 package openai
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -15,9 +20,13 @@ import (
 	"github.com/flywheel-ai/flywheel/protocol"
 )
 
-// OpenAI Chat Completions wire types: only the fields the gateway reads or
-// writes. Unknown request fields are ignored, as OpenAI's SDKs send many.
+// OpenAI Chat Completions wire types: only the fields the gateway, the
+// engine client (inference/upstream) and the model server read or write.
+// Unknown request fields are ignored, as OpenAI's SDKs send many. The
+// fields are in the order the engine client has always written them.
 
+// Request is a chat completion request, as the gateway and the model
+// server read it and the engine client writes it.
 type Request struct {
 	Model               string             `json:"model"`
 	Messages            []Message          `json:"messages"`
@@ -30,16 +39,22 @@ type Request struct {
 	Stop                json.RawMessage    `json:"stop,omitempty"`
 	Seed                *int64             `json:"seed,omitempty"`
 	N                   *int               `json:"n,omitempty"`
-	Stream              bool               `json:"stream,omitempty"`
-	StreamOptions       *StreamOptions     `json:"stream_options,omitempty"`
-	Logprobs            bool               `json:"logprobs,omitempty"`
-	TopLogprobs         *int               `json:"top_logprobs,omitempty"`
-	User                string             `json:"user,omitempty"`
 	ResponseFormat      json.RawMessage    `json:"response_format,omitempty"`
 	ParallelToolCalls   *bool              `json:"parallel_tool_calls,omitempty"`
 	FrequencyPenalty    *float64           `json:"frequency_penalty,omitempty"`
 	PresencePenalty     *float64           `json:"presence_penalty,omitempty"`
 	LogitBias           map[string]float64 `json:"logit_bias,omitempty"`
+	Logprobs            bool               `json:"logprobs,omitempty"`
+	TopLogprobs         *int               `json:"top_logprobs,omitempty"`
+	Stream              bool               `json:"stream,omitempty"`
+	StreamOptions       *StreamOptions     `json:"stream_options,omitempty"`
+	User                string             `json:"user,omitempty"`
+	// ReturnTokenIDs is vLLM's: the answer carries prompt_token_ids and
+	// each choice's token_ids.
+	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
+	// TokensAsIDs is vLLM's return_tokens_as_token_ids: logprob tokens
+	// are written "token_id:N".
+	TokensAsIDs bool `json:"return_tokens_as_token_ids,omitempty"`
 }
 
 // Choices is how many samples the request asks for (n).
@@ -166,10 +181,15 @@ func Decode(body []byte) (*Request, *inference.Request, error) {
 		}
 		req.Tools = append(req.Tools, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
 	}
-	choice, err := decodeToolChoice(r.ToolChoice)
-	if err != nil {
-		return nil, nil, err
+	tc, err := DecodeToolChoice(r.ToolChoice)
+	var modeErr *ToolChoiceModeError
+	switch {
+	case errors.As(err, &modeErr):
+		return nil, nil, fmt.Errorf("tool_choice: want none, auto, required or a function")
+	case err != nil:
+		return nil, nil, fmt.Errorf("tool_choice: want none, auto, required or {type: function, function: {name}}")
 	}
+	choice := tc.Choice()
 	req.ToolChoice = choice
 	if choice != "" && choice != "none" && choice != "auto" && choice != "required" && !inference.ToolNamed(req.Tools, choice) {
 		return nil, nil, fmt.Errorf("tool_choice: no tool named %q", choice)
@@ -253,31 +273,6 @@ func Stops(raw json.RawMessage) ([]string, error) {
 		return nil, fmt.Errorf("stop: want a string or an array of strings")
 	}
 	return many, nil
-}
-
-func decodeToolChoice(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		switch s {
-		case "none", "auto", "required":
-			return s, nil
-		}
-		return "", fmt.Errorf("tool_choice: want none, auto, required or a function")
-	}
-	var obj struct {
-		Type     string `json:"type"`
-		Function struct {
-			Name string `json:"name"`
-		} `json:"function"`
-	}
-	if err := json.Unmarshal(raw, &obj); err != nil || obj.Function.Name == "" {
-		return "", fmt.Errorf("tool_choice: want none, auto, required or {type: function, function: {name}}")
-	}
-	return obj.Function.Name, nil
 }
 
 // neutral converts one wire message; content may be a string, null or an
