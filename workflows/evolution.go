@@ -97,19 +97,13 @@ func act(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.Evolution
 // releaseArtefact proposes the playbook, harness or tool-schema artefact
 // the decision asks for and takes it through a ReleaseWorkflow.
 func releaseArtefact(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.EvolutionResult) error {
-	kind, layer := evolution.KindPlaybook, flow.LayerPlaybook
-	switch res.Decision.Kind {
-	case evolution.DecisionHarness:
-		kind, layer = evolution.KindHarness, flow.LayerHarness
-	case evolution.DecisionToolSchema:
-		kind, layer = evolution.KindToolSchema, flow.LayerToolSchema
-	}
+	layer := evolution.DecisionLayer(res.Decision.Kind)
 	var art flow.ProposeArtefactOutput
 	if err := workflow.ExecuteActivity(actx, aEvolution.ProposeArtefact, flow.ProposeArtefactInput{
-		Deployment: in.Deployment, Kind: kind, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
+		Deployment: in.Deployment, Kind: layer, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
 		Window: in.Window, Key: workflow.GetInfo(ctx).WorkflowExecution.ID,
 	}).Get(ctx, &art); err != nil {
-		return fmt.Errorf("propose %s: %w", kind, err)
+		return fmt.Errorf("propose %s: %w", layer, err)
 	}
 	if art.Version == 0 {
 		res.Action = "nothing to propose: " + art.Reason

@@ -8,6 +8,7 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/testsuite"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 )
@@ -73,10 +74,10 @@ func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
 	require.Equal(t, ev, res.Evidence, "the evidence is in the workflow's result")
 	require.Len(t, acts.recorded, 1)
 	require.Equal(t, "manual", acts.recorded[0].Trigger)
-	require.Equal(t, evolution.KindPlaybook, acts.proposed[0].Kind)
-	require.Equal(t, "release "+flow.ReleaseWorkflowID("dep", flow.LayerPlaybook, "3"), res.Action)
+	require.Equal(t, artefact.LayerPlaybook, acts.proposed[0].Kind)
+	require.Equal(t, "release "+flow.ReleaseWorkflowID("dep", artefact.LayerPlaybook, "3"), res.Action)
 	require.Equal(t, flow.ReleasePromoted, res.Release)
-	require.Equal(t, flow.LayerPlaybook, acts.release.finished[0].Layer)
+	require.Equal(t, artefact.LayerPlaybook, acts.release.finished[0].Layer)
 	require.Equal(t, testPolicy.CanaryChecks, acts.release.calls[flow.GateCanary], "an artefact passes the live canary too")
 }
 

@@ -23,6 +23,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
@@ -299,9 +300,9 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	}
 	t.Cleanup(func() { stop.Store(true); wg.Wait() })
 
-	id := flow.ReleaseWorkflowID(policyName, flow.LayerWeights, v2)
+	id := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v2)
 	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName,
-		flow.ReleaseInput{Deployment: policyName, Layer: flow.LayerWeights, Candidate: v2, Reason: "integration test",
+		flow.ReleaseInput{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v2, Reason: "integration test",
 			Policy: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
 				CanaryChecks: 8, MinCanarySamples: 5, MaxRewardDrop: 0.05}})
 	require.NoError(t, err)
@@ -319,7 +320,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	require.Zero(t, failed.Load(), "a steady client sees no failed request (of %d)", requests.Load())
 	require.Positive(t, servedBy[v2], "the canary served some traffic")
 	require.Greater(t, servedBy[v1], servedBy[v2])
-	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	var status string
@@ -385,14 +386,14 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	require.NoError(t, err)
 	v1, v2 := s.policy.Serving, s.policy.Candidate(other, 2)
 	s.policy.Load(v2) // as a release's sync would have
-	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: flow.LayerWeights, Candidate: v2, WorkflowID: "forced"})
+	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v2, WorkflowID: "forced"})
 	require.NoError(t, err)
 	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, flow.ReleasePromoted, "forced past the gates"))
 
 	res = watch("watchdog-it-2")
 	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
 	require.Equal(t, v1, res.RolledBackTo)
-	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	testenv.RecordHistory(t, s.tc, "watchdog-it-2", filepath.Join("testdata", "watchdog_rollback_history.json"))
@@ -422,7 +423,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
 	require.NoError(t, err)
 	v2 := store.VersionID(policyName, 2)
-	rid := flow.ReleaseWorkflowID(policyName, flow.LayerWeights, v2)
+	rid := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v2)
 	var rel flow.ReleaseResult
 	require.Eventually(t, func() bool {
 		return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil
@@ -440,7 +441,7 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	require.Equal(t, "rolled_back", status)
 	require.GreaterOrEqual(t, lineage, n)
 	require.Equal(t, lineage, used)
-	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
 }
@@ -504,7 +505,7 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 		_, st := versionRow(v)
 		require.Equal(t, "retired", st, v)
 	}
-	serving, err := store.ServingOf(ctx, s.pool, policyName, flow.LayerWeights)
+	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving, "the newest clean version serves")
 
@@ -560,7 +561,7 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 	defer cancel()
 	var res flow.EvolutionResult
 	if err := run.Get(rctx, &res); err != nil {
-		for _, id := range []string{"evolution-it", flow.ReleaseWorkflowID(policyName, flow.LayerPlaybook, "1")} {
+		for _, id := range []string{"evolution-it", flow.ReleaseWorkflowID(policyName, artefact.LayerPlaybook, "1")} {
 			d, derr := s.tc.DescribeWorkflowExecution(ctx, id, "")
 			if derr != nil {
 				t.Logf("describe %s: %v", id, derr)

@@ -7,6 +7,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
@@ -41,7 +42,7 @@ func ReleaseWorkflow(ctx workflow.Context, in flow.ReleaseInput) (flow.ReleaseRe
 	switch {
 	case in.Deployment == "" || in.Candidate == "":
 		return flow.ReleaseResult{}, temporal.NewNonRetryableApplicationError("release needs Deployment and Candidate", "BadInput", nil)
-	case in.Layer != flow.LayerWeights && in.Layer != flow.LayerPlaybook && in.Layer != flow.LayerHarness && in.Layer != flow.LayerToolSchema:
+	case in.Layer != artefact.LayerWeights && in.Layer != artefact.LayerPlaybook && in.Layer != artefact.LayerHarness && in.Layer != artefact.LayerToolSchema:
 		return flow.ReleaseResult{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("release layer %q is not one of weights, playbook, harness, tool_schema", in.Layer), "BadInput", nil)
 	}
 	r := &releaseRun{in: in, policy: in.Policy.WithDefaults()}
@@ -106,7 +107,7 @@ func (r *releaseRun) run(ctx workflow.Context) (flow.ReleaseResult, error) {
 	}
 
 	synced := false
-	if r.in.Layer == flow.LayerWeights && workflow.GetVersion(ctx, releaseChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
+	if r.in.Layer == artefact.LayerWeights && workflow.GetVersion(ctx, releaseChangeWeightSync, workflow.DefaultVersion, 1) >= 1 {
 		// The candidate must be in the engine before a gate or the canary
 		// asks for it by name.
 		r.state.Phase = "loading weights"
@@ -195,7 +196,7 @@ func (r *releaseRun) gates(ctx, actx workflow.Context, base string) (status, rea
 	// The gateway serves a weights candidate's share by model version and
 	// an artefact candidate's share (its own split of sessions) under the
 	// candidate artefact.
-	if r.in.Layer != flow.LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
+	if r.in.Layer != artefact.LayerWeights && workflow.GetVersion(ctx, releaseChangeArtefactCanary, workflow.DefaultVersion, 1) < 1 {
 		return r.approval(ctx, "offline gates passed (no live canary for the "+r.in.Layer+" layer)")
 	}
 	if status, reason, err := g.canary(); status != "" || err != nil {

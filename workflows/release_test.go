@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
@@ -103,13 +104,13 @@ func releaseResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) flow.Re
 func TestReleasePromotesWhenEveryGatePasses(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	acts.failOnce[flow.GateReplay] = true // a retried activity, not a failed gate
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleasePromoted, res.State.Status)
 	require.Equal(t, 2, acts.calls[flow.GateReplay])
 	require.Equal(t, 5, acts.calls[flow.GateCanary])
 	require.Len(t, acts.finished, 1)
-	require.Equal(t, flow.FinishReleaseInput{ReleaseID: 42, Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2",
+	require.Equal(t, flow.FinishReleaseInput{ReleaseID: 42, Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2",
 		Baseline: "dep@v1", Status: flow.ReleasePromoted, Reason: "every gate passed"}, acts.finished[0])
 	var names []string
 	for _, p := range acts.phases {
@@ -123,7 +124,7 @@ func TestReleasePromotesWhenEveryGatePasses(t *testing.T) {
 func TestReleaseRollsBackOnSafetyDrop(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	acts.verdicts[flow.GateSafety] = []flow.GateResult{{Passed: false, Reason: "refusal rate fell", Metrics: map[string]float64{"candidate_pass_rate": 0.5}}}
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Contains(t, res.State.Reason, "safety gate failed")
@@ -137,7 +138,7 @@ func TestReleaseCanaryRollsBackAtTheFirstClearLoss(t *testing.T) {
 		{Passed: false, Insufficient: true, Reason: "3 rewarded; 20 needed"},
 		{Passed: false, Reason: "mean reward: candidate 0.1 vs baseline 0.8"},
 	}
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Contains(t, res.State.Reason, "canary gate failed")
@@ -148,7 +149,7 @@ func TestReleaseCanaryRollsBackAtTheFirstClearLoss(t *testing.T) {
 func TestReleaseCanaryWithoutEnoughDataRollsBack(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	acts.verdicts[flow.GateCanary] = []flow.GateResult{{Passed: false, Insufficient: true, Reason: "0 rewarded"}}
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Equal(t, 10, acts.calls[flow.GateCanary], "5 planned checks, then as many more while it waits for traffic (MaxTrafficWait: the canary's own duration)")
@@ -163,7 +164,7 @@ func TestReleaseWaitsForTraffic(t *testing.T) {
 	acts.verdicts[flow.GateCanary] = []flow.GateResult{{Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Insufficient: true}, {Passed: true}}
 	policy := testPolicy
 	policy.MaxTrafficWait = 5 * time.Minute
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: policy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: policy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleasePromoted, res.State.Status, res.State.Reason)
 	require.Equal(t, 3, acts.calls[flow.GateShadow])
@@ -174,7 +175,7 @@ func TestReleaseWaitsForTraffic(t *testing.T) {
 	env, acts = newReleaseEnv(t)
 	acts.verdicts[flow.GateShadow] = []flow.GateResult{{Insufficient: true, NotEvaluated: true, Reason: "no live traffic"}}
 	policy.MaxTrafficWait = 3 * time.Minute
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: policy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: policy})
 	res = releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Equal(t, 4, acts.calls[flow.GateShadow], "one check a shadow duration (1m) for 3m more")
@@ -191,7 +192,7 @@ func TestReleaseAbortSignalRollsBackAtOnce(t *testing.T) {
 		env.SignalWorkflow(flow.ReleaseAbortSignal, "users complain")
 	}, 5*time.Minute)
 	start := env.Now()
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleaseAborted, res.State.Status)
 	require.Equal(t, "aborted by operator: users complain", res.State.Reason)
@@ -205,14 +206,14 @@ func TestReleaseWaitsForApproval(t *testing.T) {
 
 	env, acts := newReleaseEnv(t)
 	env.RegisterDelayedCallback(func() { env.SignalWorkflow(flow.ReleaseApproveSignal, "") }, 30*time.Minute)
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: p})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: p})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleasePromoted, res.State.Status)
 	require.Contains(t, res.State.Reason, "approved by operator")
 	require.Len(t, acts.finished, 1)
 
 	env, _ = newReleaseEnv(t)
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: p})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: p})
 	res = releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Contains(t, res.State.Reason, "no approval")
@@ -223,7 +224,7 @@ func TestReleaseWaitsForApproval(t *testing.T) {
 // rolls it back.
 func TestReleaseOfAnArtefactPassesTheLiveCanary(t *testing.T) {
 	env, acts := newReleaseEnv(t)
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerHarness, Candidate: "3", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerHarness, Candidate: "3", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleasePromoted, res.State.Status)
 	require.Equal(t, 1, acts.calls[flow.GateSafety])
@@ -238,7 +239,7 @@ func TestReleaseOfAnArtefactPassesTheLiveCanary(t *testing.T) {
 
 	env, acts = newReleaseEnv(t)
 	acts.verdicts[flow.GateCanary] = []flow.GateResult{{Passed: false, Regressed: true, Reason: "mean reward: worse"}}
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerPlaybook, Candidate: "4", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerPlaybook, Candidate: "4", Policy: testPolicy})
 	res = releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Contains(t, res.State.Reason, "canary gate failed")
@@ -260,7 +261,7 @@ func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
 	acts.synced = true
 	p := testPolicy
 	p.WeightDrain = 3 * time.Minute
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: p})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: p})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleasePromoted, res.State.Status)
 	require.Equal(t, []flow.SyncWeightsInput{{Deployment: "dep", Candidate: "dep@v2"}, {Deployment: "dep", Unload: true, Drain: 3 * time.Minute}}, acts.syncs)
@@ -269,14 +270,14 @@ func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
 
 	// A deployment without weight sync: one call that finds nothing to do.
 	env, acts = newReleaseEnv(t)
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	require.Equal(t, flow.ReleasePromoted, releaseResult(t, env).State.Status)
 	require.Len(t, acts.syncs, 1)
 
 	// Artefacts have no weights to sync.
 	env, acts = newReleaseEnv(t)
 	acts.synced = true
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerHarness, Candidate: "3", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerHarness, Candidate: "3", Policy: testPolicy})
 	releaseResult(t, env)
 	require.Empty(t, acts.syncs)
 }
@@ -286,7 +287,7 @@ func TestWeightsReleaseSyncsTheEngine(t *testing.T) {
 func TestWeightsReleaseFailsClosedWhenTheEngineRefuses(t *testing.T) {
 	env, acts := newReleaseEnv(t)
 	acts.synced, acts.syncFail = true, true
-	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: flow.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
+	env.ExecuteWorkflow(ReleaseWorkflow, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerWeights, Candidate: "dep@v2", Policy: testPolicy})
 	res := releaseResult(t, env)
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status)
 	require.Contains(t, res.State.Reason, "adapter_config.json")

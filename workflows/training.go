@@ -8,6 +8,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/flow"
 )
 
@@ -485,14 +486,14 @@ func (r *trainingRun) startRelease(ctx workflow.Context) {
 	r.pending, r.pendingAhead, r.pendingReason = "", 0, ""
 	r.st.Phase = "releasing"
 	r.st.Releasing = r.relCand
-	r.st.LastRelease = flow.ReleaseWorkflowID(r.in.Deployment, flow.LayerWeights, r.relCand)
+	r.st.LastRelease = flow.ReleaseWorkflowID(r.in.Deployment, artefact.LayerWeights, r.relCand)
 	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
 		WorkflowID:        r.st.LastRelease,
 		ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
 	})
 	r.rel = workflow.ExecuteChildWorkflow(cctx, ReleaseWorkflow, flow.ReleaseInput{
 		// The baseline is read when the release begins: whatever serves then.
-		Deployment: r.in.Deployment, Layer: flow.LayerWeights, Candidate: r.relCand,
+		Deployment: r.in.Deployment, Layer: artefact.LayerWeights, Candidate: r.relCand,
 		Policy: r.p.Release, Reason: reason,
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
@@ -171,7 +172,7 @@ func runReleaseCmd(ctx context.Context, args []string) error {
 	var note string
 	e, pos, err := openWF(ctx, "release "+v, rest, v == "show" || v == "list", func(fs *flag.FlagSet) {
 		fs.StringVar(&in.Deployment, "deployment", "", "deployment (start, list)")
-		fs.StringVar(&in.Layer, "layer", flow.LayerWeights, "weights, playbook, harness or tool_schema (start)")
+		fs.StringVar(&in.Layer, "layer", artefact.LayerWeights, "weights, playbook, harness or tool_schema (start)")
 		fs.StringVar(&in.Candidate, "candidate", "", "model version or artefact version (start)")
 		fs.StringVar(&in.Reason, "reason", "manual release", "why (start)")
 		fs.DurationVar(&in.Policy.ShadowDuration, "shadow", 0, "shadow duration (default 1m)")
