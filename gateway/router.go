@@ -18,8 +18,8 @@ import (
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 const (

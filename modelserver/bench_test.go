@@ -13,10 +13,10 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/modelserver"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 // BenchmarkWeightSwap measures a release's weight swap on the policy's

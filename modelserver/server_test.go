@@ -14,9 +14,9 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/modelserver"
 	"github.com/flywheel-ai/flywheel/trainer"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 // served is the model name the tests serve, its base at baseVersion.

@@ -18,9 +18,9 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/inference/weightsync"
 	"github.com/flywheel-ai/flywheel/modelserver"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 // TestNoFailedRequestDuringSwaps: while requests run against every served

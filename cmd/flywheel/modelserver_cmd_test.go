@@ -15,9 +15,9 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 // TestModelServerCommand: `flywheel model-server` seeds the policy's v0,

@@ -3,7 +3,7 @@
 // tool_choice and options, with vLLM's extensions to them; the completion
 // and its stream chunks; converters to and from the protocol-neutral
 // inference types. The gateway reads requests and writes answers with it,
-// the engine client (inference/upstream) writes requests and reads
+// the engine client (upstream) writes requests and reads
 // messages, tool calls and usage with it, and the model server reads its
 // requests' parts with it. Decode's errors name the field and are the
 // client's fault (400). It does no I/O.
@@ -21,7 +21,7 @@ import (
 )
 
 // OpenAI Chat Completions wire types: only the fields the gateway, the
-// engine client (inference/upstream) and the model server read or write.
+// engine client (upstream) and the model server read or write.
 // Unknown request fields are ignored, as OpenAI's SDKs send many. The
 // fields are in the order the engine client has always written them.
 

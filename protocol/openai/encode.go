@@ -7,7 +7,7 @@ import (
 )
 
 // The client's side of a request: the neutral request's parts in the wire
-// shape, as the engine client (inference/upstream) sends them.
+// shape, as the engine client (upstream) sends them.
 
 // EncodeMessages writes the neutral messages. Content is always a string,
 // except an assistant turn that only calls tools, whose content is null.

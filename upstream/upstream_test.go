@@ -12,8 +12,8 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/fakevllm"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 func newBackend(t *testing.T, fx *fakevllm.Fixture, cfg upstream.Config) *upstream.Backend {

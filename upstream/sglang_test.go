@@ -12,8 +12,8 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/inference/upstream"
 	"github.com/flywheel-ai/flywheel/internal/fakesglang"
+	"github.com/flywheel-ai/flywheel/upstream"
 )
 
 func newSGLang(t *testing.T, fake *fakesglang.Fake, cfg upstream.Config) *upstream.Backend {
