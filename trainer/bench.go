@@ -105,12 +105,52 @@ func RunBench(ctx context.Context, cfg BenchConfig, w io.Writer) (BenchResult, e
 	if err := cfg.Model.validate(); err != nil {
 		return BenchResult{}, fmt.Errorf("bench model: %w", err)
 	}
-	res := BenchResult{BLAS: BLASName()}
-	cpus := runtime.NumCPU()
+	r := &benchRun{cfg: cfg, cpus: runtime.NumCPU(), w: w, res: BenchResult{BLAS: BLASName()}}
+	if err := r.sgemm(ctx); err != nil {
+		return r.res, err
+	}
+	SetBLASThreads(1)
+	SetParallelism(r.cpus)
+	defer SetParallelism(runtime.GOMAXPROCS(0))
+	r.res.GonumSgemmGFLOPS = measureSgemm(512, 512, 512, sgemmGonum)
+	fmt.Fprintf(w, "sgemm gonum (pure Go) 512^3: %.1f GFLOP/s\n", r.res.GonumSgemmGFLOPS)
+	r.res.BLASSpeedup = r.res.SgemmGFLOPS / r.res.GonumSgemmGFLOPS
 
-	// SGEMM: the best of the shapes the training step uses and a square one,
-	// with BLAS's own threads (1 and all cores) and split by goroutines the
-	// way the passes call it.
+	r.res.Threads = r.cpus
+	// One stream of random tokens for every batch and prompt below, drawn
+	// in this order.
+	r.rng = rand.New(rand.NewPCG(1, 2))
+	m, err := NewModel(cfg.Model, 1)
+	if err != nil {
+		return r.res, err
+	}
+	if err := r.training(ctx, m); err != nil {
+		return r.res, err
+	}
+	if err := r.packing(ctx, m); err != nil {
+		return r.res, err
+	}
+	if err := r.policy(ctx); err != nil {
+		return r.res, err
+	}
+	return r.res, nil
+}
+
+// benchRun is one RunBench: its settings, where progress goes, and the
+// result filled in section by section.
+type benchRun struct {
+	cfg  BenchConfig
+	cpus int
+	w    io.Writer
+	rng  *rand.Rand
+	res  BenchResult
+}
+
+// sgemm measures the best of the shapes the training step uses and a
+// square one, with BLAS's own threads (1 and all cores) and split by
+// goroutines the way the passes call it.
+func (r *benchRun) sgemm(ctx context.Context) error {
+	cfg, cpus := r.cfg, r.cpus
 	d, f, n := cfg.Model.DModel, cfg.Model.FFN, cfg.Seqs*cfg.SeqLen
 	shapes := [][3]int{{1024, 1024, 1024}, {n, 3 * d, d}, {n, f, d}, {n, d, f}}
 	for _, mode := range []struct {
@@ -129,65 +169,66 @@ func RunBench(ctx context.Context, cfg BenchConfig, w io.Writer) (BenchResult, e
 		SetParallelism(mode.par)
 		for _, s := range shapes {
 			g := measureSgemm(s[0], s[1], s[2], mode.fn)
-			fmt.Fprintf(w, "sgemm %s %s %dx%dx%d: %.1f GFLOP/s\n", res.BLAS, mode.name, s[0], s[1], s[2], g)
-			res.SgemmGFLOPS = max(res.SgemmGFLOPS, g)
+			fmt.Fprintf(r.w, "sgemm %s %s %dx%dx%d: %.1f GFLOP/s\n", r.res.BLAS, mode.name, s[0], s[1], s[2], g)
+			r.res.SgemmGFLOPS = max(r.res.SgemmGFLOPS, g)
 		}
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return err
 		}
 	}
-	SetBLASThreads(1)
-	SetParallelism(cpus)
-	defer SetParallelism(runtime.GOMAXPROCS(0))
-	res.GonumSgemmGFLOPS = measureSgemm(512, 512, 512, sgemmGonum)
-	fmt.Fprintf(w, "sgemm gonum (pure Go) 512^3: %.1f GFLOP/s\n", res.GonumSgemmGFLOPS)
-	res.BLASSpeedup = res.SgemmGFLOPS / res.GonumSgemmGFLOPS
+	return nil
+}
 
-	// Training throughput, unpacked, every completion token trained.
-	res.Threads = cpus
-	rng := rand.New(rand.NewPCG(1, 2))
-	m, err := NewModel(cfg.Model, 1)
-	if err != nil {
-		return res, err
-	}
-	fmt.Fprintf(w, "train model: %d params, layers=%d d_model=%d ffn=%d; batch %d×%d; goroutines=%d\n",
+// training measures training throughput on m, unpacked, every completion
+// token trained, against the best SGEMM and against an SGEMM measured next
+// to each step.
+func (r *benchRun) training(ctx context.Context, m *Model) error {
+	cfg, cpus, res := r.cfg, r.cpus, &r.res
+	d, f, n := cfg.Model.DModel, cfg.Model.FFN, cfg.Seqs*cfg.SeqLen
+	fmt.Fprintf(r.w, "train model: %d params, layers=%d d_model=%d ffn=%d; batch %d×%d; goroutines=%d\n",
 		m.NumParams(), cfg.Model.Layers, d, f, cfg.Seqs, cfg.SeqLen, cpus)
-	b := benchBatch(rng, cfg.Seqs, 1, cfg.SeqLen, cfg.SeqLen/8)
+	b := benchBatch(r.rng, cfg.Seqs, 1, cfg.SeqLen, cfg.SeqLen/8)
 	sec, flops, tokens, err := timeSteps(ctx, m, b, true, cfg.Steps)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.TrainTokensPerS = float64(tokens) / sec
 	res.GFLOPS = flops / sec / 1e9
 	res.FlopsRatio = res.GFLOPS / res.SgemmGFLOPS
-	fmt.Fprintf(w, "train: %.0f tokens/s, %.1f GFLOP/s achieved (%.2f of best SGEMM)\n", res.TrainTokensPerS, res.GFLOPS, res.FlopsRatio)
+	fmt.Fprintf(r.w, "train: %.0f tokens/s, %.1f GFLOP/s achieved (%.2f of best SGEMM)\n", res.TrainTokensPerS, res.GFLOPS, res.FlopsRatio)
 
 	// On a shared machine the two bests above may come from different load;
 	// pair each step with an SGEMM measured right before it (the step's
 	// largest product, split the same way) and keep the median ratio.
 	res.FlopsRatioPaired, err = pairedRatio(ctx, m, b, cfg.Steps, [3]int{n, f, d})
 	if err != nil {
-		return res, err
+		return err
 	}
 	SetParallelism(1)
 	res.FlopsRatio1Core, err = pairedRatio(ctx, m, b, cfg.Steps, [3]int{n, f, d})
 	SetParallelism(cpus)
 	if err != nil {
-		return res, err
+		return err
 	}
-	fmt.Fprintf(w, "train vs SGEMM measured next to each step: median ratio %.2f (%d goroutines), %.2f (one core)\n",
+	fmt.Fprintf(r.w, "train vs SGEMM measured next to each step: median ratio %.2f (%d goroutines), %.2f (one core)\n",
 		res.FlopsRatioPaired, cpus, res.FlopsRatio1Core)
+	return nil
+}
 
-	// Packing: the same step with and without prefix sharing, alternated so
-	// that both see the same load, on one core (packing removes work; it
-	// does not change how the work spreads); the median ratio.
+// packing times m's step with and without prefix sharing, alternated so
+// that both see the same load, on one core (packing removes work; it does
+// not change how the work spreads), and sets the median speed-up beside the
+// theoretical one (sample tokens over packed nodes).
+func (r *benchRun) packing(ctx context.Context, m *Model) error {
+	cfg, res := r.cfg, &r.res
 	shared := int(float64(cfg.PackLen) * cfg.PackShare)
-	pb := benchBatch(rng, cfg.Groups, cfg.GroupSize, cfg.PackLen, shared)
+	pb := benchBatch(r.rng, cfg.Groups, cfg.GroupSize, cfg.PackLen, shared)
 	SetParallelism(1)
+	var err error
 	res.PackingSpeedup, err = packingSpeedup(ctx, m, pb, cfg.Steps)
-	SetParallelism(cpus)
+	SetParallelism(r.cpus)
 	if err != nil {
-		return res, err
+		return err
 	}
 	seqs := make([][]int, len(pb.Samples))
 	for i, s := range pb.Samples {
@@ -195,36 +236,40 @@ func RunBench(ctx context.Context, cfg BenchConfig, w io.Writer) (BenchResult, e
 	}
 	pk, err := BuildPack(seqs, true)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.PackingTheoretical = float64(pk.NumSampleTokens()) / float64(pk.NumNodes())
 	res.PackingEfficiency = res.PackingSpeedup / res.PackingTheoretical
-	fmt.Fprintf(w, "packing: groups of %d sharing %.0f%%: %.2fx faster (theoretical %.2fx)\n",
+	fmt.Fprintf(r.w, "packing: groups of %d sharing %.0f%%: %.2fx faster (theoretical %.2fx)\n",
 		cfg.GroupSize, 100*cfg.PackShare, res.PackingSpeedup, res.PackingTheoretical)
+	return nil
+}
 
-	// The embedded default policy: sampling (batched and one stream) and
-	// packed GRPO training.
+// policy measures the embedded default policy: sampling (batched and one
+// stream) and packed GRPO training.
+func (r *benchRun) policy(ctx context.Context) error {
+	cfg, res := r.cfg, &r.res
 	pm, err := NewModel(ModelConfig{}, 2)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.SampleTokensPerS, err = timeSampling(ctx, pm, rng, cfg.SampleSeqs, cfg.SampleTokens)
+	res.SampleTokensPerS, err = timeSampling(ctx, pm, r.rng, cfg.SampleSeqs, cfg.SampleTokens)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.SampleSingleTokPS, err = timeSampling(ctx, pm, rng, 1, cfg.SampleTokens)
+	res.SampleSingleTokPS, err = timeSampling(ctx, pm, r.rng, 1, cfg.SampleTokens)
 	if err != nil {
-		return res, err
+		return err
 	}
-	fmt.Fprintf(w, "sample (default policy, %d params): %.0f tokens/s batched ×%d, %.0f tokens/s single stream\n",
+	fmt.Fprintf(r.w, "sample (default policy, %d params): %.0f tokens/s batched ×%d, %.0f tokens/s single stream\n",
 		pm.NumParams(), res.SampleTokensPerS, cfg.SampleSeqs, res.SampleSingleTokPS)
-	psec, _, ptok, err := timeSteps(ctx, pm, benchBatch(rng, 16, 8, 32, 24), false, cfg.Steps)
+	psec, _, ptok, err := timeSteps(ctx, pm, benchBatch(r.rng, 16, 8, 32, 24), false, cfg.Steps)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.PolicyTrainTokPS = float64(ptok) / psec
-	fmt.Fprintf(w, "train (default policy, GRPO groups of 8, packed): %.0f sample tokens/s\n", res.PolicyTrainTokPS)
-	return res, nil
+	fmt.Fprintf(r.w, "train (default policy, GRPO groups of 8, packed): %.0f sample tokens/s\n", res.PolicyTrainTokPS)
+	return nil
 }
 
 // JSON renders the result as one line.

@@ -269,39 +269,14 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 	if err != nil {
 		return nil, badRequest("%v", err)
 	}
-	opts := SampleOptions{Temperature: req.Temperature, MaxTokens: req.MaxTokens, Stop: req.Stop, TopLogprobs: req.TopLogprobs}
-	if req.TopP != nil {
-		opts.TopP = *req.TopP
-	}
-	if opts.MaxTokens == 0 {
-		opts.MaxTokens = e.cfg.DefaultMaxTokens
-	}
-	var rng *rand.Rand
-	if req.Seed != nil {
-		rng = rand.New(rand.NewPCG(uint64(*req.Seed), 0))
-	} else {
-		rng = rand.New(rand.NewPCG(e.seed.Add(0x9e3779b97f4a7c15), 1))
-	}
-	var onToken func(int, int, float32) error
+	rng := e.requestRNG(req)
 	streamer := &textStreamer{stops: req.Stop}
 	parseTools := req.ToolChoice != "none" && len(req.Tools) > 0
+	var onToken func(int, int, float32) error
 	if emit != nil {
-		inTool := false
-		onToken = func(_ int, id int, lp float32) error {
-			d := inference.Delta{TokenIDs: []int{id}, Logprobs: []float32{lp}}
-			switch {
-			case id == TokImEnd:
-			case parseTools && id == TokToolStart:
-				inTool = true
-			case parseTools && id == TokToolEnd:
-				inTool = false
-			case !inTool:
-				d.Text = streamer.push(TokenText(id))
-			}
-			return emit(d)
-		}
+		onToken = streamTokens(emit, streamer, parseTools)
 	}
-	gens, err := s.model.Generate(ctx, [][]int{prompt}, opts, rng, onToken)
+	gens, err := s.model.Generate(ctx, [][]int{prompt}, e.sampleOptions(req), rng, onToken)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -320,6 +295,59 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 			}
 		}
 	}
+	resp := response(s, prompt, g, parseTools, rng)
+	resp.Latency = time.Since(start)
+	return resp, nil
+}
+
+// sampleOptions are the request's sampling parameters, with the engine's
+// default length.
+func (e *Engine) sampleOptions(req *inference.Request) SampleOptions {
+	opts := SampleOptions{Temperature: req.Temperature, MaxTokens: req.MaxTokens, Stop: req.Stop, TopLogprobs: req.TopLogprobs}
+	if req.TopP != nil {
+		opts.TopP = *req.TopP
+	}
+	if opts.MaxTokens == 0 {
+		opts.MaxTokens = e.cfg.DefaultMaxTokens
+	}
+	return opts
+}
+
+// requestRNG gives each request its own stream: reproducible when the
+// request names a seed, else seeded by the next value of the engine's
+// sequence.
+func (e *Engine) requestRNG(req *inference.Request) *rand.Rand {
+	if req.Seed != nil {
+		return rand.New(rand.NewPCG(uint64(*req.Seed), 0))
+	}
+	return rand.New(rand.NewPCG(e.seed.Add(0x9e3779b97f4a7c15), 1))
+}
+
+// streamTokens turns each sampled token into a delta for emit: its id and
+// log-prob always, its text unless it is inside a tool call (when tools are
+// parsed) or the end of the message; stop strings are held back by
+// streamer.
+func streamTokens(emit func(inference.Delta) error, streamer *textStreamer, parseTools bool) func(int, int, float32) error {
+	inTool := false
+	return func(_ int, id int, lp float32) error {
+		d := inference.Delta{TokenIDs: []int{id}, Logprobs: []float32{lp}}
+		switch {
+		case id == TokImEnd:
+		case parseTools && id == TokToolStart:
+			inTool = true
+		case parseTools && id == TokToolEnd:
+			inTool = false
+		case !inTool:
+			d.Text = streamer.push(TokenText(id))
+		}
+		return emit(d)
+	}
+}
+
+// response is the finished generation g of prompt on version s: its text
+// without the end token and the stop string, tool calls parsed when asked
+// (ids drawn from rng), and per-token text and alternatives.
+func response(s *served, prompt []int, g Generation, parseTools bool, rng *rand.Rand) *inference.Response {
 	ids := g.IDs
 	if n := len(ids); n > 0 && ids[n-1] == TokImEnd {
 		ids = ids[:n-1]
@@ -355,6 +383,5 @@ func (e *Engine) generate(ctx context.Context, req *inference.Request, emit func
 			resp.TopLogprobs = append(resp.TopLogprobs, alts)
 		}
 	}
-	resp.Latency = time.Since(start)
-	return resp, nil
+	return resp
 }

@@ -56,48 +56,74 @@ const (
 // all prompts. onToken, when set, sees every token as it is produced; an
 // error from it aborts generation.
 func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOptions, rng *rand.Rand, onToken func(seq, id int, logprob float32) error) ([]Generation, error) {
-	c := m.Config
-	temp := 1.0
-	if opts.Temperature != nil {
-		temp = *opts.Temperature
-	}
-	if temp < 0 || math.IsNaN(temp) || math.IsInf(temp, 0) {
-		return nil, inputErrorf("temperature %v must be a finite number ≥ 0", temp)
-	}
-	topP := opts.TopP
-	if topP == 0 {
-		topP = 1
-	}
-	if topP < 0 || topP > 1 || math.IsNaN(topP) {
-		return nil, inputErrorf("top_p %v must be in (0, 1]", topP)
-	}
-	maxTok := opts.MaxTokens
-	if maxTok == 0 {
-		maxTok = 64
-	}
-	if opts.TopLogprobs < 0 || opts.TopLogprobs > 20 {
-		return nil, inputErrorf("top_logprobs %d must be in [0, 20]", opts.TopLogprobs)
-	}
-	if maxTok < 0 {
-		return nil, inputErrorf("max_tokens %d must be positive", maxTok)
+	s, err := opts.resolve()
+	if err != nil {
+		return nil, err
 	}
 	if rng == nil {
 		rng = rand.New(rand.NewPCG(1, 2))
 	}
-	w := m.view(m.W)
+	// Per prompt: its generation so far, its KV cache and the token to feed
+	// next. Separate slices in this frame, not a struct, so that for one
+	// prompt (a chat request) they can stay off the heap.
 	gens := make([]Generation, len(prompts))
 	caches := make([]*kvCache, len(prompts))
 	next := make([]int, len(prompts))
-	text := make([]strings.Builder, len(prompts))
+	if err := m.startSequences(prompts, gens, caches, next); err != nil {
+		return nil, err
+	}
+	if err := m.decode(ctx, s, rng, onToken, gens, caches, next); err != nil {
+		return nil, err
+	}
+	return gens, nil
+}
+
+// sampling is SampleOptions with the defaults applied, checked.
+type sampling struct {
+	temp, topP  float64
+	maxTok, top int
+	stop        []string
+}
+
+func (o SampleOptions) resolve() (sampling, error) {
+	s := sampling{temp: 1, topP: o.TopP, maxTok: o.MaxTokens, top: o.TopLogprobs, stop: o.Stop}
+	if o.Temperature != nil {
+		s.temp = *o.Temperature
+	}
+	if s.temp < 0 || math.IsNaN(s.temp) || math.IsInf(s.temp, 0) {
+		return s, inputErrorf("temperature %v must be a finite number ≥ 0", s.temp)
+	}
+	if s.topP == 0 {
+		s.topP = 1
+	}
+	if s.topP < 0 || s.topP > 1 || math.IsNaN(s.topP) {
+		return s, inputErrorf("top_p %v must be in (0, 1]", s.topP)
+	}
+	if s.maxTok == 0 {
+		s.maxTok = 64
+	}
+	if s.top < 0 || s.top > 20 {
+		return s, inputErrorf("top_logprobs %d must be in [0, 20]", s.top)
+	}
+	if s.maxTok < 0 {
+		return s, inputErrorf("max_tokens %d must be positive", s.maxTok)
+	}
+	return s, nil
+}
+
+// startSequences checks every prompt, then fills gens, next and caches
+// (prefilled with all but the last prompt token).
+func (m *Model) startSequences(prompts [][]int, gens []Generation, caches []*kvCache, next []int) error {
+	c := m.Config
 	for i, p := range prompts {
 		if len(p) == 0 {
-			return nil, inputErrorf("prompt %d is empty", i)
+			return inputErrorf("prompt %d is empty", i)
 		}
 		if err := validateIDs(p, c.Vocab); err != nil {
-			return nil, inputErrorf("prompt %d: %v", i, err)
+			return inputErrorf("prompt %d: %v", i, err)
 		}
 		if len(p) >= c.Context {
-			return nil, inputErrorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
+			return inputErrorf("prompt %d has %d tokens; the context is %d", i, len(p), c.Context)
 		}
 		gens[i].PromptIDs = p
 		next[i] = p[len(p)-1]
@@ -108,23 +134,32 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 	for i, p := range prompts {
 		key := idsKey(p)
 		if j, ok := first[key]; ok {
-			caches[i] = caches[j].clone(m.Config.DModel)
+			caches[i] = caches[j].clone(c.DModel)
 			continue
 		}
 		first[key] = i
 		caches[i] = m.newCache()
 		m.prefill(caches[i], p[:len(p)-1])
 	}
-	active := make([]int, len(prompts))
+	return nil
+}
+
+// decode runs batched decode steps over every sequence still going, one
+// token each, until all have finished, appending to gens.
+func (m *Model) decode(ctx context.Context, s sampling, rng *rand.Rand, onToken func(seq, id int, logprob float32) error, gens []Generation, caches []*kvCache, next []int) error {
+	c := m.Config
+	w := m.view(m.W)
+	text := make([]strings.Builder, len(gens))
+	active := make([]int, len(gens))
 	for i := range active {
 		active[i] = i
 	}
 	V := c.Vocab
-	logits := make([]float32, len(prompts)*V)
+	logits := make([]float32, len(gens)*V)
 	lp := make([]float32, V)
 	for len(active) > 0 {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		cs, toks := make([]*kvCache, len(active)), make([]int, len(active))
 		for j, i := range active {
@@ -133,42 +168,56 @@ func (m *Model) Generate(ctx context.Context, prompts [][]int, opts SampleOption
 		m.decodeStep(w, cs, toks, logits[:len(active)*V])
 		still := active[:0]
 		for j, i := range active {
-			z := logits[j*V : j*V+V]
-			var tok int
-			if temp == 0 {
-				logSoftmaxRow(lp, z, 1)
-				tok = argmax(lp)
-			} else {
-				logSoftmaxRow(lp, z, float32(1/temp))
-				tok = sampleTopP(lp, topP, rng)
-			}
+			tok := s.draw(lp, logits[j*V:j*V+V], rng)
 			g := &gens[i]
 			g.IDs = append(g.IDs, tok)
 			g.Logprobs = append(g.Logprobs, lp[tok])
-			if opts.TopLogprobs > 0 {
-				g.Top = append(g.Top, topK(lp, opts.TopLogprobs))
+			if s.top > 0 {
+				g.Top = append(g.Top, topK(lp, s.top))
 			}
 			if onToken != nil {
 				if err := onToken(i, tok, lp[tok]); err != nil {
-					return nil, err
+					return err
 				}
 			}
 			text[i].WriteString(TokenText(tok))
-			switch {
-			case tok == TokImEnd:
-				g.Finish = finishStop
-			case endsWithAny(text[i].String(), opts.Stop, &g.StopText):
-				g.Finish = finishStop
-			case len(g.IDs) >= maxTok || caches[i].n+1 >= c.Context:
-				g.Finish = finishLength
-			default:
+			if !s.finish(g, tok, text[i].String(), caches[i].n+1 >= c.Context) {
 				next[i] = tok
 				still = append(still, i)
 			}
 		}
 		active = still
 	}
-	return gens, nil
+	return nil
+}
+
+// draw picks the next token from the logits z, leaving in lp the log-probs
+// it was drawn from: at temperature 1 for greedy, else at the sampling
+// temperature, before top-p truncation.
+func (s sampling) draw(lp, z []float32, rng *rand.Rand) int {
+	if s.temp == 0 {
+		logSoftmaxRow(lp, z, 1)
+		return argmax(lp)
+	}
+	logSoftmaxRow(lp, z, float32(1/s.temp))
+	return sampleTopP(lp, s.topP, rng)
+}
+
+// finish reports whether g, whose text now ends with tok, is done, and sets
+// why: the end token or a stop string, else its length (full: the context
+// has no room for another token).
+func (s sampling) finish(g *Generation, tok int, text string, full bool) bool {
+	switch {
+	case tok == TokImEnd:
+		g.Finish = finishStop
+	case endsWithAny(text, s.stop, &g.StopText):
+		g.Finish = finishStop
+	case len(g.IDs) >= s.maxTok || full:
+		g.Finish = finishLength
+	default:
+		return false
+	}
+	return true
 }
 
 func endsWithAny(s string, stops []string, which *string) bool {

@@ -221,18 +221,13 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	if b.Version != 0 && (b.Version < 0 || b.Version == l.version) {
 		return res, fmt.Errorf("train step: version %d cannot be the new weights' id (training starts from %d)", b.Version, l.version)
 	}
-	sft := b.Objective == ObjectiveSFT
-	lossCfg := l.cfg.Loss
-	if b.Masks != nil {
-		if lossCfg, err = b.Masks.Apply(lossCfg); err != nil {
-			return res, fmt.Errorf("train step: masks: %w", err)
-		}
+	set, err := l.stepSettings(b)
+	if err != nil {
+		return res, err
 	}
-
-	temp := float32(b.Temperature)
-	if temp == 0 {
-		temp = 1 // greedy samples report log-probs at T = 1
-	}
+	// One optimizer update per part; a part keeps each group whole. The
+	// parts and their proximal log-probs are locals of this frame, not a
+	// struct a helper returns, so the compiler can keep them off the heap.
 	var parts [][]Sample
 	var packs []*packedBatch
 	for _, p := range splitGroups(samples, l.cfg.MiniBatches) {
@@ -247,6 +242,62 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	if len(parts) == 0 {
 		return res, errors.New("train step: no token has loss_mask 1")
 	}
+	prox := make([][]float32, len(parts))
+	if err := l.proximal(ctx, packs, set, prox); err != nil {
+		return res, err
+	}
+	if err := l.update(ctx, parts, packs, prox, set, l.cfg.LRScale(len(samples)), &res); err != nil {
+		return res, err
+	}
+	if err := l.advance(b, cur, &res); err != nil {
+		return res, err
+	}
+	res.Duration = time.Since(start)
+	l.cfg.Logger.Debug("train step done", "version", res.Version, "loss", res.Loss, "grad_norm", res.GradNorm,
+		"samples", res.Samples, "unique_tokens", res.UniqueTokens, "duration", res.Duration)
+	return res, nil
+}
+
+// stepSettings is what a batch sets for its step's loss.
+type stepSettings struct {
+	loss LossConfig // the trainer's, with the batch's masks applied
+	temp float32    // log π is taken at this temperature
+	sft  bool
+}
+
+func (l *Local) stepSettings(b *Batch) (stepSettings, error) {
+	set := stepSettings{loss: l.cfg.Loss, temp: float32(b.Temperature), sft: b.Objective == ObjectiveSFT}
+	if b.Masks != nil {
+		var err error
+		if set.loss, err = b.Masks.Apply(set.loss); err != nil {
+			return set, fmt.Errorf("train step: masks: %w", err)
+		}
+	}
+	if set.temp == 0 {
+		set.temp = 1 // greedy samples report log-probs at T = 1
+	}
+	return set, nil
+}
+
+// proximal sets prox[i] to the proximal log-probs of packs[i] for every
+// minibatch after the first, taken before any update; the first one's
+// (left nil) are its own forward pass. SFT needs none.
+func (l *Local) proximal(ctx context.Context, packs []*packedBatch, set stepSettings, prox [][]float32) error {
+	if set.sft {
+		return nil
+	}
+	for i := 1; i < len(packs); i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		prox[i] = l.model.forward(packs[i].pk, packs[i].targets, set.temp).TargetLogp
+	}
+	return nil
+}
+
+// update runs one optimizer update per part, in order, at scale times the
+// scheduled rate, and adds their counts and token-weighted means to res.
+func (l *Local) update(ctx context.Context, parts [][]Sample, packs []*packedBatch, prox [][]float32, set stepSettings, scale float64, res *StepResult) error {
 	// A failure after the first update must not leave half-trained weights
 	// behind an unchanged version.
 	var saved []float32
@@ -258,30 +309,18 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 			copy(l.model.W, saved)
 		}
 	}
-	// Proximal log-probs for the later minibatches, before any update; the
-	// first one's are its own forward pass.
-	prox := make([][]float32, len(parts))
-	if !sft {
-		for i := 1; i < len(parts); i++ {
-			if err := ctx.Err(); err != nil {
-				return res, err
-			}
-			prox[i] = l.model.forward(packs[i].pk, packs[i].targets, temp).TargetLogp
-		}
-	}
-	scale := l.cfg.LRScale(len(samples))
 	var loss, kl, gradNorm, entropy float64
 	for i, p := range parts {
 		part := StepResult{}
-		grad, err := l.lossAndGrad(ctx, lossCfg, p, packs[i], prox[i], temp, sft, &part)
+		grad, err := l.lossAndGrad(ctx, set.loss, p, packs[i], prox[i], set.temp, set.sft, &part)
 		if err != nil {
 			restore()
-			return res, err
+			return err
 		}
 		norm := clipGrad(grad, l.cfg.Optim.ClipNorm)
 		if math.IsNaN(norm) || math.IsInf(norm, 0) {
 			restore()
-			return res, fmt.Errorf("train step: gradient norm is %v; update %d of %d skipped", norm, i+1, len(parts))
+			return fmt.Errorf("train step: gradient norm is %v; update %d of %d skipped", norm, i+1, len(parts))
 		}
 		res.LR = l.opt.update(l.model.W, grad, scale)
 		n := float64(part.TrainedTokens)
@@ -301,6 +340,12 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	res.MeanKL = kl / float64(res.TrainedTokens)
 	res.MeanEntropy = entropy / float64(res.TrainedTokens)
 	res.GradNorm = gradNorm
+	return nil
+}
+
+// advance makes the updated weights the current version: b.Version, or
+// the next free id, one deeper than cur in the lineage; then publishes it.
+func (l *Local) advance(b *Batch, cur int64, res *StepResult) error {
 	next := l.lastID + 1
 	if b.Version != 0 {
 		next = b.Version
@@ -312,13 +357,10 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	res.Version = l.version
 	if l.pub != nil {
 		if err := l.pub.Publish(l.model.Clone(), l.version); err != nil {
-			return res, fmt.Errorf("publish version %d: %w", l.version, err)
+			return fmt.Errorf("publish version %d: %w", l.version, err)
 		}
 	}
-	res.Duration = time.Since(start)
-	l.cfg.Logger.Debug("train step done", "version", res.Version, "loss", res.Loss, "grad_norm", res.GradNorm,
-		"samples", res.Samples, "unique_tokens", res.UniqueTokens, "duration", res.Duration)
-	return res, nil
+	return nil
 }
 
 // packedBatch is a minibatch laid out as a prefix tree, with the nodes

@@ -1,18 +1,21 @@
-// Package ggraph is the gorgonia training path of the in-process policy:
-// the transformer of package trainer (learned token and position
-// embeddings, pre-norm blocks with RMS norm, fused QKV, multi-head
-// attention, GELU(tanh) MLP, final RMS norm, untied output layer) as a
-// gorgonia ExprGraph whose weight nodes share Model.W's memory, with the
+// Package ggraph is the independent autodiff reference for package
+// trainer's hand-written forward and backward passes, and the project's only
+// user of gorgonia. It builds the transformer of package trainer (learned
+// token and position embeddings, pre-norm blocks with RMS norm, fused QKV,
+// multi-head attention, GELU(tanh) MLP, final RMS norm, untied output layer)
+// as a gorgonia ExprGraph whose weight nodes share Model.W's memory, with the
 // step loss (SFT cross-entropy, or decoupled PPO with clipping, IcePop and
 // KPop masks and the KL term) differentiated by gorgonia.Grad and run by a
 // TapeMachine on the trainer's SGEMM (OpenBLAS under cgo) installed with
 // gorgonia.Use / tensor.Use.
 //
-// It serves two purposes. It is the autodiff oracle for the hand-written
-// forward and backward passes: the tests compare log-probs, losses and
-// every gradient coordinate on random models and packed batches. And it is
-// a complete alternative trainer (Trainer implements trainer.Trainer),
-// which `flywheel bench ggraph` compares with trainer.Local.
+// Its job is the tests: on random models and packed batches they compare
+// the log-probs, the loss and every gradient coordinate of the hand-written
+// passes (trainer.Model.ReferenceLoss) with the graph's, so a wrong
+// derivative in trainer fails `go test ./trainer/ggraph/`. It is also a
+// complete alternative trainer (Trainer implements trainer.Trainer), which
+// `flywheel bench ggraph` compares with trainer.Local; nothing in serving or
+// training uses it.
 //
 // A packed batch (trainer.Pack) enters the graph as its unique tokens with
 // their depth as position ids. Attention runs per head (column slices of

@@ -64,77 +64,25 @@ type graph struct {
 // temperature, and the log-prob of each target token.
 func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	c := m.Config
-	N, D, H, V := sh.nodes, c.DModel, c.Heads, c.Vocab
-	dh := D / H
 	gr := &graph{sh: sh, g: G.NewGraph()}
-	g := gr.g
-	f32 := tensor.Float32
-
-	// Weights, sharing Model.W's memory.
-	byName := map[string]*G.Node{}
-	for _, s := range m.ParamSpecs() {
-		back := m.W[s.Offset : s.Offset+s.Size]
-		val := tensor.New(tensor.WithShape(s.Shape...), tensor.WithBacking(back))
-		var n *G.Node
-		if len(s.Shape) == 1 {
-			n = G.NewVector(g, f32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
-		} else {
-			n = G.NewMatrix(g, f32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
-		}
-		byName[s.Name] = n
-		gr.weights = append(gr.weights, n)
-	}
-	NB, L := sh.blocks, sh.blockLen
-	gr.mask = G.NewTensor(g, f32, 3, G.WithShape(NB, L, L), G.WithName("mask"))
-	gr.invT = G.NewScalar(g, f32, G.WithName("invT"))
+	byName := gr.bindWeights(m)
+	gr.mask = G.NewTensor(gr.g, tensor.Float32, 3, G.WithShape(sh.blocks, sh.blockLen, sh.blockLen), G.WithName("mask"))
+	gr.invT = G.NewScalar(gr.g, tensor.Float32, G.WithName("invT"))
 
 	b := &builder{}
-	x := b.add(b.gather("tok", byName["tok_emb"], &gr.tok, N), b.gather("pos", byName["pos_emb"], &gr.pos, N))
-	scale := G.NewConstant(float32(1 / math.Sqrt(float64(dh))))
+	x := b.add(b.gather("tok", byName["tok_emb"], &gr.tok, sh.nodes), b.gather("pos", byName["pos_emb"], &gr.pos, sh.nodes))
+	scale := G.NewConstant(float32(1 / math.Sqrt(float64(c.DModel/c.Heads))))
 	for l := 0; l < c.Layers; l++ {
 		p := fmt.Sprintf("layers.%d.", l)
-		h1 := b.rmsNorm(x, byName[p+"ln1"])
-		// Attention per head, batched over blocks: the packed nodes are laid
-		// out as NB blocks of L (trees padded with zero rows, or the whole
-		// pack as one block), and the additive mask keeps each query on its
-		// ancestors. Heads take column slices of the fused QKV weight and row
-		// slices of the output projection, so no activation is transposed.
-		hp := b.gather(p+"pad", h1, &gr.pad, NB*L) // NB·L×D
-		wqkv, wo := byName[p+"wqkv"], byName[p+"wo"]
-		var proj *G.Node
-		for h := 0; h < H; h++ {
-			col := func(part int) *G.Node {
-				w := b.do(func() (*G.Node, error) { return G.Slice(wqkv, nil, G.S(part*D+h*dh, part*D+(h+1)*dh)) })
-				return b.reshape(b.mul(hp, w), NB, L, dh)
-			}
-			q := b.hadamard(col(0), scale) // scale on q: fewer multiplies than on the scores
-			k, v := col(1), col(2)
-			s := b.add(b.batched(q, k, false, true), gr.mask) // NB×L×L
-			o := b.batched(b.softmax(s, 2), v, false, false)  // NB×L×dh
-			woH := b.do(func() (*G.Node, error) { return G.Slice(wo, G.S(h*dh, (h+1)*dh)) })
-			ph := b.mul(b.reshape(o, NB*L, dh), woH) // NB·L×D
-			if proj == nil {
-				proj = ph
-			} else {
-				proj = b.add(proj, ph)
-			}
-		}
-		x2 := b.add(x, b.gather(p+"unpad", proj, &gr.unpad, N))
-
-		h2 := b.rmsNorm(x2, byName[p+"ln2"])
-		u := b.mul(h2, byName[p+"w1"])
-		x = b.add(x2, b.mul(b.gelu(u), byName[p+"w2"]))
+		x2 := gr.attention(b, c, byName, p, x, scale)
+		x = gr.mlp(b, byName, p, x2)
 	}
-	hf := b.rmsNorm(x, byName["ln_f"])
-	hr := b.gather("rows", hf, &gr.rows, sh.rows)                                         // R×D
-	z := b.mul(b.hadamard(hr, gr.invT), byName["head"])                                   // R×V
-	logp := b.logSoftmax(z, 1)                                                            // R×V
-	gr.targetLogp = b.gather("targets", b.reshape(logp, sh.rows*V), &gr.flat, sh.targets) // T
+	gr.targetLogp = gr.output(b, byName, x, c.Vocab)
 	if b.err != nil {
 		return nil, fmt.Errorf("build graph: %w", b.err)
 	}
 	if sh.loss == lossNone {
-		gr.vm = G.NewTapeMachine(g)
+		gr.vm = G.NewTapeMachine(gr.g)
 		return gr, nil
 	}
 
@@ -143,64 +91,7 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 	if sh.loss == lossSFT {
 		gr.loss = b.hadamard(b.neg(b.sum(lpo)), invO)
 	} else {
-		gr.behav = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("behav"))
-		gr.adv = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("adv"))
-		var prox *G.Node
-		if sh.prox {
-			gr.prox = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("prox"))
-			prox = gr.prox
-		} else {
-			// Local's step: π_prox is the current policy, as a constant.
-			prox = b.apply(&constFn{name: "stop_gradient", fn: func(in, out []float32) { copy(out, in) }}, lpo)
-		}
-		lcfg := lc
-		wcap := lcfg.BehaviourWeightCap
-		keep := b.apply(&constFn{name: "keep", fn: func(in, out []float32) {
-			for i, lp := range in {
-				ice, kp := lcfg.TokenMasks(float64(lp), float64(gr.behavData[i]))
-				if !ice && !kp {
-					out[i] = 1
-				}
-			}
-		}}, prox)
-		// w = min(π_prox/μ, cap), zero where masked.
-		w := b.apply(&constFn{name: "behaviour_weight", fn: func(in, out []float32) {
-			for i, lp := range in {
-				out[i] = float32(math.Min(math.Exp(float64(lp)-float64(gr.behavData[i])), wcap))
-			}
-		}}, prox)
-		w = b.hadamard(w, keep)
-		filled := func(name string, v float64) *G.Node {
-			vals := make([]float32, sh.occ)
-			for i := range vals {
-				vals[i] = float32(v)
-			}
-			return G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName(name),
-				G.WithValue(tensor.New(tensor.WithShape(sh.occ), tensor.WithBacking(vals))))
-		}
-		lo, hi := filled("clip_low", 1-lc.ClipLow), filled("clip_high", 1+lc.ClipHigh)
-		r := b.exp(b.sub(lpo, prox))
-		rc := b.minBetween(b.maxBetween(r, lo), hi)
-		un, cl := b.hadamard(r, gr.adv), b.hadamard(rc, gr.adv)
-		// −w·min(r·A, clip(r)·A); at a tie MinBetween sends the gradient to
-		// its first argument, the unclipped branch, as ppoToken does.
-		tok := b.neg(b.hadamard(w, b.minBetween(un, cl)))
-		if sh.kl {
-			gr.ref = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("ref"))
-			lr := b.sub(lpo, gr.ref)
-			var kl *G.Node
-			switch lc.KLEstimator {
-			case trainer.KLk1:
-				kl = lr
-			case trainer.KLk2:
-				kl = b.hadamard(b.square(lr), G.NewConstant(float32(0.5)))
-			default:
-				kl = b.add(b.sub(b.exp(b.neg(lr)), G.NewConstant(float32(1))), lr)
-			}
-			kl = b.hadamard(kl, G.NewConstant(float32(lc.KLCoef)))
-			tok = b.add(tok, b.hadamard(kl, keep))
-		}
-		gr.loss = b.hadamard(b.sum(tok), invO)
+		gr.loss = b.hadamard(b.sum(gr.ppoTokens(b, lc, lpo)), invO)
 	}
 	if b.err != nil {
 		return nil, fmt.Errorf("build loss: %w", b.err)
@@ -210,8 +101,153 @@ func build(m *trainer.Model, lc trainer.LossConfig, sh shape) (*graph, error) {
 		return nil, fmt.Errorf("symbolic gradient: %w", err)
 	}
 	gr.grads = grads
-	gr.vm = G.NewTapeMachine(g)
+	gr.vm = G.NewTapeMachine(gr.g)
 	return gr, nil
+}
+
+// bindWeights adds one node per tensor of m, in ParamSpecs order, whose
+// value shares Model.W's memory, and returns them by name.
+func (gr *graph) bindWeights(m *trainer.Model) map[string]*G.Node {
+	byName := map[string]*G.Node{}
+	for _, s := range m.ParamSpecs() {
+		back := m.W[s.Offset : s.Offset+s.Size]
+		val := tensor.New(tensor.WithShape(s.Shape...), tensor.WithBacking(back))
+		var n *G.Node
+		if len(s.Shape) == 1 {
+			n = G.NewVector(gr.g, tensor.Float32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
+		} else {
+			n = G.NewMatrix(gr.g, tensor.Float32, G.WithShape(s.Shape...), G.WithName(s.Name), G.WithValue(val))
+		}
+		byName[s.Name] = n
+		gr.weights = append(gr.weights, n)
+	}
+	return byName
+}
+
+// attention is x + attention(norm(x))·wo for the block whose weights are
+// named with prefix p; scale is 1/√(head size).
+//
+// Attention runs per head, batched over blocks: the packed nodes are laid
+// out as NB blocks of L (trees padded with zero rows, or the whole pack as
+// one block), and the additive mask keeps each query on its ancestors.
+// Heads take column slices of the fused QKV weight and row slices of the
+// output projection, so no activation is transposed.
+func (gr *graph) attention(b *builder, c trainer.ModelConfig, byName map[string]*G.Node, p string, x, scale *G.Node) *G.Node {
+	N, D, H := gr.sh.nodes, c.DModel, c.Heads
+	dh := D / H
+	NB, L := gr.sh.blocks, gr.sh.blockLen
+	h1 := b.rmsNorm(x, byName[p+"ln1"])
+	hp := b.gather(p+"pad", h1, &gr.pad, NB*L) // NB·L×D
+	wqkv, wo := byName[p+"wqkv"], byName[p+"wo"]
+	var proj *G.Node
+	for h := 0; h < H; h++ {
+		col := func(part int) *G.Node {
+			w := b.do(func() (*G.Node, error) { return G.Slice(wqkv, nil, G.S(part*D+h*dh, part*D+(h+1)*dh)) })
+			return b.reshape(b.mul(hp, w), NB, L, dh)
+		}
+		q := b.hadamard(col(0), scale) // scale on q: fewer multiplies than on the scores
+		k, v := col(1), col(2)
+		s := b.add(b.batched(q, k, false, true), gr.mask) // NB×L×L
+		o := b.batched(b.softmax(s, 2), v, false, false)  // NB×L×dh
+		woH := b.do(func() (*G.Node, error) { return G.Slice(wo, G.S(h*dh, (h+1)*dh)) })
+		ph := b.mul(b.reshape(o, NB*L, dh), woH) // NB·L×D
+		if proj == nil {
+			proj = ph
+		} else {
+			proj = b.add(proj, ph)
+		}
+	}
+	return b.add(x, b.gather(p+"unpad", proj, &gr.unpad, N))
+}
+
+// mlp is x2 + gelu(norm(x2)·w1)·w2 for the block whose weights are named
+// with prefix p.
+func (gr *graph) mlp(b *builder, byName map[string]*G.Node, p string, x2 *G.Node) *G.Node {
+	h2 := b.rmsNorm(x2, byName[p+"ln2"])
+	u := b.mul(h2, byName[p+"w1"])
+	return b.add(x2, b.mul(b.gelu(u), byName[p+"w2"]))
+}
+
+// output is the log-prob of each target token (T) from the last block's x:
+// final norm, the output layer on the rows that predict a target only, and
+// log-softmax at temperature.
+func (gr *graph) output(b *builder, byName map[string]*G.Node, x *G.Node, V int) *G.Node {
+	sh := gr.sh
+	hf := b.rmsNorm(x, byName["ln_f"])
+	hr := b.gather("rows", hf, &gr.rows, sh.rows)                                // R×D
+	z := b.mul(b.hadamard(hr, gr.invT), byName["head"])                          // R×V
+	logp := b.logSoftmax(z, 1)                                                   // R×V
+	return b.gather("targets", b.reshape(logp, sh.rows*V), &gr.flat, sh.targets) // T
+}
+
+// ppoTokens is the decoupled-PPO loss of each trained occurrence, given its
+// log π (lpo), with the behaviour weight, the IcePop and KPop masks and the
+// KL term when the shape has one.
+func (gr *graph) ppoTokens(b *builder, lc trainer.LossConfig, lpo *G.Node) *G.Node {
+	g, sh, f32 := gr.g, gr.sh, tensor.Float32
+	gr.behav = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("behav"))
+	gr.adv = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("adv"))
+	var prox *G.Node
+	if sh.prox {
+		gr.prox = G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName("prox"))
+		prox = gr.prox
+	} else {
+		// Local's step: π_prox is the current policy, as a constant.
+		prox = b.apply(&constFn{name: "stop_gradient", fn: func(in, out []float32) { copy(out, in) }}, lpo)
+	}
+	lcfg := lc
+	wcap := lcfg.BehaviourWeightCap
+	keep := b.apply(&constFn{name: "keep", fn: func(in, out []float32) {
+		for i, lp := range in {
+			ice, kp := lcfg.TokenMasks(float64(lp), float64(gr.behavData[i]))
+			if !ice && !kp {
+				out[i] = 1
+			}
+		}
+	}}, prox)
+	// w = min(π_prox/μ, cap), zero where masked.
+	w := b.apply(&constFn{name: "behaviour_weight", fn: func(in, out []float32) {
+		for i, lp := range in {
+			out[i] = float32(math.Min(math.Exp(float64(lp)-float64(gr.behavData[i])), wcap))
+		}
+	}}, prox)
+	w = b.hadamard(w, keep)
+	filled := func(name string, v float64) *G.Node {
+		vals := make([]float32, sh.occ)
+		for i := range vals {
+			vals[i] = float32(v)
+		}
+		return G.NewVector(g, f32, G.WithShape(sh.occ), G.WithName(name),
+			G.WithValue(tensor.New(tensor.WithShape(sh.occ), tensor.WithBacking(vals))))
+	}
+	lo, hi := filled("clip_low", 1-lc.ClipLow), filled("clip_high", 1+lc.ClipHigh)
+	r := b.exp(b.sub(lpo, prox))
+	rc := b.minBetween(b.maxBetween(r, lo), hi)
+	un, cl := b.hadamard(r, gr.adv), b.hadamard(rc, gr.adv)
+	// −w·min(r·A, clip(r)·A); at a tie MinBetween sends the gradient to
+	// its first argument, the unclipped branch, as ppoToken does.
+	tok := b.neg(b.hadamard(w, b.minBetween(un, cl)))
+	if sh.kl {
+		tok = b.add(tok, b.hadamard(gr.klTerm(b, lc, lpo), keep))
+	}
+	return tok
+}
+
+// klTerm is KLCoef times the chosen estimator of the KL to the reference
+// policy, per occurrence.
+func (gr *graph) klTerm(b *builder, lc trainer.LossConfig, lpo *G.Node) *G.Node {
+	gr.ref = G.NewVector(gr.g, tensor.Float32, G.WithShape(gr.sh.occ), G.WithName("ref"))
+	lr := b.sub(lpo, gr.ref)
+	var kl *G.Node
+	switch lc.KLEstimator {
+	case trainer.KLk1:
+		kl = lr
+	case trainer.KLk2:
+		kl = b.hadamard(b.square(lr), G.NewConstant(float32(0.5)))
+	default:
+		kl = b.add(b.sub(b.exp(b.neg(lr)), G.NewConstant(float32(1))), lr)
+	}
+	return b.hadamard(kl, G.NewConstant(float32(lc.KLCoef)))
 }
 
 // builder threads the first error through a chain of graph operations so
