@@ -10,7 +10,7 @@ import (
 
 // WithGates returns p with each threshold that gates (a deployment's
 // Settings.Gates) sets in its place; empty gates leave p as it is. A key
-// outside gateRange, a value of the wrong type or out of range is an error
+// that is not a threshold, a value of the wrong type or out of range is an error
 // that names it.
 func (p ReleasePolicy) WithGates(gates json.RawMessage) (ReleasePolicy, error) {
 	if len(bytes.TrimSpace(gates)) == 0 || bytes.Equal(bytes.TrimSpace(gates), []byte("null")) {
@@ -48,7 +48,8 @@ func (p ReleasePolicy) WithGates(gates json.RawMessage) (ReleasePolicy, error) {
 	return p, nil
 }
 
-// gateRange checks the range of each threshold in GateKeys.
+// gateRange checks the range of each threshold a deployment may set, by
+// its snake-case name.
 var gateRange = map[string]func(ReleasePolicy) error{
 	"allow_unevaluated": func(ReleasePolicy) error { return nil },
 	"alpha":             func(p ReleasePolicy) error { return within(p.Alpha, p.Alpha > 0 && p.Alpha <= 0.5, "(0, 0.5]") },

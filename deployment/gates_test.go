@@ -48,3 +48,24 @@ func TestSettingsRoundTripKeepsTheGates(t *testing.T) {
 	_, err = Parse([]byte(`{"base_url":"http://vllm:8000/v1","gates":{"alpha":1}}`))
 	require.ErrorContains(t, err, "deployment settings: gates.alpha 1")
 }
+
+// TestEveryGateKeyReachesItsField sets each threshold alone and checks that
+// it changed the policy: a key whose name does not find its field would
+// otherwise be accepted and do nothing.
+func TestEveryGateKeyReachesItsField(t *testing.T) {
+	values := map[string]string{"allow_unevaluated": "true", "alpha": "0.01", "anchor_budget": "0.2", "max_error_rise": "0.3",
+		"max_reward_drop": "0.4", "max_safety_drop": "0.5", "min_canary_samples": "99"}
+	require.ElementsMatch(t, gateKeys(), func() []string {
+		var ks []string
+		for k := range values {
+			ks = append(ks, k)
+		}
+		return ks
+	}())
+	base := DefaultReleasePolicy()
+	for k, v := range values {
+		p, err := base.WithGates(json.RawMessage(`{"` + k + `": ` + v + `}`))
+		require.NoError(t, err, k)
+		require.NotEqual(t, base, p, "%s changed nothing", k)
+	}
+}
