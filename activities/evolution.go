@@ -162,7 +162,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 	if err != nil {
 		return flow.ProposeArtefactOutput{}, err
 	}
-	var cur evolution.ArtefactSet
+	var cur artefact.Set
 	for _, a := range serving {
 		if a.Kind == in.Kind {
 			if err := cur.Decode(a.Kind, a.Content); err != nil {
@@ -187,7 +187,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		if len(lessons) == 0 {
 			return flow.ProposeArtefactOutput{Reason: "no corrected answers to learn from in the window"}, nil
 		}
-		var old evolution.Playbook
+		var old artefact.Playbook
 		if cur.Playbook != nil {
 			old = *cur.Playbook
 		}
@@ -202,7 +202,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		if cur.Harness != nil {
 			old = cur.Harness.System
 		}
-		h := evolution.Harness{System: evolution.HarnessFor(old, in.Evidence)}
+		h := artefact.Harness{System: evolution.HarnessFor(old, in.Evidence)}
 		if h.System == old {
 			return flow.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
 		}
@@ -217,13 +217,13 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		if f == nil || f.Tenant == "" {
 			return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q of tenant %q is not in the evidence", in.Target, in.Tenant), "BadInput", nil)
 		}
-		ts := evolution.ToolSchema{Tenants: map[string]map[string]evolution.ToolOverride{}}
+		ts := artefact.ToolSchema{Tenants: map[string]map[string]artefact.ToolOverride{}}
 		if cur.ToolSchema != nil {
 			for t, o := range cur.ToolSchema.Tenants {
 				ts.Tenants[t] = o
 			}
 		}
-		mine := map[string]evolution.ToolOverride{}
+		mine := map[string]artefact.ToolOverride{}
 		for k, v := range ts.Tenants[f.Tenant] {
 			mine[k] = v
 		}
@@ -247,8 +247,8 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 
 // lessons turns corrected answers into playbook items of their tenants,
 // redacted, with the correction as the lesson when the user gave one.
-func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
-	var out []evolution.PlaybookItem
+func (e *Evolution) lessons(corr []store.Correction) []artefact.PlaybookItem {
+	var out []artefact.PlaybookItem
 	for _, c := range corr {
 		topic := firstWords(c.Prompt, 12)
 		var text string
@@ -264,7 +264,7 @@ func (e *Evolution) lessons(corr []store.Correction) []evolution.PlaybookItem {
 			text, _ = e.Redactor.Text(text)
 		}
 		sum := sha256.Sum256([]byte(strings.ToLower(text)))
-		out = append(out, evolution.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1,
+		out = append(out, artefact.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1,
 			Tenant: c.TenantID, Sessions: []string{c.SessionID}})
 	}
 	return out

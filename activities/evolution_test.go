@@ -106,7 +106,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, 1, ts.Version)
 	a, err := store.ArtefactVersion(ctx, db, "dep", artefact.LayerToolSchema, "1")
 	require.NoError(t, err)
-	var tools evolution.ArtefactSet
+	var tools artefact.Set
 	require.NoError(t, tools.Decode(artefact.LayerToolSchema, a.Content))
 	require.Contains(t, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Description, "month must be a number")
 	require.Equal(t, []string{"new-0", "new-2"}, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Sessions)
@@ -134,7 +134,7 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, 2, pb.Items, "the same correction from two tenants is two lessons, one for each")
 	a, err = store.ArtefactVersion(ctx, db, "dep", artefact.LayerPlaybook, "1")
 	require.NoError(t, err)
-	var set evolution.ArtefactSet
+	var set artefact.Set
 	require.NoError(t, set.Decode(artefact.LayerPlaybook, a.Content))
 	for i, tenant := range []string{"acme", "globex"} {
 		it := set.Playbook.Items[i]

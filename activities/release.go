@@ -134,15 +134,15 @@ func (r *Release) EvaluateGate(ctx context.Context, in flow.GateInput) (flow.Gat
 // variant is how one side (candidate or baseline) answers.
 type variant struct {
 	version   string // model version (Request.Version)
-	artefacts evolution.ArtefactSet
+	artefacts artefact.Set
 	// suffix names the artefacts ("+playbook:3"), key the whole variant
 	// (version + suffix): what a suite result is stored under.
 	suffix, key string
 }
 
 // servingSet reads the deployment's serving artefacts.
-func (r *Release) servingSet(ctx context.Context, deployment string) ([]store.StoredArtefact, evolution.ArtefactSet, error) {
-	var set evolution.ArtefactSet
+func (r *Release) servingSet(ctx context.Context, deployment string) ([]store.StoredArtefact, artefact.Set, error) {
+	var set artefact.Set
 	serving, err := store.ServingArtefacts(ctx, r.DB, deployment)
 	if err != nil {
 		return nil, set, err
@@ -203,7 +203,7 @@ func (r *Release) variants(ctx context.Context, in flow.GateInput) (cand, base v
 // limit is the request's own max_tokens (0: none): the smaller of it and
 // the gate's bound applies.
 func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs []inference.Message, tools []inference.Tool, limit int) (*inference.Response, error) {
-	msgs, tools = v.artefacts.Apply(evolution.AllTenants, msgs, tools)
+	msgs, tools = v.artefacts.Apply(artefact.AllTenants, msgs, tools)
 	zero, seed := 0.0, int64(1)
 	maxTokens := r.MaxTokens
 	if maxTokens <= 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -37,7 +38,7 @@ func (r *Release) WatchServing(ctx context.Context, in flow.WatchdogInput) (flow
 	if err != nil {
 		return res, err
 	}
-	check := store.WatchdogCheck{Deployment: in.Deployment, Serving: serving, Anchor: res.Anchor, Verdict: res.Verdict,
+	check := statusapi.WatchdogCheck{Deployment: in.Deployment, Serving: serving, Anchor: res.Anchor, Verdict: res.Verdict,
 		Reason: res.Reason, Metrics: map[string]any{}, WorkflowID: workflowID(ctx)}
 	for k, v := range res.Metrics {
 		check.Metrics[k] = v

@@ -6,31 +6,7 @@ import (
 	"strings"
 
 	"github.com/flywheel-ai/flywheel/artefact"
-	"github.com/flywheel-ai/flywheel/inference"
 )
-
-// The artefacts' stored form lives in package artefact, which store reads
-// without importing this decision logic; these names stay for the
-// callers of evolution. The layer names are artefact's alone
-// (artefact.LayerPlaybook, …).
-const (
-	AllTenants     = artefact.AllTenants
-	PlaybookHeader = artefact.PlaybookHeader
-)
-
-type (
-	ArtefactSet  = artefact.Set
-	Playbook     = artefact.Playbook
-	PlaybookItem = artefact.PlaybookItem
-	Harness      = artefact.Harness
-	ToolSchema   = artefact.ToolSchema
-	ToolOverride = artefact.ToolOverride
-)
-
-// InjectSystem is artefact.InjectSystem.
-func InjectSystem(msgs []inference.Message, system string) []inference.Message {
-	return artefact.InjectSystem(msgs, system)
-}
 
 // CuratePlaybook merges new lessons into a playbook deterministically:
 // a tenant's items with the same normalised content merge (counts add up,
@@ -38,10 +14,10 @@ func InjectSystem(msgs []inference.Message, system string) []inference.Message {
 // the rest are kept up to max per tenant, most helpful first (ties by id),
 // so one tenant's lessons never crowd out another's. Items of no tenant
 // are dropped: they were shown to no one.
-func CuratePlaybook(old Playbook, add []PlaybookItem, max int) Playbook {
-	byKey := map[string]*PlaybookItem{}
+func CuratePlaybook(old artefact.Playbook, add []artefact.PlaybookItem, max int) artefact.Playbook {
+	byKey := map[string]*artefact.PlaybookItem{}
 	var order []string
-	for _, it := range append(append([]PlaybookItem(nil), old.Items...), add...) {
+	for _, it := range append(append([]artefact.PlaybookItem(nil), old.Items...), add...) {
 		norm := strings.Join(strings.Fields(strings.ToLower(it.Content)), " ")
 		if norm == "" || it.Tenant == "" {
 			continue
@@ -58,7 +34,7 @@ func CuratePlaybook(old Playbook, add []PlaybookItem, max int) Playbook {
 		byKey[k] = &c
 		order = append(order, k)
 	}
-	var items []PlaybookItem
+	var items []artefact.PlaybookItem
 	for _, k := range order {
 		if it := byKey[k]; it.Harmful <= it.Helpful {
 			items = append(items, *it)
@@ -83,7 +59,7 @@ func CuratePlaybook(old Playbook, add []PlaybookItem, max int) Playbook {
 		}
 		items = kept
 	}
-	return Playbook{Items: items}
+	return artefact.Playbook{Items: items}
 }
 
 // joinSessions is a ∪ b, sorted, without repeats.

@@ -284,7 +284,7 @@ func HarnessFor(current string, e Evidence) string {
 
 // ToolSchemaFor proposes a description override for a tenant's failing
 // tool, extending the tenant's current one (prev).
-func ToolSchemaFor(f ToolFailure, prev ToolOverride) ToolOverride {
+func ToolSchemaFor(f ToolFailure, prev artefact.ToolOverride) artefact.ToolOverride {
 	d := strings.TrimSpace(prev.Description)
 	note := fmt.Sprintf("Note: %.0f%% of recent calls failed", 100*f.Rate)
 	if f.Example != "" {
@@ -298,5 +298,5 @@ func ToolSchemaFor(f ToolFailure, prev ToolOverride) ToolOverride {
 	if d != "" {
 		d += " "
 	}
-	return ToolOverride{Description: d + note, Parameters: prev.Parameters, Sessions: joinSessions(prev.Sessions, f.Sessions)}
+	return artefact.ToolOverride{Description: d + note, Parameters: prev.Parameters, Sessions: joinSessions(prev.Sessions, f.Sessions)}
 }

@@ -106,7 +106,7 @@ func TestGateScoring(t *testing.T) {
 // lesson and a tool override only to the tenant they came from, and
 // lessons of no tenant to no one. The gates' view is every tenant's part.
 func TestArtefactsApply(t *testing.T) {
-	var set ArtefactSet
+	var set artefact.Set
 	require.NoError(t, set.Decode(artefact.LayerHarness, []byte(`{"system_prompt":"Be brief."}`)))
 	require.NoError(t, set.Decode(artefact.LayerPlaybook, []byte(`{"items":[{"id":"p1","content":"Check units.","tenant":"acme"},
 		{"id":"p2","content":"Globex lesson.","tenant":"globex"},{"id":"p0","content":"Old mixed lesson."}]}`)))
@@ -119,7 +119,7 @@ func TestArtefactsApply(t *testing.T) {
 	tools := []inference.Tool{{Name: "search", Description: "Search."}, {Name: "calc"}}
 	msgs, outTools := set.Apply("acme", in, tools)
 	require.Len(t, msgs, 2)
-	require.Equal(t, "Be brief.\n\n"+PlaybookHeader+"\n- [p1] Check units.\n\nYou are helpful.", msgs[0].Content)
+	require.Equal(t, "Be brief.\n\n"+artefact.PlaybookHeader+"\n- [p1] Check units.\n\nYou are helpful.", msgs[0].Content)
 	require.Equal(t, "You are helpful.", in[0].Content, "the input is not modified")
 	require.Equal(t, "Search the web. Query must be non-empty.", outTools[0].Description)
 	require.Empty(t, outTools[1].Description, "globex's override is not acme's")
@@ -130,25 +130,25 @@ func TestArtefactsApply(t *testing.T) {
 	require.Equal(t, "Be brief.", msgs[0].Content, "a tenant with no lessons gets the harness only")
 	require.Equal(t, tools, outTools)
 
-	all := set.System(AllTenants)
+	all := set.System(artefact.AllTenants)
 	require.Contains(t, all, "Check units.")
 	require.Contains(t, all, "Globex lesson.")
 	require.NotContains(t, all, "Old mixed lesson.", "a lesson of no tenant is shown to no one")
-	_, changed := set.Tools(AllTenants, tools)
+	_, changed := set.Tools(artefact.AllTenants, tools)
 	require.Equal(t, []string{"search", "calc"}, changed)
 
-	var empty ArtefactSet
+	var empty artefact.Set
 	msgs, _ = empty.Apply("acme", in, nil)
 	require.Equal(t, in, msgs)
 }
 
 func TestCuratePlaybook(t *testing.T) {
-	old := Playbook{Items: []PlaybookItem{{ID: "a", Content: "Check units", Helpful: 3, Tenant: "acme", Sessions: []string{"s1"}},
+	old := artefact.Playbook{Items: []artefact.PlaybookItem{{ID: "a", Content: "Check units", Helpful: 3, Tenant: "acme", Sessions: []string{"s1"}},
 		{ID: "b", Content: "Guess", Helpful: 1, Harmful: 4, Tenant: "acme"}, {ID: "z", Content: "Unscoped", Helpful: 9}}}
-	got := CuratePlaybook(old, []PlaybookItem{{ID: "c", Content: "check   UNITS", Helpful: 2, Tenant: "acme", Sessions: []string{"s3", "s1"}},
+	got := CuratePlaybook(old, []artefact.PlaybookItem{{ID: "c", Content: "check   UNITS", Helpful: 2, Tenant: "acme", Sessions: []string{"s3", "s1"}},
 		{ID: "e", Content: "check units", Helpful: 1, Tenant: "globex", Sessions: []string{"g1"}},
 		{ID: "d", Content: "Cite sources", Helpful: 1, Tenant: "acme"}}, 5)
-	require.Equal(t, []PlaybookItem{
+	require.Equal(t, []artefact.PlaybookItem{
 		{ID: "a", Content: "Check units", Helpful: 5, Tenant: "acme", Sessions: []string{"s1", "s3"}},
 		{ID: "d", Content: "Cite sources", Helpful: 1, Tenant: "acme"},
 		{ID: "e", Content: "check units", Helpful: 1, Tenant: "globex", Sessions: []string{"g1"}},
@@ -164,11 +164,11 @@ func TestCuratePlaybook(t *testing.T) {
 // lessons and overrides learnt from it, and nothing of globex's, though
 // globex has a session of the same name.
 func TestForgetRemovesWhatASessionTaught(t *testing.T) {
-	set := ArtefactSet{
-		Playbook: &Playbook{Items: []PlaybookItem{{ID: "a", Content: "from s1", Tenant: "acme", Sessions: []string{"s0", "s1"}},
+	set := artefact.Set{
+		Playbook: &artefact.Playbook{Items: []artefact.PlaybookItem{{ID: "a", Content: "from s1", Tenant: "acme", Sessions: []string{"s0", "s1"}},
 			{ID: "b", Content: "from s2", Tenant: "acme", Sessions: []string{"s2"}},
 			{ID: "c", Content: "globex's s1", Tenant: "globex", Sessions: []string{"s1"}}}},
-		ToolSchema: &ToolSchema{Tenants: map[string]map[string]ToolOverride{
+		ToolSchema: &artefact.ToolSchema{Tenants: map[string]map[string]artefact.ToolOverride{
 			"acme":   {"search": {Description: "x", Sessions: []string{"s1"}}},
 			"globex": {"search": {Description: "y", Sessions: []string{"s1"}}}}},
 	}
@@ -188,7 +188,7 @@ func TestHarnessAndToolSchemaProposals(t *testing.T) {
 	require.Contains(t, h, "40%")
 	require.Equal(t, h, HarnessFor(h, Evidence{CorrectionRate: 0.4}), "proposing twice does not stack the same line")
 	o := ToolSchemaFor(ToolFailure{Tenant: "acme", Tool: "search", Rate: 0.5, Example: "missing query", Sessions: []string{"s2"}},
-		ToolOverride{Description: "Search.", Sessions: []string{"s1"}})
+		artefact.ToolOverride{Description: "Search.", Sessions: []string{"s1"}})
 	require.Contains(t, o.Description, "Search. Note: 50%")
 	require.Contains(t, o.Description, "missing query")
 	require.Equal(t, []string{"s1", "s2"}, o.Sessions)

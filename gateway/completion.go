@@ -15,7 +15,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
@@ -109,7 +109,7 @@ func (s *Server) prepare(c *gin.Context, protocol string, req *inference.Request
 	}
 	cl.target = t
 	req.Version = t.version
-	req.Messages = evolution.InjectSystem(req.Messages, t.system)
+	req.Messages = artefact.InjectSystem(req.Messages, t.system)
 	var changed []string
 	if req.Tools, changed = t.artefacts.Tools(p.TenantID, req.Tools); len(changed) > 0 {
 		cl.toolVersions = map[string]string{}

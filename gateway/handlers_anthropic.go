@@ -5,7 +5,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/protocol/anthropic"
 )
@@ -55,7 +55,7 @@ func (s *Server) countTokens(c *gin.Context) {
 		return
 	}
 	req.Version = t.version
-	req.Messages = evolution.InjectSystem(req.Messages, t.system)
+	req.Messages = artefact.InjectSystem(req.Messages, t.system)
 	req.Tools, _ = t.artefacts.Tools(p.TenantID, req.Tools)
 	n, err := counter.CountTokens(c.Request.Context(), req)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/deployment"
-	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/upstream"
@@ -25,12 +24,6 @@ import (
 const (
 	msgRoutesRefreshFailed = "deployment routes refresh failed; serving the last known routes"
 	msgArtefactUnreadable  = "serving artefact is not readable; requests go without it"
-)
-
-// Backend kinds in the deployments table.
-const (
-	BackendPolicy   = deployment.BackendPolicy
-	BackendUpstream = deployment.BackendUpstream
 )
 
 // routeTTL is how stale the routing rows (serving version, canary share,
@@ -51,7 +44,7 @@ type target struct {
 	// serving ones, or an artefact canary's), artefactsKey names their
 	// versions (store.ArtefactSuffix), and toolVersion is the version of
 	// the tool schema among them.
-	artefacts    evolution.ArtefactSet
+	artefacts    artefact.Set
 	artefactsKey string
 	toolVersion  int
 }
@@ -60,7 +53,7 @@ type target struct {
 // an artefact release is in its canary, the set with the candidate in place
 // of its kind's serving version.
 type routeArtefacts struct {
-	serving, canary       evolution.ArtefactSet
+	serving, canary       artefact.Set
 	servingKey, canaryKey string
 	// servingTools and canaryTools are the tool schema versions.
 	servingTools, canaryTools int
@@ -293,7 +286,7 @@ func shareOf(key string) float64 {
 }
 
 func (r *router) dynamicBackend(route *store.Route) (inference.Backend, error) {
-	if route.Backend != BackendUpstream {
+	if route.Backend != deployment.BackendUpstream {
 		return nil, errf(http.StatusServiceUnavailable, "model %q is served by the %s backend, which this gateway does not run", route.Deployment, route.Backend)
 	}
 	r.mu.Lock()
@@ -329,7 +322,7 @@ func (r *router) models(ctx context.Context) []servedModel {
 		seen[m] = r.started
 	}
 	for m, route := range r.load(ctx) {
-		if route.Backend == BackendUpstream || r.static[m] != nil {
+		if route.Backend == deployment.BackendUpstream || r.static[m] != nil {
 			seen[m] = route.CreatedAt
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/internal/statuspage"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -55,7 +56,7 @@ func (s *Server) statusPage(c *gin.Context) {
 	c.Data(http.StatusOK, "text/html; charset=utf-8", html)
 }
 
-func (s *Server) loadStatus(c *gin.Context) (*store.Status, error) {
+func (s *Server) loadStatus(c *gin.Context) (*statusapi.Status, error) {
 	p := principalOf(c)
 	if p.SessionID != "" {
 		return nil, errf(http.StatusForbidden, "the status view needs a tenant API key, not a per-session key")

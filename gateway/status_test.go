@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -62,7 +63,7 @@ func TestStatusJSONAndCrossTenantProbes(t *testing.T) {
 
 	st, _, raw := e.do("GET", "/v1/status?deployment="+fixtureModel, e.keyA, nil)
 	require.Equal(t, 200, st, string(raw))
-	var got store.Status
+	var got statusapi.Status
 	require.NoError(t, json.Unmarshal(raw, &got))
 	require.Equal(t, "acme", got.Tenant)
 	require.Len(t, got.Deployments, 1)

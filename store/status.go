@@ -19,23 +19,8 @@ import (
 // tenant, and nothing another tenant wrote (prompts, answers, tool output)
 // appears.
 
-// The status view's types are the wire format of GET /v1/status; they live
-// in statusapi so that clients of the HTTP API need not import the store.
-type (
-	Status            = statusapi.Status
-	DeploymentStatus  = statusapi.DeploymentStatus
-	CanaryStatus      = statusapi.CanaryStatus
-	VersionStatus     = statusapi.VersionStatus
-	ReleaseStatus     = statusapi.ReleaseStatus
-	GateStatus        = statusapi.GateStatus
-	DecisionStatus    = statusapi.DecisionStatus
-	TrainingRunStatus = statusapi.TrainingRunStatus
-	SessionSummary    = statusapi.SessionSummary
-	Curve             = statusapi.Curve
-	CurvePoint        = statusapi.CurvePoint
-	AnchorStatus      = statusapi.AnchorStatus
-	WatchdogCheck     = statusapi.WatchdogCheck
-)
+// The status view's types are statusapi's: the wire format of GET
+// /v1/status, which clients of the HTTP API read without the store.
 
 // StatusQuery selects what LoadStatus reads.
 type StatusQuery struct {
@@ -53,7 +38,7 @@ type StatusQuery struct {
 
 // LoadStatus reads the tenant's status. A named deployment the tenant has
 // no session on is ErrNotFound, whether or not it exists.
-func LoadStatus(ctx context.Context, db DBTX, q StatusQuery) (*Status, error) {
+func LoadStatus(ctx context.Context, db DBTX, q StatusQuery) (*statusapi.Status, error) {
 	if q.Limit <= 0 {
 		q.Limit = 20
 	}
@@ -70,7 +55,7 @@ func LoadStatus(ctx context.Context, db DBTX, q StatusQuery) (*Status, error) {
 	if q.Deployment != "" && len(names) == 0 {
 		return nil, fmt.Errorf("status of %q: %w", q.Deployment, ErrNotFound)
 	}
-	st := &Status{Tenant: q.TenantID, GeneratedAt: q.Now.UTC(), Deployments: []DeploymentStatus{}}
+	st := &statusapi.Status{Tenant: q.TenantID, GeneratedAt: q.Now.UTC(), Deployments: []statusapi.DeploymentStatus{}}
 	for _, name := range names {
 		d, err := deploymentStatus(ctx, db, q, name)
 		if err != nil {
@@ -92,8 +77,8 @@ WHERE tenant_id = $1 AND deployment <> '' AND ($2 = '' OR deployment = $2) ORDER
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) (DeploymentStatus, error) {
-	d := DeploymentStatus{Name: name}
+func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) (statusapi.DeploymentStatus, error) {
+	d := statusapi.DeploymentStatus{Name: name}
 	err := db.QueryRow(ctx, `SELECT backend, coalesce(serving_version, '') FROM deployments WHERE name = $1`, name).
 		Scan(&d.Backend, &d.ServingVersion)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -120,8 +105,8 @@ func deploymentStatus(ctx context.Context, db DBTX, q StatusQuery, name string) 
 	return d, nil
 }
 
-func canaryOf(ctx context.Context, db DBTX, deployment string) (*CanaryStatus, error) {
-	var c CanaryStatus
+func canaryOf(ctx context.Context, db DBTX, deployment string) (*statusapi.CanaryStatus, error) {
+	var c statusapi.CanaryStatus
 	err := db.QueryRow(ctx, `SELECT id, candidate, baseline, phase, canary_share FROM releases
 WHERE deployment = $1 AND layer = 'weights' AND status = 'running' ORDER BY started_at DESC, id DESC LIMIT 1`, deployment).
 		Scan(&c.ReleaseID, &c.Candidate, &c.Baseline, &c.Phase, &c.Share)
@@ -134,7 +119,7 @@ WHERE deployment = $1 AND layer = 'weights' AND status = 'running' ORDER BY star
 	return &c, nil
 }
 
-func versionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment, serving string, canary *CanaryStatus) ([]VersionStatus, error) {
+func versionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment, serving string, canary *statusapi.CanaryStatus) ([]statusapi.VersionStatus, error) {
 	rows, err := db.Query(ctx, `
 SELECT v.id, coalesce(v.parent_version, ''), v.status, v.metrics, v.retired_reason, v.created_at,
        (SELECT count(*) FROM model_version_lineage l WHERE l.version_id = v.id),
@@ -144,8 +129,8 @@ ORDER BY v.created_at DESC, v.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 	if err != nil {
 		return nil, fmt.Errorf("versions: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (VersionStatus, error) {
-		var v VersionStatus
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (statusapi.VersionStatus, error) {
+		var v statusapi.VersionStatus
 		var metrics []byte
 		err := r.Scan(&v.ID, &v.Parent, &v.Status, &metrics, &v.RetiredReason, &v.CreatedAt, &v.TrainedSamples, &v.TenantSessions)
 		v.Metrics = jsonObject(metrics)
@@ -155,18 +140,18 @@ ORDER BY v.created_at DESC, v.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 	})
 }
 
-func releasesOf(ctx context.Context, db DBTX, deployment string, limit int) ([]ReleaseStatus, error) {
+func releasesOf(ctx context.Context, db DBTX, deployment string, limit int) ([]statusapi.ReleaseStatus, error) {
 	rel, err := ListReleases(ctx, db, deployment, limit)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]ReleaseStatus, len(rel))
+	out := make([]statusapi.ReleaseStatus, len(rel))
 	ids := make([]int64, len(rel))
-	byID := make(map[int64]*ReleaseStatus, len(rel))
+	byID := make(map[int64]*statusapi.ReleaseStatus, len(rel))
 	for i, r := range rel {
-		out[i] = ReleaseStatus{ID: r.ID, Layer: r.Layer, Candidate: r.Candidate, Baseline: r.Baseline, Status: r.Status,
+		out[i] = statusapi.ReleaseStatus{ID: r.ID, Layer: r.Layer, Candidate: r.Candidate, Baseline: r.Baseline, Status: r.Status,
 			Phase: r.Phase, CanaryShare: r.CanaryShare, Reason: r.Reason, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-			Gates: []GateStatus{}}
+			Gates: []statusapi.GateStatus{}}
 		ids[i] = r.ID
 		byID[r.ID] = &out[i]
 	}
@@ -176,7 +161,7 @@ WHERE release_id = ANY($1) ORDER BY release_id, id`, ids)
 		return nil, fmt.Errorf("gates: %w", err)
 	}
 	var id int64
-	var g GateStatus
+	var g statusapi.GateStatus
 	var metrics []byte
 	_, err = pgx.ForEachRow(rows, []any{&id, &g.Gate, &g.Passed, &metrics, &g.CreatedAt}, func() error {
 		g.Metrics = jsonObject(metrics)
@@ -236,7 +221,7 @@ func jsonObject(raw []byte) map[string]any {
 	return m
 }
 
-func trainingRunsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]TrainingRunStatus, error) {
+func trainingRunsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]statusapi.TrainingRunStatus, error) {
 	rows, err := db.Query(ctx, `
 SELECT r.id, r.status, coalesce(r.version_id, ''), cardinality(r.sample_ids),
        (SELECT count(*) FROM training_samples ts WHERE ts.id = ANY(r.sample_ids) AND ts.tenant_id = $2),
@@ -246,8 +231,8 @@ ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, deployment, q.TenantID, q.Limit
 	if err != nil {
 		return nil, fmt.Errorf("training runs: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TrainingRunStatus, error) {
-		var t TrainingRunStatus
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (statusapi.TrainingRunStatus, error) {
+		var t statusapi.TrainingRunStatus
 		var stats []byte
 		err := r.Scan(&t.ID, &t.Status, &t.Version, &t.Samples, &t.TenantSamples, &stats, &t.CreatedAt, &t.FinishedAt)
 		t.Stats = jsonObject(stats)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // curveBuckets is about how many buckets the curve spans, whatever its
@@ -33,14 +35,14 @@ func BucketFor(span time.Duration) time.Duration {
 // since q.CurveSince. An interaction's reward is its own step rewards'
 // mean, else its session's outcome rewards' mean, as the canary gate
 // scores versions.
-func curveOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) (Curve, error) {
+func curveOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) (statusapi.Curve, error) {
 	var first, last *time.Time
 	err := db.QueryRow(ctx, `SELECT min(created_at), max(created_at) FROM interactions
 WHERE tenant_id = $1 AND deployment = $2 AND created_at >= $3`, q.TenantID, deployment, q.CurveSince).Scan(&first, &last)
 	if err != nil {
-		return Curve{}, fmt.Errorf("curve span: %w", err)
+		return statusapi.Curve{}, fmt.Errorf("curve span: %w", err)
 	}
-	c := Curve{Points: []CurvePoint{}}
+	c := statusapi.Curve{Points: []statusapi.CurvePoint{}}
 	if first == nil {
 		c.BucketSeconds = int(bucketSteps[0].Seconds())
 		return c, nil
@@ -70,7 +72,7 @@ GROUP BY 1, 2 ORDER BY 1, 2`, q.TenantID, deployment, q.CurveSince, c.BucketSeco
 		return c, fmt.Errorf("curve: %w", err)
 	}
 	var b int64
-	var p CurvePoint
+	var p statusapi.CurvePoint
 	_, err = pgx.ForEachRow(rows, []any{&b, &p.Version, &p.Rewarded, &p.MeanReward}, func() error {
 		p.Start = time.Unix(b*int64(c.BucketSeconds), 0).UTC()
 		c.Points = append(c.Points, p)

@@ -4,16 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // decisionsOf lists the deployment's latest evolution decisions, their
 // evidence cut to what the tenant may see.
-func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limit int) ([]DecisionStatus, error) {
+func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limit int) ([]statusapi.DecisionStatus, error) {
 	rows, err := ListDecisions(ctx, db, deployment, limit)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]DecisionStatus, len(rows))
+	out := make([]statusapi.DecisionStatus, len(rows))
 	for i, r := range rows {
 		ev, theirs, err := scrubEvidence(r.Evidence, tenantID)
 		if err != nil {
@@ -23,7 +25,7 @@ func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limi
 		if theirs {
 			reason = "a tool of another tenant failed often: its description changes for that tenant only"
 		}
-		out[i] = DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
+		out[i] = statusapi.DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
 	}
 	return out, nil
 }

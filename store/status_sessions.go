@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // Why a session did or did not train, beyond the ATDP ineligibility
@@ -22,7 +24,7 @@ const (
 
 // sessionsOf lists the tenant's latest sessions on the deployment with
 // whether they trained and, if not, why.
-func sessionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]SessionSummary, error) {
+func sessionsOf(ctx context.Context, db DBTX, q StatusQuery, deployment string) ([]statusapi.SessionSummary, error) {
 	rows, err := db.Query(ctx, `
 SELECT s.id, s.status, s.task_id, s.created_at, s.last_active_at,
        st.steps, coalesce(st.version, ''), rw.outcome,
@@ -58,8 +60,8 @@ ORDER BY s.last_active_at DESC, s.id`, q.TenantID, deployment, q.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SessionSummary, error) {
-		var s SessionSummary
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (statusapi.SessionSummary, error) {
+		var s statusapi.SessionSummary
 		var queued, stale, retired int
 		var assembled bool
 		var ineligible string
@@ -72,7 +74,7 @@ ORDER BY s.last_active_at DESC, s.id`, q.TenantID, deployment, q.Limit)
 }
 
 // trainingReason says why a session did not train, most decisive first.
-func trainingReason(s SessionSummary, queued, stale, retired int, assembled bool, ineligible string) string {
+func trainingReason(s statusapi.SessionSummary, queued, stale, retired int, assembled bool, ineligible string) string {
 	switch {
 	case s.Trained:
 		return TrainingTrained

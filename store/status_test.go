@@ -11,6 +11,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -155,9 +156,9 @@ func TestLoadStatus(t *testing.T) {
 	require.Equal(t, "dep", d.Name)
 	require.Equal(t, deployment.BackendUpstream, d.Backend)
 	require.Equal(t, "dep@v1", d.ServingVersion)
-	require.Equal(t, &store.CanaryStatus{ReleaseID: rel2.ID, Candidate: "dep@v2", Baseline: "dep@v1", Phase: "canary", Share: 0.25}, d.Canary)
+	require.Equal(t, &statusapi.CanaryStatus{ReleaseID: rel2.ID, Candidate: "dep@v2", Baseline: "dep@v1", Phase: "canary", Share: 0.25}, d.Canary)
 
-	versions := map[string]store.VersionStatus{}
+	versions := map[string]statusapi.VersionStatus{}
 	for _, v := range d.Versions {
 		versions[v.ID] = v
 	}
@@ -207,7 +208,7 @@ func TestLoadStatus(t *testing.T) {
 	require.Equal(t, 2, d.TrainingRuns[1].TenantSamples)
 	require.Equal(t, "dep@v0", d.TrainingRuns[1].Stats["base_version"])
 
-	sessions := map[string]store.SessionSummary{}
+	sessions := map[string]statusapi.SessionSummary{}
 	for _, s := range d.Sessions {
 		sessions[s.ID] = s
 	}
@@ -228,7 +229,7 @@ func TestLoadStatus(t *testing.T) {
 	require.Nil(t, sessions["s3"].Reward)
 
 	require.Equal(t, 30, d.Curve.BucketSeconds)
-	require.Equal(t, []store.CurvePoint{
+	require.Equal(t, []statusapi.CurvePoint{
 		{Start: t0.UTC(), Version: "dep@v0", Rewarded: 2, MeanReward: 0.375},
 		{Start: t0.Add(20 * time.Minute).UTC(), Version: "dep@v1", Rewarded: 1, MeanReward: -1},
 	}, d.Curve.Points, "b's reward at +10 min is not a's")
@@ -245,7 +246,7 @@ func TestLoadStatus(t *testing.T) {
 		require.Zero(t, v.TenantSessions, v.ID)
 	}
 	require.Zero(t, d.TrainingRuns[1].TenantSamples)
-	require.Equal(t, []store.CurvePoint{{Start: t0.Add(10 * time.Minute).UTC(), Version: "dep@v1", Rewarded: 1, MeanReward: 1}}, d.Curve.Points)
+	require.Equal(t, []statusapi.CurvePoint{{Start: t0.Add(10 * time.Minute).UTC(), Version: "dep@v1", Rewarded: 1, MeanReward: 1}}, d.Curve.Points)
 	raw, err := json.Marshal(st)
 	require.NoError(t, err)
 	require.NotContains(t, string(raw), "secret prompt of a")

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/flywheel-ai/flywheel/artefact"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // Evaluation suites: the prompts a release's regression and safety gates
@@ -388,7 +389,7 @@ func ArtefactSuffix(serving []StoredArtefact, kind, version string) string {
 
 // AnchorOf is the deployment's anchor under its serving artefacts (nil
 // with no held-out suite or no measured promoted version).
-func AnchorOf(ctx context.Context, db DBTX, deployment string) (*AnchorStatus, error) {
+func AnchorOf(ctx context.Context, db DBTX, deployment string) (*statusapi.AnchorStatus, error) {
 	prompts, err := EvalSuite(ctx, db, deployment, SuiteRegression)
 	if err != nil || len(prompts) == 0 {
 		return nil, err
@@ -419,7 +420,7 @@ func AnchorOf(ctx context.Context, db DBTX, deployment string) (*AnchorStatus, e
 		}
 		return float64(n) / float64(len(prompts)), true, nil
 	}
-	a := &AnchorStatus{Version: v, Prompts: len(prompts)}
+	a := &statusapi.AnchorStatus{Version: v, Prompts: len(prompts)}
 	if a.PassRate, _, err = rate(v); err != nil {
 		return nil, err
 	}

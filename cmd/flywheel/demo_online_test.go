@@ -26,6 +26,7 @@ import (
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
@@ -489,12 +490,12 @@ func (s *demoSystem) loosenGates(t *testing.T, safety bool) {
 // version back for a reason naming suite (at most steps more training
 // steps), stops the loosened training loop, and returns the version rolled
 // back. The deployment then serves the anchor.
-func (s *demoSystem) runUntilRollback(t *testing.T, steps int, fleet demo.FleetConfig, suite string) store.WatchdogCheck {
+func (s *demoSystem) runUntilRollback(t *testing.T, steps int, fleet demo.FleetConfig, suite string) statusapi.WatchdogCheck {
 	t.Helper()
 	ctx := context.Background()
 	since := time.Now()
 	ctx, cancel := context.WithCancel(ctx)
-	var rolled store.WatchdogCheck
+	var rolled statusapi.WatchdogCheck
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // TestCurveChartSeries checks the page's curve: one line per version in
@@ -14,8 +14,8 @@ import (
 // how many interactions each version scored in a bucket.
 func TestCurveChartSeries(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
-	d := store.DeploymentStatus{Name: "dep", ServingVersion: "dep@v2", Canary: &store.CanaryStatus{Candidate: "dep@v10", Share: 0.2},
-		Curve: store.Curve{BucketSeconds: 30, Points: []store.CurvePoint{
+	d := statusapi.DeploymentStatus{Name: "dep", ServingVersion: "dep@v2", Canary: &statusapi.CanaryStatus{Candidate: "dep@v10", Share: 0.2},
+		Curve: statusapi.Curve{BucketSeconds: 30, Points: []statusapi.CurvePoint{
 			{Start: t0, Version: "dep@v2", Rewarded: 3, MeanReward: 0.5},
 			{Start: t0, Version: "dep@v10", Rewarded: 1, MeanReward: -0.5},
 			{Start: t0.Add(90 * time.Second), Version: "dep@v10", Rewarded: 2, MeanReward: 1},

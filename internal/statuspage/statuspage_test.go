@@ -8,14 +8,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/flywheel-ai/flywheel/internal/statuspage"
-	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // TestRenderLiveAndSnapshot draws one reading as the live page (reloads,
 // links between deployments) and as a snapshot file (neither, with the
 // caller's intro and title).
 func TestRenderLiveAndSnapshot(t *testing.T) {
-	st := &store.Status{Tenant: "acme", GeneratedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Deployments: []store.DeploymentStatus{
+	st := &statusapi.Status{Tenant: "acme", GeneratedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Deployments: []statusapi.DeploymentStatus{
 		{Name: "a", ReleaseCounts: map[string]map[string]int{"weights": {"promoted": 3}}}, {Name: "b"}}}
 
 	live, err := statuspage.Render(st, statuspage.Page{Refresh: 5 * time.Second})
