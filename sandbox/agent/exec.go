@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,8 +30,6 @@ func (s *Server) exec(req Request, resp *Response) error {
 		return err
 	}
 	pgid := cmd.Process.Pid
-	// Under memory pressure the kernel should kill the command, not the agent.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pgid)+"/oom_score_adj", []byte("1000"), 0)
 	out := readOutput(outR, errR, maxOut)
 
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
@@ -58,6 +55,9 @@ func (s *Server) exec(req Request, resp *Response) error {
 	resp.TimedOut = timedOut
 	return exitStatus(waitErr, resp)
 }
+
+// oomFirst makes the command the OOM killer's first choice in its sandbox.
+const oomFirst = "echo 1000 >/proc/self/oom_score_adj 2>/dev/null; "
 
 // execLimits is req's timeout and output cap, defaults filled in and
 // ceilings applied.
@@ -102,7 +102,11 @@ func (s *Server) startShell(req Request) (cmd *exec.Cmd, outR, errR *os.File, er
 		outW.Close()
 		return nil, nil, nil, fmt.Errorf("exec: stderr pipe: %w", err)
 	}
-	cmd = exec.Command(s.Shell, "-c", req.Cmd)
+	// Under memory pressure the kernel should kill the command, not the
+	// agent. The shell raises its own OOM score before it runs the command,
+	// which inherits it: written from here after the start, a command that
+	// allocates at once could meet the limit first and the agent die.
+	cmd = exec.Command(s.Shell, "-c", oomFirst+req.Cmd)
 	cmd.Dir = req.Dir
 	cmd.Env = append(os.Environ(), req.Env...)
 	cmd.Stdout, cmd.Stderr = outW, errW
