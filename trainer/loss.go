@@ -106,6 +106,27 @@ type tokenOut struct {
 	KL           float64
 }
 
+// OffPolicyMasks says which masks dropped a token.
+type OffPolicyMasks struct{ IcePop, KPop bool }
+
+// OffPolicy is decoupled PPO's correction of one token for the behaviour
+// policy μ that sampled it: the weight min(π_prox/μ, cap), or a mask
+// (IcePop, KPop) that drops the token. Every trainer applies it through
+// here: the in-process loss, and the Tinker step, which folds the weight
+// into the token's advantage.
+func (c LossConfig) OffPolicy(logpProx, logpBehav float64) (weight float64, masked OffPolicyMasks) {
+	if c.IcePop && !icePopKeep(logpProx, logpBehav, c.IcePopLow, c.IcePopHigh) {
+		masked.IcePop = true
+	}
+	if c.KPop && kPopScore(logpProx, logpBehav) > c.KPopPhi {
+		masked.KPop = true
+	}
+	if masked.IcePop || masked.KPop {
+		return 0, masked
+	}
+	return math.Min(math.Exp(logpProx-logpBehav), c.BehaviourWeightCap), masked
+}
+
 // ppoToken is the decoupled-PPO token loss
 //
 //	−w·min(r·A, clip(r, 1−ε, 1+ε_high)·A) + β·KL,
@@ -114,16 +135,12 @@ type tokenOut struct {
 // (a constant that corrects for the behaviour policy being stale).
 func ppoToken(c LossConfig, in tokenIn) tokenOut {
 	var out tokenOut
-	if c.IcePop && !icePopKeep(in.LogpProx, in.LogpBehav, c.IcePopLow, c.IcePopHigh) {
-		out.Masked, out.IcePopMasked = true, true
-	}
-	if c.KPop && kPopScore(in.LogpProx, in.LogpBehav) > c.KPopPhi {
-		out.Masked, out.KPopMasked = true, true
-	}
+	w, off := c.OffPolicy(in.LogpProx, in.LogpBehav)
+	out.IcePopMasked, out.KPopMasked = off.IcePop, off.KPop
+	out.Masked = off.IcePop || off.KPop
 	if out.Masked {
 		return out
 	}
-	w := math.Min(math.Exp(in.LogpProx-in.LogpBehav), c.BehaviourWeightCap)
 	r := math.Exp(in.Logp - in.LogpProx)
 	rc := math.Min(math.Max(r, 1-c.ClipLow), 1+c.ClipHigh)
 	un, cl := r*in.Adv, rc*in.Adv

@@ -230,7 +230,7 @@ func (l *Local) TrainStep(ctx context.Context, b *Batch) (StepResult, error) {
 	// struct a helper returns, so the compiler can keep them off the heap.
 	var parts [][]Sample
 	var packs []*packedBatch
-	for _, p := range splitGroups(samples, l.cfg.MiniBatches) {
+	for _, p := range SplitGroups(samples, l.cfg.MiniBatches) {
 		pb, err := l.packBatch(p)
 		if err != nil {
 			return res, err
@@ -400,8 +400,8 @@ func (l *Local) packBatch(samples []Sample) (*packedBatch, error) {
 	return pb, nil
 }
 
-// splitGroups cuts samples into at most k parts without splitting a group.
-func splitGroups(samples []Sample, k int) [][]Sample {
+// SplitGroups cuts samples into at most k parts without splitting a group.
+func SplitGroups(samples []Sample, k int) [][]Sample {
 	if k <= 1 {
 		return [][]Sample{samples}
 	}

@@ -253,8 +253,8 @@ func TestMiniBatchesUseProximalPolicy(t *testing.T) {
 			require.Positive(t, res.Clipped)
 		}
 	}
-	require.Len(t, splitGroups(b.Samples, 3), 3)
-	require.Len(t, splitGroups(b.Samples, 10), 4, "groups stay whole")
+	require.Len(t, SplitGroups(b.Samples, 3), 3)
+	require.Len(t, SplitGroups(b.Samples, 10), 4, "groups stay whole")
 	_, err = NewLocal(m, 0, Config{MiniBatches: -1}, nil)
 	require.ErrorContains(t, err, "mini_batches")
 }
