@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -171,4 +172,30 @@ func TestInsertInteractionsBatchSessionIDOfTwoTenants(t *testing.T) {
 		completion_token_ids = '{}' FROM interactions WHERE completion_id = $1`, empty.CompletionID).Scan(&nulls, &emptyArray))
 	require.True(t, nulls)
 	require.True(t, emptyArray)
+}
+
+// TestOutcomesOfTheBase checks that version "" reads a deployment's base
+// model: the calls no trained version of it answered, whatever the engine
+// named its model, so a first release's canary has a baseline.
+func TestOutcomesOfTheBase(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	require.NoError(t, store.EnsureTenant(ctx, pool, "a"))
+	add := func(dep, version string, n int) {
+		for i := range n {
+			_, err := store.InsertInteraction(ctx, pool, &store.NewInteraction{TenantID: "a", SessionID: fmt.Sprintf("%s-%s-%d", dep, version, i),
+				IdentityMode: "header", CompletionID: fmt.Sprintf("%s-%s-%d", dep, version, i), Protocol: "openai", Deployment: dep,
+				ModelVersion: version, Request: json.RawMessage(`{}`), Response: json.RawMessage(`{}`), Status: "ok"})
+			require.NoError(t, err)
+		}
+	}
+	add("first_dep", "fake/base-model", 3)
+	add("first_dep", "first_dep@v1", 2)
+	add("first_dep@", "first_dep@v1", 1) // another deployment
+	base, _, err := store.OutcomeSeries(ctx, pool, "first_dep", "", nil, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, 3, base.Interactions, "the base model's calls, under the engine's name")
+	v1, _, err := store.OutcomeSeries(ctx, pool, "first_dep", "first_dep@v1", nil, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, 2, v1.Interactions)
 }

@@ -274,12 +274,21 @@ const maxOutcomeSeries = 20_000
 // in the order they were served (the most recent maxOutcomeSeries): an
 // interaction's reward is its own step rewards' mean, else its session's
 // outcome rewards' mean.
+//
+// Version "" is the deployment's base model, before any trained version
+// serves: the interactions no version of the deployment answered, under
+// whatever name the engine gave its model (a deployment's first release
+// compares its candidate with them).
 func OutcomeSeries(ctx context.Context, db DBTX, deployment, version string, artefacts *string, since time.Time) (VersionOutcomes, []float64, error) {
 	var o VersionOutcomes
+	servedBy := "i.model_version = $2"
+	if version == "" {
+		servedBy = "($2 = '' AND left(i.model_version, length($1) + 1) <> ($1 || '@'))"
+	}
 	rows, err := db.Query(ctx, `
 WITH inter AS (
     SELECT i.id, i.tenant_id, i.session_id, i.status, i.created_at FROM interactions i
-    WHERE i.deployment = $1 AND i.model_version = $2 AND i.created_at >= $3
+    WHERE i.deployment = $1 AND `+servedBy+` AND i.created_at >= $3
       AND ($5::text IS NULL OR coalesce(i.request->>'artefacts', '') = $5)
 ), scored AS (
     SELECT inter.id, inter.status, inter.created_at, COALESCE(
