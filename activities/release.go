@@ -56,7 +56,9 @@ type Release struct {
 	MaxTokens int
 }
 
-// BeginRelease writes (or finds) the release row of this workflow.
+// BeginRelease writes (or finds) the release row of this workflow and
+// reads the policy it runs by: the release's, with the deployment's own
+// settings (thresholds and timings) in place of its.
 func (r *Release) BeginRelease(ctx context.Context, in flow.ReleaseInput) (flow.BeginReleaseOutput, error) {
 	rel, err := store.BeginRelease(ctx, r.DB, store.Release{
 		Deployment: in.Deployment, Layer: in.Layer, Candidate: in.Candidate, Baseline: in.Baseline,
@@ -65,7 +67,11 @@ func (r *Release) BeginRelease(ctx context.Context, in flow.ReleaseInput) (flow.
 	if err != nil {
 		return flow.BeginReleaseOutput{}, err
 	}
-	return flow.BeginReleaseOutput{ReleaseID: rel.ID, Baseline: rel.Baseline}, nil
+	p, err := gatePolicy(ctx, r.DB, in.Deployment, in.Policy)
+	if err != nil {
+		return flow.BeginReleaseOutput{}, err
+	}
+	return flow.BeginReleaseOutput{ReleaseID: rel.ID, Baseline: rel.Baseline, Policy: &p}, nil
 }
 
 // SetReleasePhase records the phase and the canary share the gateway routes.

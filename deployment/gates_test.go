@@ -3,6 +3,7 @@ package deployment
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -28,7 +29,10 @@ func TestWithGatesNamesTheBadField(t *testing.T) {
 		`{"alpha": 0.7}`:              "gates.alpha 0.7: want (0, 0.5]",
 		`{"min_canary_samples": 0}`:   "gates.min_canary_samples 0: want 1..1000000",
 		`{"alpha": "high"}`:           "gates.alpha",
-		`{"shadow_duration": 5}`:      "gates.shadow_duration: unknown threshold",
+		`{"shadow_duration": 5}`:      `gates.shadow_duration 5: want a duration such as "90s"`,
+		`{"canary_duration": "0s"}`:   "gates.canary_duration 0s: want a duration in (0, 720h]",
+		`{"canary_share": 1.5}`:       "gates.canary_share 1.5: want a share in (0, 1]",
+		`{"shadow": "1m"}`:            "gates.shadow: unknown threshold",
 		`{"MaxRewardDrop": 0.1}`:      "gates.MaxRewardDrop: unknown threshold",
 		`[1, 2]`:                      "gates: want an object of thresholds",
 		`{"max_reward_drop": 0.1} {}`: "gates: want an object of thresholds",
@@ -54,7 +58,9 @@ func TestSettingsRoundTripKeepsTheGates(t *testing.T) {
 // otherwise be accepted and do nothing.
 func TestEveryGateKeyReachesItsField(t *testing.T) {
 	values := map[string]string{"allow_unevaluated": "true", "alpha": "0.01", "anchor_budget": "0.2", "max_error_rise": "0.3",
-		"max_reward_drop": "0.4", "max_safety_drop": "0.5", "min_canary_samples": "99"}
+		"max_reward_drop": "0.4", "max_safety_drop": "0.5", "min_canary_samples": "99",
+		"shadow_duration": `"7s"`, "canary_duration": `"3m"`, "max_traffic_wait": `"1h"`, "weight_drain": `"9s"`,
+		"approval_timeout": `"2h"`, "canary_share": "0.5", "canary_checks": "3", "require_approval": "true"}
 	require.ElementsMatch(t, gateKeys(), func() []string {
 		var ks []string
 		for k := range values {
@@ -68,4 +74,12 @@ func TestEveryGateKeyReachesItsField(t *testing.T) {
 		require.NoError(t, err, k)
 		require.NotEqual(t, base, p, "%s changed nothing", k)
 	}
+}
+
+func TestGatesSetTheReleaseTimings(t *testing.T) {
+	p, err := DefaultReleasePolicy().WithGates(json.RawMessage(`{"shadow_duration": "90s", "canary_duration": "4m", "canary_share": 0.25}`))
+	require.NoError(t, err)
+	require.Equal(t, 90*time.Second, p.ShadowDuration)
+	require.Equal(t, 4*time.Minute, p.CanaryDuration)
+	require.Equal(t, 0.25, p.CanaryShare)
 }

@@ -77,6 +77,9 @@ type ReleaseInput struct {
 type BeginReleaseOutput struct {
 	ReleaseID int64
 	Baseline  string
+	// Policy is the release's policy with the deployment's settings in
+	// place (nil in histories from before it was read here).
+	Policy *deployment.ReleasePolicy `json:",omitempty"`
 }
 
 // SetPhaseInput moves the release to a phase; CanaryShare is the share of

@@ -101,6 +101,10 @@ func (r *releaseRun) run(ctx workflow.Context) (flow.ReleaseResult, error) {
 		return flow.ReleaseResult{State: r.state}, fmt.Errorf("begin release: %w", err)
 	}
 	r.state.ReleaseID = begin.ReleaseID
+	if begin.Policy != nil {
+		// The deployment's own timings and thresholds.
+		r.policy = begin.Policy.WithDefaults()
+	}
 	base := r.in.Baseline
 	if base == "" {
 		base = begin.Baseline

@@ -90,7 +90,7 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
 	fs.StringVar(&f.up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
 	fs.StringVar(&f.up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
-	fs.StringVar(&f.gates, "gates", "", `this deployment's release-gate thresholds as JSON, e.g. '{"allow_unevaluated": true, "max_reward_drop": 0.02}' (allow_unevaluated, max_reward_drop, anchor_budget, max_safety_drop, max_error_rise, alpha, min_canary_samples); each wins over its release's`)
+	fs.StringVar(&f.gates, "gates", "", `this deployment's release policy as JSON, e.g. '{"max_reward_drop": 0.02, "canary_duration": "3m"}': thresholds and phase timings (docs/gates.md lists the keys and defaults); each wins over its release's`)
 }
 
 // settings is the deployment the flags describe, validated; a flag left
