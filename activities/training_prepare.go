@@ -12,6 +12,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
@@ -88,7 +89,8 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
 	base := flow.CheckpointRef{Version: in.Base}
-	if base.Model, base.Tokenizer, err = baseModel(ctx, t.DB, in.Deployment); err != nil {
+	var tr deployment.Trainer
+	if base.Model, base.Tokenizer, tr, err = trainerOf(ctx, t.DB, in.Deployment); err != nil {
 		return flow.TrainBatchInput{}, err
 	}
 	if in.Base != "" {
@@ -104,13 +106,18 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	if algo.Objective == "" {
 		algo.Objective = trainer.ObjectiveGRPO
 	}
-	return flow.TrainBatchInput{
+	out := flow.TrainBatchInput{
 		Protocol: flow.TrainerProtocol, Deployment: in.Deployment, RunID: run.ID,
-		Batch:  flow.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows), Tokens: tokens, SHA256: sum},
-		Base:   base,
-		Output: flow.OutputRef{Version: prep.Candidate, Dir: filepath.Join(t.CheckpointDir, in.Deployment)},
-		Algo:   algo,
-	}, nil
+		Batch:     flow.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows), Tokens: tokens, SHA256: sum},
+		Base:      base,
+		Output:    flow.OutputRef{Version: prep.Candidate, Dir: filepath.Join(t.CheckpointDir, in.Deployment)},
+		Algo:      algo,
+		TaskQueue: tr.Queue,
+	}
+	if tr.Kind == deployment.TrainerTinker {
+		out.Trainer = &tr
+	}
+	return out, nil
 }
 
 // sampleIDs are the ids of samples[idx...].
@@ -182,21 +189,23 @@ func formAdvantages(samples []trainer.Sample, cfg trainer.AdvantageConfig, store
 	return out, nil
 }
 
-// baseModel is the deployment's base model and tokenizer, as its settings
-// name them ("" for a deployment without settings, or none set).
-func baseModel(ctx context.Context, db store.DBTX, name string) (model, tokenizer string, err error) {
+// trainerOf is what the deployment's settings say of its training: its
+// base model and tokenizer, and its trainer (zero: none named, the
+// training policy's queue). A deployment without settings names nothing.
+func trainerOf(ctx context.Context, db store.DBTX, name string) (model, tokenizer string, tr deployment.Trainer, err error) {
 	d, err := store.GetDeployment(ctx, db, name)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", "", nil
+		return "", "", tr, nil
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("base model of %s: %w", name, err)
+		return "", "", tr, fmt.Errorf("trainer of %s: %w", name, err)
 	}
 	up, err := d.Settings()
 	if err != nil {
-		return "", "", nil
+		return "", "", tr, nil
 	}
-	return up.BaseModel, up.ModelTokenizer(), nil
+	tr, _ = up.TrainerOf()
+	return up.BaseModel, up.ModelTokenizer(), tr, nil
 }
 
 // checkpointFormat names the format of a stored checkpoint path.

@@ -74,6 +74,9 @@ type Settings struct {
 	// Tokenizer is the base model's tokenizer, where it is not the base
 	// model's own (default: BaseModel).
 	Tokenizer string `json:"tokenizer,omitempty"`
+	// Trainer says what trains the deployment (nil: a flywheel.train/v1
+	// worker on TrainerQueue, the built-in trainer's by default).
+	Trainer *Trainer `json:"trainer,omitempty"`
 	// Gates are this deployment's release-gate thresholds, as a JSON
 	// object of ReleasePolicy's threshold fields in snake case (see
 	// ReleasePolicy.WithGates); each one set here wins over the one its release was
@@ -88,6 +91,19 @@ func (c Settings) ModelTokenizer() string {
 		return c.Tokenizer
 	}
 	return c.BaseModel
+}
+
+// TrainerOf is the deployment's trainer with its defaults: Trainer, else
+// a flywheel.train/v1 worker on TrainerQueue; ok is false when the
+// settings name neither (the built-in trainer's queue).
+func (c Settings) TrainerOf() (t Trainer, ok bool) {
+	switch {
+	case c.Trainer != nil:
+		return c.Trainer.WithDefaults(c.BaseModel), true
+	case c.TrainerQueue != "":
+		return Trainer{Kind: TrainerTemporal, Queue: c.TrainerQueue}, true
+	}
+	return Trainer{}, false
 }
 
 // VersionsByName reports whether the server answers each weights version
@@ -153,6 +169,14 @@ func (c Settings) Validate() error {
 	for name, v := range map[string]string{"base_model": c.BaseModel, "tokenizer": c.Tokenizer} {
 		if len(v) > maxModelRef || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' }) {
 			return fmt.Errorf("%s %q: want a model hub id or a path, at most %d printable characters", name, v, maxModelRef)
+		}
+	}
+	if c.Trainer != nil {
+		if c.TrainerQueue != "" {
+			return fmt.Errorf("trainer_queue %q: set trainer.queue instead when trainer is set", c.TrainerQueue)
+		}
+		if err := c.Trainer.WithDefaults(c.BaseModel).Validate(); err != nil {
+			return err
 		}
 	}
 	if _, err := DefaultReleasePolicy().WithGates(c.Gates); err != nil {

@@ -1,6 +1,9 @@
 package flow
 
-import "github.com/flywheel-ai/flywheel/trainer/parquetbatch"
+import (
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
+)
 
 // The external-trainer protocol, flywheel.train/v1 (docs/trainer-protocol.md).
 // A train step is three activities. The control plane writes the claimed
@@ -61,6 +64,13 @@ type TrainBatchInput struct {
 	// Output is the version this step produces and where to write it.
 	Output OutputRef      `json:"output"`
 	Algo   TrainAlgorithm `json:"algorithm"`
+	// Trainer is the deployment's Tinker trainer (kind tinker), which the
+	// Flywheel worker taking the step drives; nil for a trainer worker of
+	// this protocol.
+	Trainer *deployment.Trainer `json:"trainer,omitempty"`
+	// TaskQueue is the queue the control plane sends the step on, the
+	// deployment's trainer's ("": the training policy's).
+	TaskQueue string `json:"task_queue,omitempty"`
 }
 
 // BatchRef locates a batch file.

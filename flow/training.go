@@ -88,6 +88,10 @@ type TrainingPolicy struct {
 	MaxStaleness int
 	// StepTimeout bounds one train step. Default 30m.
 	StepTimeout time.Duration
+	// StepStartTimeout is how long a train step waits for a worker on
+	// the trainer's queue to take it; then the step fails and the loop
+	// says on the status page that no worker serves the queue. Default 5m.
+	StepStartTimeout time.Duration `json:",omitempty"`
 	// StepHeartbeatTimeout is how long a train step may go without a
 	// heartbeat before it is handed to another trainer worker. Default 1m.
 	StepHeartbeatTimeout time.Duration
@@ -131,6 +135,9 @@ func (p TrainingPolicy) WithDefaults() TrainingPolicy {
 	}
 	if p.StepTimeout <= 0 {
 		p.StepTimeout = 30 * time.Minute
+	}
+	if p.StepStartTimeout <= 0 {
+		p.StepStartTimeout = 5 * time.Minute
 	}
 	if p.StepHeartbeatTimeout <= 0 {
 		p.StepHeartbeatTimeout = time.Minute

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
@@ -88,6 +89,12 @@ func Registrations(d Deps) map[string]Registrar {
 				r.RegisterActivityWithOptions(training.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
 				register(r, training.TrainStep, training.ResetTrainer)
 			}
+		},
+		// Every worker can drive a Tinker trainer: the service holds the
+		// weights, the step needs only the batch and checkpoint files.
+		deployment.TinkerQueue: func(r tworker.Registry) {
+			tinker := &activities.TinkerTraining{Logger: d.Logger}
+			r.RegisterActivityWithOptions(tinker.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
 		},
 		flow.SandboxTaskQueue: func(r tworker.Registry) {},
 		flow.SWETaskQueue: func(r tworker.Registry) {

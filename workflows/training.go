@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -130,10 +131,11 @@ func (r *trainingRun) setUp(ctx workflow.Context) {
 	// The step heartbeats; when its worker dies the heartbeat timeout hands
 	// it to another trainer worker, which resumes from the claimed run.
 	r.train = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:           r.p.TrainerQueue,
-		StartToCloseTimeout: r.p.StepTimeout,
-		HeartbeatTimeout:    r.p.StepHeartbeatTimeout,
-		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData", "WrongDeployment"}},
+		TaskQueue:              r.p.TrainerQueue,
+		StartToCloseTimeout:    r.p.StepTimeout,
+		ScheduleToStartTimeout: r.p.StepStartTimeout,
+		HeartbeatTimeout:       r.p.StepHeartbeatTimeout,
+		RetryPolicy:            &temporal.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Minute, MaximumAttempts: 5, NonRetryableErrorTypes: []string{"BadInput", "BadData", "WrongDeployment"}},
 	})
 }
 
@@ -392,7 +394,18 @@ func (r *trainingRun) step(ctx workflow.Context, runID int64) (flow.TrainStepOut
 		return flow.TrainStepOutput{}, err
 	}
 	var trained flow.TrainBatchOutput
-	if err := workflow.ExecuteActivity(r.train, flow.TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
+	train, queue := r.train, r.p.TrainerQueue
+	if tb.TaskQueue != "" {
+		// The deployment names its trainer: the step goes to its queue
+		// however the loop was started.
+		train, queue = workflow.WithTaskQueue(r.train, tb.TaskQueue), tb.TaskQueue
+	}
+	if err := workflow.ExecuteActivity(train, flow.TrainBatchActivity, tb).Get(ctx, &trained); err != nil {
+		var te *temporal.TimeoutError
+		if errors.As(err, &te) && te.TimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START {
+			err = fmt.Errorf("no worker took the train step on task queue %q within %s: start a worker that serves this deployment's trainer: %w",
+				queue, r.p.StepStartTimeout, err)
+		}
 		// The run's samples go back to the queue; the loop waits and
 		// claims again.
 		r.failRun(ctx, runID, err)

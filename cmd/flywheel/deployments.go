@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
+const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer JSON | --trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
        flywheel deployments update NAME --base-url URL [same flags as create]
        flywheel deployments list
        flywheel deployments show NAME`
@@ -74,6 +75,7 @@ type upstreamFlags struct {
 	timeout   time.Duration
 	sync      deployment.WeightSync
 	gates     string
+	trainer   string
 }
 
 func (f *upstreamFlags) register(fs *flag.FlagSet) {
@@ -87,7 +89,8 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
 	fs.StringVar(&f.sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
 	fs.StringVar(&f.sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
-	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "task queue of the workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer)")
+	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "task queue of flywheel.train/v1 workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer); --trainer is the general form")
+	fs.StringVar(&f.trainer, "trainer", "", `what trains this deployment, as JSON (docs/trainers.md), e.g. '{"kind":"tinker","url":"https://tinker.example.com","api_key_env":"TINKER_API_KEY","lora":{"rank":32}}'`)
 	fs.StringVar(&f.up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
 	fs.StringVar(&f.up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
 	fs.StringVar(&f.gates, "gates", "", `this deployment's release policy as JSON, e.g. '{"max_reward_drop": 0.02, "canary_duration": "3m"}': thresholds and phase timings (docs/gates.md lists the keys and defaults); each wins over its release's`)
@@ -116,6 +119,15 @@ func (f *upstreamFlags) settings() (deployment.Settings, error) {
 	}
 	if f.gates != "" {
 		up.Gates = json.RawMessage(f.gates)
+	}
+	if f.trainer != "" {
+		var tr deployment.Trainer
+		dec := json.NewDecoder(strings.NewReader(f.trainer))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&tr); err != nil {
+			return deployment.Settings{}, fmt.Errorf("--trainer: %w", err)
+		}
+		up.Trainer = &tr
 	}
 	if err := up.Validate(); err != nil {
 		return deployment.Settings{}, err

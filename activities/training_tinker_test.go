@@ -1,0 +1,261 @@
+package activities_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/flywheel-ai/flywheel/activities"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/flow"
+	"github.com/flywheel-ai/flywheel/internal/fakeskyrl"
+	"github.com/flywheel-ai/flywheel/tinker"
+	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
+)
+
+// tinkerService is a fake SkyRL tx that records what it was sent and can
+// cut a caller off at a route (the worker dying there).
+type tinkerService struct {
+	fake *fakeskyrl.Server
+	url  string
+	mu   sync.Mutex
+	sent map[string][][]byte
+	// dieAt cancels the caller's context once the service has answered a
+	// request to a path ending so (before the answer reaches it).
+	dieAt  string
+	cancel context.CancelFunc
+}
+
+func newTinkerService(t *testing.T) *tinkerService {
+	t.Helper()
+	s := &tinkerService{fake: fakeskyrl.New(fakeskyrl.Config{}), sent: map[string][][]byte{}}
+	h := s.fake.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		s.mu.Lock()
+		s.sent[r.URL.Path] = append(s.sent[r.URL.Path], body)
+		die := s.dieAt != "" && strings.HasSuffix(r.URL.Path, s.dieAt) && s.cancel != nil
+		if die {
+			s.dieAt = ""
+		}
+		s.mu.Unlock()
+		h.ServeHTTP(w, r)
+		if die {
+			s.cancel() // after the service acted: the answer is lost
+		}
+	}))
+	t.Cleanup(func() { srv.Close(); s.fake.Close() })
+	s.url = srv.URL
+	return s
+}
+
+func (s *tinkerService) bodies(path string) [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([][]byte(nil), s.sent[path]...)
+}
+
+// tinkerBatch writes a batch of two GRPO groups of two, tokens under the
+// fake's vocabulary.
+func tinkerBatch(t *testing.T, dir string) flow.BatchRef {
+	t.Helper()
+	rows := []parquetbatch.Row{
+		{SampleID: 1, GroupID: "g1", TaskID: "t", PromptIDs: []int32{5, 6, 7}, CompletionIDs: []int32{8, 9}, LossMask: []uint8{1, 1},
+			Logprobs: []float32{-6.1, -6.3}, Versions: []int64{0, 0}, Advantage: 1, Reward: 1},
+		{SampleID: 2, GroupID: "g1", TaskID: "t", PromptIDs: []int32{5, 6, 7}, CompletionIDs: []int32{10, 11, 12}, LossMask: []uint8{1, 0, 1},
+			Logprobs: []float32{-6.2, -6.2, -6.4}, Versions: []int64{0, 0, 0}, Advantage: -1, Reward: 0},
+		{SampleID: 3, GroupID: "g2", TaskID: "u", PromptIDs: []int32{20, 21}, CompletionIDs: []int32{22}, LossMask: []uint8{1},
+			Logprobs: []float32{-6.0}, Versions: []int64{0}, Advantage: 0.5, Reward: 1},
+		{SampleID: 4, GroupID: "g2", TaskID: "u", PromptIDs: []int32{20, 21}, CompletionIDs: []int32{23}, LossMask: []uint8{1},
+			Logprobs: []float32{-7.0}, Versions: []int64{0}, Advantage: -0.5, Reward: 0},
+	}
+	path := filepath.Join(dir, "run.parquet")
+	require.NoError(t, parquetbatch.Write(path, nil, rows))
+	return flow.BatchRef{URI: "file://" + path, Format: "parquet", Samples: len(rows)}
+}
+
+func tinkerInput(t *testing.T, svc *tinkerService, loss string, run int64, version, base string, baseURI string) flow.TrainBatchInput {
+	dir := t.TempDir()
+	return flow.TrainBatchInput{Protocol: flow.TrainerProtocol, Deployment: "dep", RunID: run, Batch: tinkerBatch(t, dir),
+		Base:   flow.CheckpointRef{Version: base, URI: baseURI, Model: fakeskyrl.DefaultBaseModel},
+		Output: flow.OutputRef{Version: version, Dir: filepath.Join(filepath.Dir(dir), "ckpt")},
+		Algo:   flow.TrainAlgorithm{Objective: "grpo", MaxStaleness: 4},
+		Trainer: &deployment.Trainer{Kind: deployment.TrainerTinker, URL: svc.url, LoRA: deployment.LoRA{Rank: 4}, Loss: loss, MiniBatches: 2,
+			Adam: deployment.Adam{LR: 0.05}}}
+}
+
+func fastTinker() *activities.TinkerTraining {
+	return &activities.TinkerTraining{Retry: tinker.RetryPolicy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond, MaxElapsed: 30 * time.Second}}
+}
+
+type sentFB struct {
+	ForwardBackwardInput tinker.ForwardBackwardInput `json:"forward_backward_input"`
+}
+
+// TestTinkerStepSendsTheBatchAsDatums checks the exact datums a step sends
+// with the importance_sampling loss: each sample's sequence shifted by one,
+// weight 1/N on its trained tokens (N per minibatch) and 0 elsewhere, its
+// behaviour log-probs and its advantage on those tokens, whole groups per
+// minibatch; and that the version lands as a PEFT adapter with the state
+// the next step loads.
+func TestTinkerStepSendsTheBatchAsDatums(t *testing.T) {
+	ctx := context.Background()
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 7, "dep@v1", "", "")
+	out, err := fastTinker().TrainBatch(ctx, in)
+	require.NoError(t, err)
+
+	require.Empty(t, svc.bodies(tinker.PathForward), "importance sampling needs no proximal pass")
+	fbs := svc.bodies(tinker.PathForwardBackward)
+	require.Len(t, fbs, 2, "two minibatches of whole groups")
+	var first sentFB
+	require.NoError(t, json.Unmarshal(fbs[0], &first))
+	in0 := first.ForwardBackwardInput
+	require.Equal(t, tinker.LossImportanceSampling, in0.LossFn)
+	require.Len(t, in0.Data, 2, "group g1")
+	d := in0.Data[1] // sample 2: prompt 5 6 7, completion 10 11 12 with 11 masked
+	require.Equal(t, tinker.Text([]int{5, 6, 7, 10, 11}), d.ModelInput)
+	require.Equal(t, []float64{6, 7, 10, 11, 12}, d.LossFnInputs[tinker.InputTargetTokens].Data)
+	n := 4.0 // trained tokens of g1: 2 + 2
+	require.Equal(t, []float64{0, 0, 1 / n, 0, 1 / n}, d.LossFnInputs[tinker.InputWeights].Data)
+	require.Equal(t, []float64{0, 0, -1, 0, -1}, d.LossFnInputs[tinker.InputAdvantages].Data)
+	lp := d.LossFnInputs[tinker.InputLogprobs].Data
+	require.InDelta(t, -6.2, lp[2], 1e-6)
+	require.InDelta(t, -6.4, lp[4], 1e-6)
+	require.Zero(t, lp[3])
+
+	require.Equal(t, "dep@v1", out.Version)
+	require.Equal(t, flow.CheckpointPEFTLoRA, out.Checkpoint.Format)
+	require.Equal(t, 4, out.Samples)
+	require.Equal(t, 6, out.TrainedTokens)
+	dir := filepath.Join(in.Output.Dir, "v1")
+	require.Equal(t, "file://"+dir, out.Checkpoint.URI)
+	for _, f := range []string{"adapter_config.json", "adapter_model.safetensors", "tinker.json"} {
+		_, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err, f)
+	}
+
+	// The next step loads v1's state into a new model first.
+	next := tinkerInput(t, svc, deployment.LossImportanceSampling, 8, "dep@v2", "dep@v1", out.Checkpoint.URI)
+	next.Output.Dir = in.Output.Dir
+	_, err = fastTinker().TrainBatch(ctx, next)
+	require.NoError(t, err)
+	loads := svc.bodies(tinker.PathLoadWeights)
+	require.Len(t, loads, 1)
+	var load tinker.LoadWeightsRequest
+	require.NoError(t, json.Unmarshal(loads[0], &load))
+	p, err := tinker.ParsePath(load.Path)
+	require.NoError(t, err)
+	require.Equal(t, tinker.KindWeights, p.Kind)
+	require.Equal(t, "v1", p.Name)
+	require.True(t, load.Optimizer, "the optimizer's moments go on with the weights")
+}
+
+// TestTinkerStepFoldsTheBehaviourWeight checks decoupled PPO: one forward
+// pass before any update gives the proximal log-probs, which the ppo loss
+// takes its ratio against, and the behaviour weight min(π_prox/μ, cap)
+// multiplies the advantage; IcePop zeroes a token's advantage.
+func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
+	ctx := context.Background()
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossPPO, 9, "dep@v1", "", "")
+	in.Algo.Masks = &flow.TokenMasks{IcePop: true, IcePopLow: 0.5, IcePopHigh: 2}
+	out, err := fastTinker().TrainBatch(ctx, in)
+	require.NoError(t, err)
+	require.Len(t, svc.bodies(tinker.PathForward), 1, "one proximal pass for both minibatches")
+	fbs := svc.bodies(tinker.PathForwardBackward)
+	var second sentFB
+	require.NoError(t, json.Unmarshal(fbs[1], &second))
+	in1 := second.ForwardBackwardInput
+	require.Equal(t, tinker.LossPPO, in1.LossFn)
+	require.Equal(t, map[string]float64{tinker.ClipLow: 0.8, tinker.ClipHigh: 1.28}, in1.LossFnConfig)
+	// The fake's fresh model is uniform over 512 tokens: π_prox = −ln 512
+	// for every token.
+	prox := -math.Log(fakeskyrl.DefaultVocab)
+	for i, behav := range []float64{-6.0, -7.0} { // group g2
+		d := in1.Data[i]
+		lp := d.LossFnInputs[tinker.InputLogprobs].Data
+		adv := d.LossFnInputs[tinker.InputAdvantages].Data
+		require.InDelta(t, prox, lp[1], 1e-5)
+		a := []float64{0.5, -0.5}[i]
+		ratio := math.Exp(prox - behav)
+		if ratio < 0.5 || ratio > 2 {
+			require.Zero(t, adv[1], "IcePop drops a token whose ratio leaves [0.5, 2]")
+		} else {
+			require.InDelta(t, a*math.Min(ratio, 5), adv[1], 1e-5)
+		}
+	}
+	// −6.0 → ratio e^(−0.238) ≈ 0.79 kept; −7.0 → e^(0.76) ≈ 2.14 dropped.
+	require.InDelta(t, 1.0/6, out.IcePopMasked, 1e-9, "one of six trained tokens")
+}
+
+// TestTinkerStepRetriedAfterTheWorkerDied checks exactness under a killed
+// worker: dying after the version was saved makes the retry fetch it (no
+// new optimizer step, one sampler save); dying mid-step makes the retry
+// start over from the base state on a new model, and the version is still
+// saved once.
+func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 11, "dep@v1", "", "")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	svc.dieAt, svc.cancel = "/archive", cancel
+	_, err := fastTinker().TrainBatch(ctx, in)
+	require.Error(t, err)
+	steps := len(svc.bodies(tinker.PathOptimStep))
+	out, err := fastTinker().TrainBatch(context.Background(), in)
+	require.NoError(t, err)
+	require.True(t, out.Resumed)
+	require.Equal(t, steps, len(svc.bodies(tinker.PathOptimStep)), "the retry applied no optimizer step")
+	require.Equal(t, 1, svc.fake.SamplerSaves("v1"))
+
+	in2 := tinkerInput(t, svc, deployment.LossImportanceSampling, 12, "dep@v2", "", "")
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	svc.mu.Lock()
+	svc.dieAt, svc.cancel = tinker.PathSaveWeights, cancel2
+	svc.mu.Unlock()
+	_, err = fastTinker().TrainBatch(ctx2, in2)
+	require.Error(t, err)
+	out2, err := fastTinker().TrainBatch(context.Background(), in2)
+	require.NoError(t, err)
+	require.False(t, out2.Resumed, "nothing was saved for the sampler: the step trained again, on a new model")
+	require.Equal(t, 1, svc.fake.SamplerSaves("v2"), "the version was made once")
+	again, err := fastTinker().TrainBatch(context.Background(), in2)
+	require.NoError(t, err)
+	require.True(t, again.Resumed, "a step already answered is answered from its files")
+}
+
+// TestTinkerStepOutlastsA429Storm checks that throttling slows a step
+// down without failing it, and that a refusal that will not change fails
+// it for good, naming the request.
+func TestTinkerStepOutlastsA429Storm(t *testing.T) {
+	svc := newTinkerService(t)
+	svc.fake.Faults.FailNext(fakeskyrl.RouteForwardBackward, 5, http.StatusTooManyRequests, 0)
+	svc.fake.Faults.FailNext(fakeskyrl.RouteOptimStep, 5, http.StatusTooManyRequests, 0)
+	_, err := fastTinker().TrainBatch(context.Background(), tinkerInput(t, svc, deployment.LossImportanceSampling, 13, "dep@v1", "", ""))
+	require.NoError(t, err)
+	require.Equal(t, 2+5, len(svc.bodies(tinker.PathForwardBackward)))
+
+	bad := tinkerInput(t, svc, deployment.LossImportanceSampling, 14, "dep@v2", "", "")
+	bad.Trainer.LoRA.Rank = 64 // past the fake's maximum rank
+	_, err = fastTinker().TrainBatch(context.Background(), bad)
+	var app *temporal.ApplicationError
+	require.ErrorAs(t, err, &app)
+	require.True(t, app.NonRetryable())
+	require.Equal(t, "TinkerRejected", app.Type())
+	require.Contains(t, err.Error(), "create_model")
+}
