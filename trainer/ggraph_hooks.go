@@ -85,15 +85,6 @@ func (c Config) Resolve() (Config, error) {
 	return c, c.validate()
 }
 
-// TokenMasks reports whether IcePop and KPop (as enabled in c, defaults
-// applied) drop a token with these proximal and behaviour log-probs.
-func (c LossConfig) TokenMasks(logpProx, logpBehav float64) (icePop, kPop bool) {
-	c = c.withDefaults()
-	icePop = c.IcePop && !icePopKeep(logpProx, logpBehav, c.IcePopLow, c.IcePopHigh)
-	kPop = c.KPop && kPopScore(logpProx, logpBehav) > c.KPopPhi
-	return icePop, kPop
-}
-
 // PPOTokenIn and PPOTokenOut are the per-token loss's input and output.
 type (
 	PPOTokenIn  = tokenIn

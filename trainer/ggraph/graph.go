@@ -199,8 +199,7 @@ func (gr *graph) ppoTokens(b *builder, lc trainer.LossConfig, lpo *G.Node) *G.No
 	wcap := lcfg.BehaviourWeightCap
 	keep := b.apply(&constFn{name: "keep", fn: func(in, out []float32) {
 		for i, lp := range in {
-			ice, kp := lcfg.TokenMasks(float64(lp), float64(gr.behavData[i]))
-			if !ice && !kp {
+			if _, m := lcfg.OffPolicy(float64(lp), float64(gr.behavData[i])); !m.IcePop && !m.KPop {
 				out[i] = 1
 			}
 		}
