@@ -139,7 +139,11 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 		return nil, bad("a KL penalty needs a reference model, which the Tinker API does not hold; kl_coef must be 0")
 	}
 	masks := trainer.Masks{}
-	if m := in.Algo.Masks; m != nil {
+	m := in.Algo.Masks
+	if m == nil {
+		m = cfg.Masks // the loop names none: the deployment's trainer's
+	}
+	if m != nil {
 		masks = trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
 	}
 	loss, err := masks.Apply(trainer.LossConfig{BehaviourWeightCap: cfg.BehaviourWeightCap})

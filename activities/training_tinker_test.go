@@ -173,7 +173,7 @@ func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
 	ctx := context.Background()
 	svc := newTinkerService(t)
 	in := tinkerInput(t, svc, deployment.LossPPO, 9, "dep@v1", "", "")
-	in.Algo.Masks = &flow.TokenMasks{IcePop: true, IcePopLow: 0.5, IcePopHigh: 2}
+	in.Algo.Masks = &deployment.TokenMasks{IcePop: true, IcePopLow: 0.5, IcePopHigh: 2}
 	out, err := fastTinker().TrainBatch(ctx, in)
 	require.NoError(t, err)
 	require.Len(t, svc.bodies(tinker.PathForward), 1, "one proximal pass for both minibatches")

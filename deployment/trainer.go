@@ -68,6 +68,9 @@ type Trainer struct {
 	NominalBatch int `json:"nominal_batch,omitempty"`
 	// Adam is the optimizer.
 	Adam Adam `json:"adam"`
+	// Masks are the step's off-policy token masks where the training
+	// loop names none (nil: none).
+	Masks *TokenMasks `json:"masks,omitempty"`
 }
 
 // LoRA is a Tinker model's adapter.
@@ -221,4 +224,17 @@ func (t Trainer) Validate() error {
 		bad("adam.weight_decay %v, adam.grad_clip_norm %v: want ≥ 0", a.WeightDecay, a.GradClipNorm)
 	}
 	return errors.Join(errs...)
+}
+
+// TokenMasks are the off-policy token masks a train step applies: IcePop
+// drops tokens whose ratio π_prox/μ leaves [IcePopLow, IcePopHigh], KPop
+// those whose bidirectional binary KL exceeds KPopPhi (zero thresholds:
+// 0.5, 2, 0.05). It is the wire form of trainer.Masks, so a trainer in any
+// language can read it.
+type TokenMasks struct {
+	IcePop     bool    `json:"icepop"`
+	IcePopLow  float64 `json:"icepop_low,omitempty"`
+	IcePopHigh float64 `json:"icepop_high,omitempty"`
+	KPop       bool    `json:"kpop"`
+	KPopPhi    float64 `json:"kpop_phi,omitempty"`
 }

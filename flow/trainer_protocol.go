@@ -118,7 +118,7 @@ type TrainAlgorithm struct {
 	// MaxStaleness is η. The control plane dropped samples staler than
 	// that already; a trainer that counts staleness itself uses the same.
 	MaxStaleness int         `json:"max_staleness"`
-	Masks        *TokenMasks `json:"masks,omitempty"`
+	Masks        *deployment.TokenMasks `json:"masks,omitempty"`
 }
 
 // TrainBatchOutput is what a trainer answers: the checkpoint it wrote.

@@ -111,7 +111,7 @@ type TrainingPolicy struct {
 	NoRelease bool
 	// Masks are this deployment's KPop / IcePop settings (nil: the
 	// trainer's own, config trainer.*).
-	Masks *TokenMasks `json:",omitempty"`
+	Masks *deployment.TokenMasks `json:",omitempty"`
 	// TrainerQueue is the task queue of the workers that train this
 	// deployment (TrainBatch). Default TrainerTaskQueue.
 	TrainerQueue string `json:",omitempty"`
@@ -205,21 +205,9 @@ type TrainStepInput struct {
 	RunID      int64
 	// Masks, when set, are this deployment's KPop / IcePop settings; nil
 	// leaves the trainer's own (config trainer.*).
-	Masks *TokenMasks `json:",omitempty"`
+	Masks *deployment.TokenMasks `json:",omitempty"`
 }
 
-// TokenMasks are the off-policy token masks a train step applies: IcePop
-// drops tokens whose ratio π_prox/μ leaves [IcePopLow, IcePopHigh], KPop
-// those whose bidirectional binary KL exceeds KPopPhi (zero thresholds:
-// 0.5, 2, 0.05). It is the wire form of trainer.Masks, so a trainer in any
-// language can read it.
-type TokenMasks struct {
-	IcePop     bool    `json:"icepop"`
-	IcePopLow  float64 `json:"icepop_low,omitempty"`
-	IcePopHigh float64 `json:"icepop_high,omitempty"`
-	KPop       bool    `json:"kpop"`
-	KPopPhi    float64 `json:"kpop_phi,omitempty"`
-}
 
 // TrainStepOutput is the candidate the step produced.
 type TrainStepOutput struct {
