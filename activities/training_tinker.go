@@ -278,11 +278,12 @@ func (s *tinkerStep) loraConfig() tinker.LoraConfig {
 }
 
 // baseState is the training state the step loads: the base version's,
-// from its tinker.json; "" for the deployment's base model. A base
-// version that was not trained on this service cannot be continued.
+// from its tinker.json; "" for the deployment's base model (no version,
+// or version 0, which a policy deployment stores its base model as). A
+// base version that was not trained on this service cannot be continued.
 func (s *tinkerStep) baseState() (string, error) {
 	b := s.in.Base
-	if b.URI == "" {
+	if n, ok := store.VersionNumber(b.Version); b.URI == "" || (ok && n == 0) {
 		return "", nil
 	}
 	dir, err := localPath(b.URI)

@@ -55,7 +55,8 @@ func (s *tinkerStep) fetch(ctx context.Context, meta *tinkerMeta) error {
 }
 
 // samplerFormat names what a sampler archive holds: a PEFT LoRA adapter,
-// or the built-in policy's full weights in one safetensors file.
+// or full weights in one safetensors file (the embedded trainer's
+// extension), both of which a server loads from the directory.
 func samplerFormat(dir string) (string, error) {
 	if _, err := os.Stat(filepath.Join(dir, "adapter_config.json")); err == nil {
 		if _, err := os.Stat(filepath.Join(dir, "adapter_model.safetensors")); err != nil {
@@ -63,20 +64,10 @@ func samplerFormat(dir string) (string, error) {
 		}
 		return flow.CheckpointPEFTLoRA, nil
 	}
-	if _, err := fullWeightsFile(dir); err != nil {
-		return "", err
+	if files, _ := filepath.Glob(filepath.Join(dir, "*.safetensors")); len(files) == 0 {
+		return "", errors.New("neither a PEFT adapter nor a .safetensors file")
 	}
-	return flow.CheckpointFlywheelPolicy, nil
-}
-
-// fullWeightsFile is the one .safetensors file of a full-weights sampler
-// checkpoint.
-func fullWeightsFile(dir string) (string, error) {
-	files, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
-	if len(files) != 1 {
-		return "", fmt.Errorf("want a PEFT adapter or one .safetensors file, found %d", len(files))
-	}
-	return files[0], nil
+	return flow.CheckpointSafetensors, nil
 }
 
 // fetchSaved finishes a step an earlier attempt trained and saved on
@@ -112,27 +103,17 @@ func (s *tinkerStep) fetchSaved(ctx context.Context, model string) (tinkerMeta, 
 
 // answer is the protocol's answer for the version in s.outDir.
 func (s *tinkerStep) answer(meta tinkerMeta, resumed bool) flow.TrainBatchOutput {
-	path := s.outDir
-	if meta.Format == flow.CheckpointFlywheelPolicy {
-		if f, err := fullWeightsFile(s.outDir); err == nil {
-			path = f
-		}
-	}
 	return flow.TrainBatchOutput{
 		Version:    s.in.Output.Version,
-		Checkpoint: flow.CheckpointRef{Version: s.in.Output.Version, URI: fileURI(path), Format: meta.Format},
+		Checkpoint: flow.CheckpointRef{Version: s.in.Output.Version, URI: fileURI(s.outDir), Format: meta.Format},
 		Loss:       meta.Loss, Samples: meta.Samples, TrainedTokens: meta.Tokens, Resumed: resumed,
 		IcePopMasked: frac(int(meta.Metrics["icepop_masked_tokens"]), meta.Tokens), KPopMasked: frac(int(meta.Metrics["kpop_masked_tokens"]), meta.Tokens),
 		Metrics: meta.Metrics,
 	}
 }
 
-// readTinkerMeta reads the tinker.json of a version's directory (or of
-// the directory holding a version's file).
+// readTinkerMeta reads the tinker.json of a version's directory.
 func readTinkerMeta(path string) (tinkerMeta, bool) {
-	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
-		path = filepath.Dir(path)
-	}
 	b, err := os.ReadFile(filepath.Join(path, tinkerMetaFile))
 	if err != nil {
 		return tinkerMeta{}, false

@@ -2,8 +2,10 @@ package modelserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,14 +117,14 @@ func (p *policy) Prepare(name, path string) (int, error) {
 		return 0, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
 			"Loading lora %s failed: an adapter is named %s@v<N>, N its checkpoint's version", name, p.name)}
 	}
-	m, stored, _, err := trainer.LoadCheckpoint(path)
-	if err != nil {
+	m, err := p.read(path, version)
+	var wrong *wrongVersion
+	switch {
+	case errors.As(err, &wrong):
+		return 0, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf("Loading lora %s failed: %v", name, err)}
+	case err != nil:
 		return 0, &inference.Error{Status: http.StatusNotFound, Message: fmt.Sprintf(
 			"Loading lora %s failed: No adapter found for %s: %v", name, path, err)}
-	}
-	if stored != version {
-		return 0, &inference.Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(
-			"Loading lora %s failed: the checkpoint at %s holds version %d, not %d", name, path, stored, version)}
 	}
 	// The engine answers the base's version with the base: an adapter of
 	// that version must be the same weights, as it is when versions are
@@ -167,12 +169,33 @@ func (p *policy) loadVersion(version int64) (*trainer.Model, error) {
 	if !ok {
 		return nil, fmt.Errorf("adapter %s was never loaded", name)
 	}
+	return p.read(path, version)
+}
+
+// read reads version's weights at path: a checkpoint file of the
+// policy, which must hold that version, or a directory a trainer of the
+// Tinker API wrote (a PEFT LoRA adapter of the base, or full weights),
+// which the version's name alone identifies.
+func (p *policy) read(path string, version int64) (*trainer.Model, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return trainer.ApplyPEFT(p.base, path)
+	}
 	m, stored, _, err := trainer.LoadCheckpoint(path)
 	if err != nil {
 		return nil, err
 	}
 	if stored != version {
-		return nil, fmt.Errorf("the checkpoint at %s now holds version %d, not %d", path, stored, version)
+		return nil, &wrongVersion{path: path, stored: stored, want: version}
 	}
 	return m, nil
+}
+
+// wrongVersion is a checkpoint file that holds another version.
+type wrongVersion struct {
+	path         string
+	stored, want int64
+}
+
+func (e *wrongVersion) Error() string {
+	return fmt.Sprintf("the checkpoint at %s holds version %d, not %d", e.path, e.stored, e.want)
 }
