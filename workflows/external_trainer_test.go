@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,13 +22,11 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
-	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/flywheel-ai/flywheel/artefact"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
-	"github.com/flywheel-ai/flywheel/internal/fakevllm"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -133,21 +130,18 @@ func (f *fakeGPUTrainer) TrainBatch(ctx context.Context, in map[string]any) (map
 // TestIntegrationExternalTrainerTrainsAnUpstreamDeployment runs the
 // production shape on the real services: an agent's calls go through the
 // gateway to a vLLM server (fake: no GPU here) and are captured with the
-// server's token ids; the deployment's TrainingWorkflow hands the batch to
-// an external trainer on the deployment's own task queue through the
+// server's token ids; the deployment's settings name an external trainer
+// on its own task queue, and its TrainingWorkflow, started with no queue
+// as `flywheel train now` starts it, hands the batch there through the
 // trainer protocol; the adapter it writes becomes a candidate version with
 // lineage, and the release loads it into vLLM under its version name,
-// gates it on that adapter and routes the deployment's traffic to it.
+// gates it on that adapter and on live traffic, and routes the
+// deployment's traffic to it.
 func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	vllm := &fakevllm.Fixture{Model: "base-model", RuntimeLoRA: true}
-	srv := httptest.NewServer(vllm)
-	t.Cleanup(srv.Close)
 	const dep, queue = "team-model", "team-model-gpu"
-	_, err := store.CreateUpstreamDeployment(ctx, s.pool, dep, deployment.Settings{BaseURL: srv.URL + "/v1", Model: "base-model",
-		WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}})
-	require.NoError(t, err)
+	u := s.newUpstream(dep, &deployment.Trainer{Kind: deployment.TrainerTemporal, Queue: queue})
 
 	gpu := &fakeGPUTrainer{}
 	w := tworker.New(s.tc, queue, tworker.Options{})
@@ -156,38 +150,16 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	t.Cleanup(w.Stop)
 
 	const n = 4
-	require.Eventually(t, func() bool { st, _ := s.chatModel(dep, "probe", true, "hello"); return st == http.StatusOK },
-		10*time.Second, 100*time.Millisecond, "the gateway routes the new deployment")
-	for i := range n {
-		session := fmt.Sprintf("agent-%d", i)
-		st, _ := s.chatModel(dep, session, false, "list the files")
-		require.Equal(t, http.StatusOK, st)
-		require.Equal(t, http.StatusCreated, s.reward(session, float64(i%2)))
-		st, _ = s.chatModel(dep, session, true, "now run the tests")
-		require.Equal(t, http.StatusOK, st)
-	}
-	require.Eventually(t, func() bool {
-		q, _, err := store.QueueStats(ctx, s.pool, dep)
-		return err == nil && q >= 2*n
-	}, time.Minute, 200*time.Millisecond, "the upstream's captured calls are queued with its token ids")
-
-	id := flow.TrainingWorkflowID(dep)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
-		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
-		flow.TrainingInput{Deployment: dep, Policy: flow.TrainingPolicy{BatchSize: 2 * n, PollInterval: time.Second,
-			TrainerQueue: queue, StepsPerRun: 1,
-			// No held-out suite or live canary traffic here: the replay
-			// gate judges the candidate, the others cannot evaluate.
-			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: time.Second, CanaryChecks: 1,
-				AllowUnevaluated: true, WeightDrain: time.Second}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
-
+	u.queueSessions("agent", n)
+	u.startLoop(flow.TrainingPolicy{StepsPerRun: 1, Release: releasePolicy()})
 	v1 := store.VersionID(dep, 1)
-	var rel flow.ReleaseResult
-	rid := flow.ReleaseWorkflowID(dep, artefact.LayerWeights, v1)
-	require.Eventually(t, func() bool { return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil },
-		2*time.Minute, 300*time.Millisecond, "the external trainer's checkpoint goes through a release")
+	u.awaitVersion(v1)
+	// Users go on calling through the shadow and canary phases: the
+	// canary compares the candidate's share with the base model's.
+	live := u.traffic("live")
+	rel := u.awaitRelease(v1)
+	live.Stop()
+	require.Zero(t, live.failed.Load(), "no call of %d failed during the release", live.sent.Load())
 
 	// What the trainer was given.
 	require.Len(t, gpu.inputs, 1)
@@ -225,33 +197,17 @@ func TestIntegrationExternalTrainerTrainsAnUpstreamDeployment(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(s.dir, "batches", dep, "*.parquet"))
 	require.Empty(t, left, "a committed step's batch file is removed")
 
-	// The release loaded the adapter into vLLM under the version's name.
-	var loads []string
-	for _, c := range vllm.AdapterCalls() {
-		if c.Path == "/v1/load_lora_adapter" {
-			loads = append(loads, fmt.Sprint(c.Body["lora_name"], " ", c.Body["lora_path"]))
-		}
-	}
-	require.Contains(t, loads, v1+" "+ckpt)
-
-	// The gates asked vLLM for the candidate by its adapter name: the
-	// replay gate evaluated it on its own weights, and it served.
-	var replay *flow.GateResult
-	for i, g := range rel.State.Gates {
-		t.Logf("gate %s: passed %v, not evaluated %v, %s %v", g.Gate, g.Passed, g.NotEvaluated, g.Reason, g.Metrics)
-		if g.Gate == flow.GateReplay {
-			replay = &rel.State.Gates[i]
-		}
-	}
-	require.NotNil(t, replay)
-	require.False(t, replay.NotEvaluated, replay.Reason)
-	require.Equal(t, flow.ReleasePromoted, rel.State.Status, rel.State.Reason)
+	// The release loaded the adapter into vLLM under the version's name,
+	// and every gate judged the candidate on it: the offline gates by
+	// asking vLLM for the adapter, the canary on the users' rewards.
+	require.Contains(t, u.adapterLoads(), v1+" "+ckpt)
+	requirePromotedByEveryGate(t, rel)
 	serving, err := store.ServingOf(ctx, s.pool, dep, artefact.LayerWeights)
 	require.NoError(t, err)
 	require.Equal(t, v1, serving)
 	require.Eventually(t, func() bool {
 		st, _ := s.chatModel(dep, "after-release", false, "list the files")
-		return st == http.StatusOK && vllm.LastRequest()["model"] == v1
+		return st == http.StatusOK && u.vllm.LastRequest()["model"] == v1
 	}, 10*time.Second, 200*time.Millisecond, "traffic goes to the promoted adapter once the gateway's routes refresh")
 }
 
