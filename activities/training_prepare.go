@@ -20,7 +20,7 @@ import (
 )
 
 // PrepareBatch writes a claimed run as the Parquet batch of the trainer
-// protocol: its live samples with advantages from the configured
+// protocol: its live samples with advantages from the deployment's
 // estimator and the stored per-task baselines. It reserves the run's
 // candidate version and names the base checkpoint and where the new one
 // goes. Preparing a run again writes the same batch for the same
@@ -47,6 +47,10 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 		_ = store.FailRun(ctx, t.DB, run.ID, "no queued samples left")
 		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: no queued samples left in the run", "BadData", nil)
 	}
+	baseModel, tokenizer, tr, err := trainerOf(ctx, t.DB, in.Deployment)
+	if err != nil {
+		return flow.TrainBatchInput{}, err
+	}
 	baselines, err := store.TaskBaselines(ctx, t.DB, in.Deployment)
 	if err != nil {
 		return flow.TrainBatchInput{}, err
@@ -60,7 +64,11 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 		batch[i].Advantage = nil // set next, by the estimator
 		tokens += len(s.PromptTokenIDs) + len(s.CompletionTokenIDs)
 	}
-	adv, err := formAdvantages(batch, t.Advantage, baselines)
+	var estimator trainer.AdvantageConfig // the trainer's defaults
+	if a := tr.Advantage; a != nil {
+		estimator = trainer.AdvantageConfig{Estimator: a.Estimator, BaselineRate: a.BaselineRate, PerfectAdvantage: a.PerfectAdvantage}
+	}
+	adv, err := formAdvantages(batch, estimator, baselines)
 	if err != nil {
 		_ = store.FailRun(ctx, t.DB, run.ID, err.Error())
 		return flow.TrainBatchInput{}, temporal.NewNonRetryableApplicationError("prepare batch: "+err.Error(), "BadData", err)
@@ -88,11 +96,7 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	if err != nil {
 		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
-	base := flow.CheckpointRef{Version: in.Base}
-	var tr deployment.Trainer
-	if base.Model, base.Tokenizer, tr, err = trainerOf(ctx, t.DB, in.Deployment); err != nil {
-		return flow.TrainBatchInput{}, err
-	}
+	base := flow.CheckpointRef{Version: in.Base, Model: baseModel, Tokenizer: tokenizer}
 	if in.Base != "" {
 		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{in.Base})
 		if err != nil {

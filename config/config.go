@@ -38,7 +38,7 @@ type Config struct {
 	Worker WorkerConfig `yaml:"worker"`
 	// Control is what `flywheel up` schedules on the control plane.
 	Control ControlConfig `yaml:"control"`
-	// Trainer is the in-process trainer's off-policy correction.
+	// Trainer is the embedded trainer and its off-policy correction.
 	Trainer TrainerConfig `yaml:"trainer"`
 	// ModelServer serves the in-process policy in vLLM's dialect.
 	ModelServer ModelServerConfig `yaml:"model_server"`
@@ -107,9 +107,14 @@ type ControlConfig struct {
 	WatchdogEvery time.Duration `yaml:"watchdog_every" help:"how often the watchdog re-measures the serving version of the policy deployment against its anchor and rolls back a significant drop (a Temporal schedule); 0 turns it off (default 1m)"`
 }
 
-// TrainerConfig is the in-process trainer's off-policy token masks; a
-// deployment's training policy (TrainingPolicy.Masks) overrides them.
+// TrainerConfig is the embedded trainer: the Go trainer of the in-process
+// policy behind the Tinker training API, which the policy deployment
+// trains through as any deployment trains on a Tinker service, and its
+// off-policy token masks (a training policy's Masks override them).
 type TrainerConfig struct {
+	Listen     string  `yaml:"listen" help:"the embedded trainer's Tinker API listen address; 'flywheel up' runs it beside the model server, 'flywheel trainer-server' alone (default 127.0.0.1:8091)"`
+	URL        string  `yaml:"url" help:"the embedded trainer's root URL as workers reach it, recorded as the policy deployment's trainer; empty: http://<listen address> (default empty)"`
+	LoRARank   int     `yaml:"lora_rank" help:"rank of the LoRA adapter the policy deployment trains on every linear layer; 0 trains full weights, Flywheel's extension of the API (default 0)"`
 	IcePop     bool    `yaml:"icepop" help:"IcePop: leave out of the loss tokens whose ratio of the proximal to the behaviour probability leaves [icepop_low, icepop_high] (default false)"`
 	IcePopLow  float64 `yaml:"icepop_low" help:"IcePop's lower ratio bound, in (0, 1) (default 0.5)"`
 	IcePopHigh float64 `yaml:"icepop_high" help:"IcePop's upper ratio bound, above 1 (default 2)"`
@@ -172,7 +177,7 @@ func Default() Config {
 		},
 		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-tinker", "flywheel-sandbox"}},
 		Control:     ControlConfig{WatchdogEvery: time.Minute},
-		Trainer:     TrainerConfig{IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
+		Trainer:     TrainerConfig{Listen: "127.0.0.1:8091", IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
 		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8090"},
 		Log:         LogConfig{Level: "info", Format: "text"},
 		DataDir:     ".flywheel/data",
@@ -221,6 +226,17 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.ModelServer.Listen); err != nil {
 		bad("model-server-listen", "want host:port, got %q", c.ModelServer.Listen)
+	}
+	if _, _, err := net.SplitHostPort(c.Trainer.Listen); err != nil {
+		bad("trainer-listen", "want host:port, got %q", c.Trainer.Listen)
+	}
+	if c.Trainer.URL != "" {
+		if u, err := url.Parse(c.Trainer.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("trainer-url", "want an http(s):// URL, got %q", c.Trainer.URL)
+		}
+	}
+	if c.Trainer.LoRARank < 0 || c.Trainer.LoRARank > 1024 {
+		bad("trainer-lora-rank", "want 0 (full weights) to 1024, got %d", c.Trainer.LoRARank)
 	}
 	if c.ModelServer.URL != "" {
 		if u, err := url.Parse(c.ModelServer.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

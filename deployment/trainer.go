@@ -71,6 +71,24 @@ type Trainer struct {
 	// Masks are the step's off-policy token masks where the training
 	// loop names none (nil: none).
 	Masks *TokenMasks `json:"masks,omitempty"`
+	// Advantage is how the control plane turns the batch's rewards into
+	// advantages, whatever the kind (nil: GRPO's (r − mean)/std, with a
+	// per-task running baseline at rate 0.1 for samples without a group).
+	Advantage *Advantage `json:"advantage,omitempty"`
+}
+
+// Advantage is an advantage estimator's settings (trainer.AdvantageConfig
+// reads them; zero fields take its defaults).
+type Advantage struct {
+	// Estimator is "mean_std" (GRPO), "mean" (Dr. GRPO) or
+	// "leave_one_out" (RLOO).
+	Estimator string `json:"estimator,omitempty"`
+	// BaselineRate is the step of the per-task running baseline of
+	// samples without a group, in (0, 1].
+	BaselineRate float64 `json:"baseline_rate,omitempty"`
+	// PerfectAdvantage is the advantage of a group whose answers all
+	// earned the top reward (0: none).
+	PerfectAdvantage float64 `json:"perfect_advantage,omitempty"`
 }
 
 // LoRA is a Tinker model's adapter.
@@ -209,8 +227,21 @@ func (t Trainer) Validate() error {
 	case !t.LoRA.FullWeights && (t.LoRA.Rank < 1 || t.LoRA.Rank > 1024):
 		bad("lora.rank %d: want 1..1024", t.LoRA.Rank)
 	}
-	a := t.Adam
 	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	if adv := t.Advantage; adv != nil {
+		switch adv.Estimator {
+		case "", "mean_std", "mean", "leave_one_out":
+		default:
+			bad("advantage.estimator %q: want mean_std, mean or leave_one_out", adv.Estimator)
+		}
+		if !(adv.BaselineRate >= 0 && adv.BaselineRate <= 1) {
+			bad("advantage.baseline_rate %v: want (0, 1]", adv.BaselineRate)
+		}
+		if !(adv.PerfectAdvantage >= 0 && finite(adv.PerfectAdvantage)) {
+			bad("advantage.perfect_advantage %v: want ≥ 0", adv.PerfectAdvantage)
+		}
+	}
+	a := t.Adam
 	if !(a.LR > 0 && a.LR <= 1) {
 		bad("adam.lr %v: want (0, 1]", a.LR)
 	}

@@ -26,6 +26,6 @@ func TestPolicyBaseMismatch(t *testing.T) {
 		t.Fatal("an existing v0 must not be rebuilt")
 		return nil, nil, nil
 	}}
-	_, err = newPolicy(context.Background(), cfg, nil, pb, "http://127.0.0.1:8000/v1", true, nil)
+	_, err = newPolicy(context.Background(), cfg, nil, pb, policyURLs{model: "http://127.0.0.1:8000/v1", trainer: "http://127.0.0.1:8091"}, true, nil)
 	require.ErrorContains(t, err, `v0 of flywheel-policy is "seeded base", not "demo base abc"`)
 }

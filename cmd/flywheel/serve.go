@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -88,19 +87,12 @@ func trajectoryRules(cfg config.Config) (trajectory.Rules, error) {
 	return trajectory.NewRules(cfg.Gateway, tokenizers(cfg))
 }
 
-// policy is the in-process policy deployment: its checkpoints and the
-// newest weights a trainer continues from. Its model server serves it.
+// policy is the in-process policy deployment: its name and the
+// directory of its base model's checkpoint. Its model server serves it
+// and the embedded trainer trains it, each over HTTP.
 type policy struct {
 	name string
 	dir  trainer.CheckpointDir
-	// model is the serving version's weights, which a trainer starts from.
-	model   *trainer.Model
-	serving int64
-	// newest is the newest stored version, which a trainer counts on from
-	// (a rolled-back candidate's number is never reused).
-	newest int64
-	// train configures the trainer that continues from model.
-	train trainer.Config
 }
 
 // policyBase supplies the weights stored as v0 the first time a deployment
@@ -113,11 +105,11 @@ type policyBase struct {
 }
 
 // newPolicy registers the in-process policy deployment, an upstream whose
-// engine is the policy's model server at serverURL (record: this process
-// runs that server, so the URL it gives is the one to store), with the
-// seeded base model stored as version 0 the first time, and loads the
-// serving version's weights.
-func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *policyBase, serverURL string, record bool, logger *slog.Logger) (*policy, error) {
+// engine is the policy's model server and whose trainer is the embedded
+// one, at urls (record: this process runs them, so the URLs it gives are
+// the ones to store), with the seeded base model stored as version 0 the
+// first time.
+func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *policyBase, urls policyURLs, record bool, logger *slog.Logger) (*policy, error) {
 	name := cfg.Gateway.PolicyModel
 	dir := trainer.CheckpointDir{Dir: filepath.Join(cfg.DataDir, "checkpoints", name)}
 	if _, meta, err := dir.Load(0); err != nil {
@@ -134,28 +126,26 @@ func newPolicy(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pb *p
 		return nil, fmt.Errorf("policy: v0 of %s is %q, not %q; serve another deployment (--gateway-policy-model) or use a fresh --data-dir",
 			name, meta[originKey], pb.origin)
 	}
-	server := deployment.Settings{BaseURL: serverURL, Model: name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
-	serving, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0), server, record)
+	train := trainer.Config{Logger: logger}
+	if pb != nil {
+		train = pb.train
+	}
+	tr, err := policyTrainer(cfg, train, name, urls.trainer)
 	if err != nil {
 		return nil, err
 	}
-	v, ok := store.VersionNumber(serving)
-	if !ok {
-		return nil, fmt.Errorf("policy: serving version %q is not a version of %s", serving, name)
+	server := deployment.Settings{BaseURL: urls.model, Model: name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA},
+		Trainer: tr}
+	if _, err := store.EnsurePolicyDeployment(ctx, pool, name, store.VersionID(name, 0), dir.Path(0), server, record); err != nil {
+		return nil, err
 	}
-	m, _, err := dir.Load(v)
-	if err != nil {
-		return nil, fmt.Errorf("policy: load serving version %s: %w", serving, err)
-	}
-	newest := v
-	if versions, err := dir.Versions(); err == nil && len(versions) > 0 && versions[len(versions)-1] > newest {
-		newest = versions[len(versions)-1]
-	}
-	p := &policy{name: name, dir: dir, model: m, serving: v, newest: newest, train: trainer.Config{Logger: logger}}
-	if pb != nil {
-		p.train = pb.train
-	}
-	return p, nil
+	return &policy{name: name, dir: dir}, nil
+}
+
+// policyURLs are where the policy deployment's model server and trainer
+// are reached, as its settings record them.
+type policyURLs struct {
+	model, trainer string
 }
 
 // modelServerURL is the base URL the gateway and workers reach the model
@@ -251,7 +241,7 @@ func runModelServer(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
 	}
-	pol, err := newPolicy(ctx, cfg, pool, nil, modelServerURL(cfg, ln.Addr()), true, logger)
+	pol, err := newPolicy(ctx, cfg, pool, nil, policyURLs{model: modelServerURL(cfg, ln.Addr()), trainer: trainerServerURL(cfg, nil)}, true, logger)
 	if err != nil {
 		_ = ln.Close()
 		return err
@@ -273,7 +263,7 @@ func runWorker(ctx context.Context, args []string) error {
 	// The worker reads the in-process policy's weights from the shared
 	// checkpoint directory, and on the trainer queue it trains them. Its
 	// gates ask the policy's model server, as for any deployment.
-	pol, err := newPolicy(ctx, cfg, pool, nil, modelServerURL(cfg, nil), false, logger)
+	pol, err := newPolicy(ctx, cfg, pool, nil, policyURLs{model: modelServerURL(cfg, nil), trainer: trainerServerURL(cfg, nil)}, false, logger)
 	if err != nil {
 		return err
 	}
@@ -300,21 +290,6 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	d := worker.Deps{Pool: pool, Host: host, Compute: inv.Compute(), Logger: logger, Rules: rules, Temporal: c,
 		CheckpointDir: filepath.Join(cfg.DataDir, "checkpoints"), BatchDir: filepath.Join(cfg.DataDir, "batches"),
 		RewardMin: cfg.Gateway.RewardMin, RewardMax: cfg.Gateway.RewardMax, Backend: engines}
-	if pol != nil && slices.Contains(cfg.Worker.TaskQueues, flow.TrainerTaskQueue) {
-		tc, t := pol.train, cfg.Trainer
-		if tc.Loss, err = (trainer.Masks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi}).Apply(tc.Loss); err != nil {
-			return fmt.Errorf("worker: trainer: %w", err)
-		}
-		// No shortcut to serving: a new version reaches the model server
-		// through its release's weight sync, as on any engine.
-		local, err := trainer.NewLocal(pol.model, pol.serving, tc, nil)
-		if err != nil {
-			return fmt.Errorf("worker: trainer: %w", err)
-		}
-		local.ReserveIDs(pol.newest)
-		d.Trainer = local
-		d.TrainerDeployment, d.Advantage = cfg.Gateway.PolicyModel, pol.train.Advantage
-	}
 	if swe != nil {
 		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
 		if err != nil {

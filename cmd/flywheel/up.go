@@ -76,13 +76,15 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ln, msLn, err := listenUp(cfg)
+	lns, err := listenUp(cfg)
 	if err != nil {
 		return err
 	}
-	pol, err := newPolicy(ctx, cfg, pool, pb, modelServerURL(cfg, msLn.Addr()), true, logger)
+	ln := lns.gateway
+	pol, err := newPolicy(ctx, cfg, pool, pb, policyURLs{model: modelServerURL(cfg, lns.modelServer.Addr()),
+		trainer: trainerServerURL(cfg, lns.trainer.Addr())}, true, logger)
 	if err != nil {
-		_, _ = ln.Close(), msLn.Close()
+		lns.close()
 		return err
 	}
 	if pb != nil {
@@ -91,8 +93,9 @@ func runUp(ctx context.Context, args []string) error {
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	modelReady := make(chan struct{})
-	g.Go(func() error { return serveModel(ctx, cfg, pool, pol, msLn, modelReady, logger) })
+	modelReady, trainerReady := make(chan struct{}), make(chan struct{})
+	g.Go(func() error { return serveModel(ctx, cfg, pool, pol, lns.modelServer, modelReady, logger) })
+	g.Go(func() error { return serveTrainer(ctx, cfg, pol, lns.trainer, trainerReady, logger) })
 	// One process runs every queue, SWE rollouts included: their agents
 	// call this gateway with the development key, like any outside agent.
 	if !slices.Contains(cfg.Worker.TaskQueues, flow.SWETaskQueue) {
@@ -103,14 +106,16 @@ func runUp(ctx context.Context, args []string) error {
 	// Gates ask the model server; it answers once it holds what the routes
 	// name.
 	g.Go(func() error {
-		return afterReady(ctx, modelReady, func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
+		return afterReady(ctx, modelReady, func() error {
+			return afterReady(ctx, trainerReady, func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
+		})
 	})
 	gw, err := newGateway(cfg, pool, c, logger)
 	if err != nil {
 		return err
 	}
 	g.Go(func() error { return afterReady(ctx, modelReady, func() error { return gw.Serve(ctx, ln) }) })
-	g.Go(func() error { return announceUp(ctx, c, cfg, pb != nil, upAddrs{ln.Addr(), msLn.Addr()}, key) })
+	g.Go(func() error { return announceUp(ctx, c, cfg, pb != nil, lns, key) })
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -137,21 +142,37 @@ func namedPolicyBase(name, dataDir string, logger *slog.Logger) (*policyBase, er
 	}
 }
 
-// listenUp opens the gateway's listener and the model server's. The
-// policy is served as production serves a model: its own model server in
-// vLLM's dialect, which the gateway and the gates reach over HTTP and
-// releases load new versions into by name.
-func listenUp(cfg config.Config) (gateway, modelServer net.Listener, err error) {
-	gateway, err = net.Listen("tcp", cfg.Gateway.Listen)
-	if err != nil {
-		return nil, nil, fmt.Errorf("gateway listen on %s: %w", cfg.Gateway.Listen, err)
+// upListeners are where `flywheel up` listens. The policy is served and
+// trained as production serves and trains a model: its own model server
+// in vLLM's dialect, which the gateway and the gates reach over HTTP and
+// releases load new versions into by name, and its own trainer behind
+// the Tinker training API, which the workers drive.
+type upListeners struct {
+	gateway, modelServer, trainer net.Listener
+}
+
+func (l upListeners) close() {
+	for _, ln := range []net.Listener{l.gateway, l.modelServer, l.trainer} {
+		if ln != nil {
+			_ = ln.Close()
+		}
 	}
-	modelServer, err = net.Listen("tcp", cfg.ModelServer.Listen)
-	if err != nil {
-		_ = gateway.Close()
-		return nil, nil, fmt.Errorf("model server listen on %s: %w", cfg.ModelServer.Listen, err)
+}
+
+func listenUp(cfg config.Config) (upListeners, error) {
+	var l upListeners
+	for _, x := range []struct {
+		what, addr string
+		ln         *net.Listener
+	}{{"gateway", cfg.Gateway.Listen, &l.gateway}, {"model server", cfg.ModelServer.Listen, &l.modelServer}, {"trainer server", cfg.Trainer.Listen, &l.trainer}} {
+		ln, err := net.Listen("tcp", x.addr)
+		if err != nil {
+			l.close()
+			return upListeners{}, fmt.Errorf("%s listen on %s: %w", x.what, x.addr, err)
+		}
+		*x.ln = ln
 	}
-	return gateway, modelServer, nil
+	return l, nil
 }
 
 // afterReady runs serve once ready is closed, unless ctx ends first.
@@ -164,14 +185,9 @@ func afterReady(ctx context.Context, ready <-chan struct{}, serve func() error) 
 	return serve()
 }
 
-// upAddrs is where `flywheel up` listens.
-type upAddrs struct {
-	gateway, modelServer net.Addr
-}
-
 // announceUp waits for a workflow's round trip through the worker, starts
 // the policy deployment's control loops and prints where everything is.
-func announceUp(ctx context.Context, c client.Client, cfg config.Config, demo bool, addrs upAddrs, key string) error {
+func announceUp(ctx context.Context, c client.Client, cfg config.Config, demo bool, lns upListeners, key string) error {
 	out, err := ping(ctx, c)
 	if err != nil {
 		return fmt.Errorf("worker round trip: %w", err)
@@ -188,16 +204,18 @@ func announceUp(ctx context.Context, c client.Client, cfg config.Config, demo bo
 	if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
 		return err
 	}
-	gw := addrs.gateway
+	gw := lns.gateway.Addr()
 	fmt.Printf("\nFlywheel is up (%s)\n"+
 		"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
 		"  temporal ui  %s/namespaces/%s/workflows\n"+
 		"  status page  http://%s/status   (versions, gates, decisions, sessions, the curve; JSON: GET /v1/status)\n"+
 		"  model server %s   (%s in vLLM's dialect)\n"+
+		"  trainer      %s   (%s behind the Tinker training API)\n"+
 		"  api key      %s   (tenant %q)\n"+
 		"  worker       %s on %s, postgres %s\n\n",
 		version(), gw, gw, cfg.Temporal.UIURL, cfg.Temporal.Namespace,
-		gw, modelServerURL(cfg, addrs.modelServer), cfg.Gateway.PolicyModel, key, defaultTenant, out.Worker, out.Compute, out.Postgres)
+		gw, modelServerURL(cfg, lns.modelServer.Addr()), cfg.Gateway.PolicyModel,
+		trainerServerURL(cfg, lns.trainer.Addr()), cfg.Gateway.PolicyModel, key, defaultTenant, out.Worker, out.Compute, out.Postgres)
 	return nil
 }
 
