@@ -26,6 +26,9 @@ type OptimConfig struct {
 	ClipNorm float64 `json:"clip_norm"`
 }
 
+// WithDefaults fills the zero fields with the defaults.
+func (c OptimConfig) WithDefaults() OptimConfig { return c.withDefaults() }
+
 func (c OptimConfig) withDefaults() OptimConfig {
 	if c.LR == 0 {
 		c.LR = 3e-3

@@ -144,16 +144,14 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 	if err != nil {
 		return nil, fmt.Errorf("base model: %w", err)
 	}
-	tr, err := trainer.NewLocal(m, 0, trainer.Config{
-		Optim:  trainer.OptimConfig{LR: cfg.LR, DecaySteps: cfg.Steps},
-		Logger: slog.New(slog.DiscardHandler),
-	}, nil)
+	w, err := startWarmup(ctx, m, trainer.OptimConfig{LR: cfg.LR, DecaySteps: cfg.Steps}.WithDefaults())
 	if err != nil {
-		return nil, fmt.Errorf("base trainer: %w", err)
+		return nil, err
 	}
+	defer w.close()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc01d))
 	for step := 0; step < cfg.Steps; step++ {
-		b := &trainer.Batch{Objective: trainer.ObjectiveSFT}
+		var batch []trainer.Sample
 		for i := 0; i < cfg.BatchSize; i++ {
 			safety := rng.Float64() < cfg.SafetyFraction
 			p := gen.Next()
@@ -173,14 +171,14 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 				if err != nil {
 					return nil, err
 				}
-				b.Samples = append(b.Samples, s)
+				batch = append(batch, s)
 			}
 		}
-		if _, err := tr.TrainStep(ctx, b); err != nil {
+		if err := w.step(ctx, step, batch); err != nil {
 			return nil, fmt.Errorf("base step %d: %w", step, err)
 		}
 	}
-	return tr.Snapshot(), nil
+	return w.finish(ctx)
 }
 
 func sftSample(text, answer string) (trainer.Sample, error) {
@@ -199,7 +197,7 @@ func sftSample(text, answer string) (trainer.Sample, error) {
 
 // baseRevision changes whenever BuildBase would build a different policy
 // from the same configuration, so stale cached bases are not reused.
-const baseRevision = 3
+const baseRevision = 4
 
 // baseHeldOut is the least number of held-out prompts a base is built
 // without: the demo deployment measures success on the first 200 of the
