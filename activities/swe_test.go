@@ -170,7 +170,7 @@ func TestSWERolloutWithFixtureModel(t *testing.T) {
 			gw, srv := newFakeGateway(t, &sweagenttest.FixtureModel{Script: tc.script})
 			a, cli := sweActivities(t, srv.URL)
 			var suite testsuite.WorkflowTestSuite
-			env := suite.NewTestWorkflowEnvironment()
+			env := newWorkflowEnv(&suite)
 			// Real activities: the first may build the task image (tens of
 			// seconds), far past the test environment's 3 s default.
 			env.SetTestTimeout(5 * time.Minute)

@@ -49,7 +49,7 @@ func TestForgetRetiresVersionsTrainedOnTheData(t *testing.T) {
 	require.Equal(t, []string{"dep@v2"}, res.AffectedVersions)
 
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&ts)
 	env.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflow.RegisterOptions{Name: flow.ForgetWorkflowName})
 	f := &activities.Forget{DB: db}
 	env.RegisterActivityWithOptions(f.RetireForgotten, activity.RegisterOptions{Name: flow.ActivityName((*activities.Forget).RetireForgotten)})
@@ -104,7 +104,7 @@ func TestSessionWorkflowRetryAfterCommitQueuesOnce(t *testing.T) {
 	real := &activities.Session{DB: db, Rules: activities.TestRules(t)}
 
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&ts)
 	env.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflow.RegisterOptions{Name: flow.SessionWorkflowName})
 	attempts := map[string]int{}
 	crashOnce := func(name string, err error) error {

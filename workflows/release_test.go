@@ -40,7 +40,7 @@ type releaseActs struct {
 
 func newReleaseEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *releaseActs) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&ts)
 	env.RegisterWorkflowWithOptions(ReleaseWorkflow, workflow.RegisterOptions{Name: flow.ReleaseWorkflowName})
 	a := &releaseActs{env: env, verdicts: map[string][]flow.GateResult{}, calls: map[string]int{}, failOnce: map[string]bool{}, at: map[string][]time.Time{}}
 	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.ReleaseInput) (flow.BeginReleaseOutput, error) {

@@ -53,7 +53,7 @@ func (a *sessionActs) register(env *testsuite.TestWorkflowEnvironment) {
 
 func newSessionEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sessionActs) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&ts)
 	env.RegisterWorkflowWithOptions(SessionWorkflow, workflow.RegisterOptions{Name: flow.SessionWorkflowName})
 	acts := &sessionActs{}
 	acts.register(env)

@@ -88,7 +88,7 @@ func (s *sweStubs) register(env *testsuite.TestWorkflowEnvironment) {
 
 func newSWEEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *sweStubs) {
 	var suite testsuite.WorkflowTestSuite
-	env := suite.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&suite)
 	RegisterSWEWorkflows(env)
 	stubs := &sweStubs{rewards: map[string]float64{}, failStep: map[string]bool{}}
 	stubs.register(env)

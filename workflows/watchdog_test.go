@@ -19,7 +19,7 @@ import (
 func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 	for _, verdict := range []string{flow.WatchRolledBack, flow.WatchOK} {
 		var ts testsuite.WorkflowTestSuite
-		env := ts.NewTestWorkflowEnvironment()
+		env := newWorkflowEnv(&ts)
 		env.RegisterWorkflowWithOptions(WatchdogWorkflow, workflow.RegisterOptions{Name: flow.WatchdogWorkflowName})
 		var got flow.WatchdogInput
 		env.RegisterActivityWithOptions(func(ctx context.Context, in flow.WatchdogInput) (flow.WatchdogResult, error) {
@@ -61,7 +61,7 @@ func TestWatchdogTellsTheTrainingLoopAboutARollback(t *testing.T) {
 
 func TestWatchdogNeedsADeployment(t *testing.T) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := newWorkflowEnv(&ts)
 	env.ExecuteWorkflow(WatchdogWorkflow, flow.WatchdogInput{})
 	require.ErrorContains(t, env.GetWorkflowError(), "needs a Deployment")
 }
