@@ -18,6 +18,7 @@ import (
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/tinker"
+	"github.com/flywheel-ai/flywheel/tinkerstep"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
 )
@@ -35,7 +36,8 @@ type TinkerTraining struct {
 	// Retry bounds each call's retries (zero: the client's defaults).
 	Retry tinker.RetryPolicy
 	// HeartbeatEvery throttles the heartbeats sent while the service
-	// works (default 5 s).
+	// works, and bounds each poll of a future (default 5 s, and never
+	// slower than a third of the step's heartbeat timeout).
 	HeartbeatEvery time.Duration
 	Logger         *slog.Logger
 }
@@ -105,7 +107,7 @@ type tinkerStep struct {
 	in      flow.TrainBatchInput
 	cfg     deployment.Trainer
 	c       *tinker.Client
-	loss    trainer.LossConfig
+	masks   *deployment.TokenMasks
 	samples []trainer.Sample
 	// name is the version's checkpoint name, outDir its directory.
 	name   string
@@ -138,17 +140,15 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 	if in.Algo.KLCoef != 0 {
 		return nil, bad("a KL penalty needs a reference model, which the Tinker API does not hold; kl_coef must be 0")
 	}
-	masks := trainer.Masks{}
-	m := in.Algo.Masks
-	if m == nil {
-		m = cfg.Masks // the loop names none: the deployment's trainer's
+	masks := in.Algo.Masks
+	if masks == nil {
+		masks = cfg.Masks // the loop names none: the deployment's trainer's
 	}
-	if m != nil {
-		masks = trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
-	}
-	loss, err := masks.Apply(trainer.LossConfig{BehaviourWeightCap: cfg.BehaviourWeightCap})
-	if err != nil {
-		return nil, bad("masks: %v", err)
+	if masks != nil {
+		m := trainer.Masks{IcePop: masks.IcePop, IcePopLow: masks.IcePopLow, IcePopHigh: masks.IcePopHigh, KPop: masks.KPop, KPopPhi: masks.KPopPhi}
+		if _, err := m.Apply(trainer.LossConfig{}); err != nil {
+			return nil, bad("masks: %v", err)
+		}
 	}
 	rows, err := readBatch(in.Batch)
 	if err != nil {
@@ -167,11 +167,11 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 		}
 	}
 	c.HTTP, c.Retry = t.HTTP, t.Retry
-	c.OnWait = t.heartbeat(ctx, in.RunID)
+	c.OnWait, c.PollTimeout = t.heartbeat(ctx, in.RunID)
 	// The version's checkpoints are named v<N> on the service (its names
 	// are [A-Za-z0-9_-]) and in the directory.
 	name := "v" + strconv.FormatInt(n, 10)
-	s := &tinkerStep{in: in, cfg: cfg, c: c, loss: loss, name: name, outDir: filepath.Join(in.Output.Dir, name), log: t.logger()}
+	s := &tinkerStep{in: in, cfg: cfg, c: c, masks: masks, name: name, outDir: filepath.Join(in.Output.Dir, name), log: t.logger()}
 	for _, r := range rows {
 		s.samples = append(s.samples, sampleOf(r))
 	}
@@ -199,23 +199,31 @@ func readBatch(ref flow.BatchRef) ([]parquetbatch.Row, error) {
 	return rows, nil
 }
 
-// heartbeat is the client's OnWait inside an activity: a heartbeat at
-// most every HeartbeatEvery.
-func (t *TinkerTraining) heartbeat(ctx context.Context, runID int64) func() {
+// defaultTinkerHeartbeatEvery is TinkerTraining's default HeartbeatEvery.
+const defaultTinkerHeartbeatEvery = 5 * time.Second
+
+// heartbeat is the client's OnWait inside an activity, a heartbeat at most
+// every HeartbeatEvery, and how long one poll of a future may be held.
+// Both are bounded by a third of the step's heartbeat timeout: the client
+// heartbeats only between polls, and a poll the service holds for its
+// full 30 s would have a step with a shorter timeout taken for a dead
+// worker's, and retried, while it trains.
+func (t *TinkerTraining) heartbeat(ctx context.Context, runID int64) (onWait func(), poll time.Duration) {
 	if !activity.IsActivity(ctx) {
-		return nil
+		return nil, 0
 	}
 	every := t.HeartbeatEvery
 	if every <= 0 {
-		every = 5 * time.Second
+		every = defaultTinkerHeartbeatEvery
 	}
+	every = heartbeatInterval(every, activity.GetInfo(ctx).HeartbeatTimeout)
 	var last time.Time
 	return func() {
 		if time.Since(last) >= every {
 			last = time.Now()
 			activity.RecordHeartbeat(ctx, runID)
 		}
-	}
+	}, every
 }
 
 // run takes the step: a new model from the base state, the batch's
@@ -241,7 +249,11 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 			return tinkerMeta{}, err
 		}
 	}
-	st, err := s.train(ctx, model)
+	st, err := tinkerstep.Train(ctx, s.c, model, s.samples, tinkerstep.Config{Trainer: s.cfg, Masks: s.masks,
+		SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}, s.next)
+	if errors.Is(err, tinkerstep.ErrNothingToTrain) {
+		return tinkerMeta{}, temporal.NewNonRetryableApplicationError("tinker train batch: "+err.Error(), "BadData", err)
+	}
 	if err != nil {
 		return tinkerMeta{}, err
 	}
@@ -255,7 +267,7 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		return tinkerMeta{}, err
 	}
 	meta := tinkerMeta{Service: s.cfg.URL, Model: model, State: state, Sampler: sampler, Deployment: s.in.Deployment,
-		RunID: s.in.RunID, Parent: s.in.Base.Version, Loss: st.loss, Samples: len(s.samples), Tokens: st.tokens, Metrics: st.metrics()}
+		RunID: s.in.RunID, Parent: s.in.Base.Version, Loss: st.Loss, Samples: len(s.samples), Tokens: st.Tokens, Metrics: st.Metrics()}
 	if err := s.fetch(ctx, &meta); err != nil {
 		return tinkerMeta{}, err
 	}
@@ -302,191 +314,4 @@ func (s *tinkerStep) baseState() (string, error) {
 			b.Version, meta.Service, s.cfg.URL), "BadInput", nil)
 	}
 	return meta.State, nil
-}
-
-// stepStats sums a step's passes.
-type stepStats struct {
-	loss          float64
-	tokens        int
-	updates       int
-	icePop, kPop  int
-	forwardPasses int
-	gradNorm      float64
-}
-
-func (st stepStats) metrics() map[string]float64 {
-	return map[string]float64{"updates": float64(st.updates), "forward_passes": float64(st.forwardPasses), "grad_norm": st.gradNorm,
-		"icepop_masked_tokens": float64(st.icePop), "kpop_masked_tokens": float64(st.kPop)}
-}
-
-// train runs the step's passes on model.
-func (s *tinkerStep) train(ctx context.Context, model string) (stepStats, error) {
-	var st stepStats
-	sft := s.in.Algo.Objective == trainer.ObjectiveSFT
-	parts := trainer.SplitGroups(s.samples, s.cfg.MiniBatches)
-	var flat []trainer.Sample // the samples in part order
-	for _, p := range parts {
-		flat = append(flat, p...)
-	}
-	var prox [][]float64
-	if !sft && s.needsProximal() {
-		// Every part's ratio is taken against the weights the step
-		// starts from: one forward pass before any update.
-		var err error
-		if prox, err = s.proximal(ctx, model, flat); err != nil {
-			return st, err
-		}
-		st.forwardPasses++
-	}
-	scale := 1.0
-	if n := s.cfg.NominalBatch; n > 0 && len(s.samples) < n {
-		scale = float64(len(s.samples)) / float64(n)
-	}
-	offset := 0
-	for _, part := range parts {
-		in, pst := s.partInput(part, offset, prox, sft)
-		offset += len(part)
-		if pst.tokens == 0 {
-			continue // nothing to learn in prompt-only samples
-		}
-		out, err := s.c.ForwardBackward(ctx, model, in, s.next())
-		if err != nil {
-			return st, err
-		}
-		a := s.cfg.Adam
-		res, err := s.c.OptimStep(ctx, model, tinker.AdamParams{LearningRate: a.LR * scale, Beta1: a.Beta1, Beta2: a.Beta2, Eps: a.Eps,
-			WeightDecay: a.WeightDecay, GradClipNorm: a.GradClipNorm}, s.next())
-		if err != nil {
-			return st, err
-		}
-		st.loss += out.LossSum()
-		st.tokens += pst.tokens
-		st.icePop += pst.icePop
-		st.kPop += pst.kPop
-		st.updates++
-		st.gradNorm += res.Metrics["grad_norm"]
-	}
-	if st.updates == 0 {
-		return st, temporal.NewNonRetryableApplicationError("tinker train batch: no token has loss_mask 1", "BadData", nil)
-	}
-	st.gradNorm /= float64(st.updates)
-	return st, nil
-}
-
-// needsProximal reports whether the step needs the current policy's
-// log-probs: decoupled PPO's proximal policy, or the masks' π_prox.
-func (s *tinkerStep) needsProximal() bool {
-	return s.cfg.Loss == deployment.LossPPO || s.loss.IcePop || s.loss.KPop
-}
-
-// proximal is the base policy's log-prob of every sequence's tokens, by
-// one forward pass; prox[i][t] is samples[i]'s position t (0 where t = 0).
-func (s *tinkerStep) proximal(ctx context.Context, model string, samples []trainer.Sample) ([][]float64, error) {
-	data := make([]tinker.Datum, len(samples))
-	for i, smp := range samples {
-		w := make([]float64, len(smp.TokenIDs)-1)
-		for t := 1; t < len(smp.TokenIDs); t++ {
-			w[t-1] = float64(smp.LossMask[t])
-		}
-		data[i] = sequenceDatum(smp.TokenIDs, w, nil, nil)
-	}
-	out, err := s.c.Forward(ctx, model, tinker.ForwardBackwardInput{Data: data, LossFn: tinker.LossCrossEntropy}, s.next())
-	if err != nil {
-		return nil, err
-	}
-	prox := make([][]float64, len(samples))
-	for i, smp := range samples {
-		lp := out.LossFnOutputs[i][tinker.OutputLogprobs].Data
-		if len(lp) != len(smp.TokenIDs)-1 {
-			return nil, &tinker.APIError{Op: tinker.PathForward, Detail: fmt.Sprintf("datum %d: %d logprobs for %d targets", i, len(lp), len(smp.TokenIDs)-1), Retryable: true}
-		}
-		prox[i] = append([]float64{0}, lp...)
-	}
-	return prox, nil
-}
-
-// partStats counts a minibatch's trained and masked tokens.
-type partStats struct{ tokens, icePop, kPop int }
-
-// partInput is one minibatch's forward_backward: every sample's datum,
-// weighted 1/N on its N trained tokens (the token mean the built-in
-// trainer takes), with the loss's inputs per token.
-func (s *tinkerStep) partInput(part []trainer.Sample, offset int, prox [][]float64, sft bool) (tinker.ForwardBackwardInput, partStats) {
-	var pst partStats
-	for _, smp := range part {
-		for _, m := range smp.LossMask {
-			pst.tokens += int(m)
-		}
-	}
-	in := tinker.ForwardBackwardInput{Data: make([]tinker.Datum, len(part))}
-	switch {
-	case sft:
-		in.LossFn = tinker.LossCrossEntropy
-	case s.cfg.Loss == deployment.LossPPO:
-		in.LossFn = tinker.LossPPO
-		in.LossFnConfig = map[string]float64{tinker.ClipLow: 1 - s.cfg.ClipLow, tinker.ClipHigh: 1 + s.cfg.ClipHigh}
-	default:
-		in.LossFn = tinker.LossImportanceSampling
-	}
-	inv := 0.0
-	if pst.tokens > 0 {
-		inv = 1 / float64(pst.tokens)
-	}
-	for j, smp := range part {
-		n := len(smp.TokenIDs) - 1
-		w := make([]float64, n)
-		var lp, adv []float64
-		if !sft {
-			lp, adv = make([]float64, n), make([]float64, n)
-		}
-		for t := 1; t <= n; t++ {
-			if smp.LossMask[t] == 0 {
-				continue
-			}
-			w[t-1] = inv
-			if sft {
-				continue
-			}
-			behav := float64(smp.Logprobs[t])
-			a := *smp.Advantage
-			lp[t-1] = behav
-			if prox != nil {
-				p := prox[offset+j][t]
-				weight, masked := s.loss.OffPolicy(p, behav)
-				if masked.IcePop {
-					pst.icePop++
-				}
-				if masked.KPop {
-					pst.kPop++
-				}
-				if s.cfg.Loss == deployment.LossPPO {
-					// The ratio is taken against the proximal policy and
-					// the behaviour weight is a constant: it folds into
-					// the advantage.
-					lp[t-1], a = p, a*weight
-				} else if masked.IcePop || masked.KPop {
-					a = 0
-				}
-			}
-			adv[t-1] = a
-		}
-		in.Data[j] = sequenceDatum(smp.TokenIDs, w, lp, adv)
-	}
-	return in, pst
-}
-
-// sequenceDatum is the datum of a whole sequence: position i of the input
-// predicts tokens[i+1]; the per-target inputs are nil where unused.
-func sequenceDatum(tokens []int, weights, logprobs, advantages []float64) tinker.Datum {
-	d := tinker.Datum{ModelInput: tinker.Text(tokens[:len(tokens)-1]), LossFnInputs: map[string]tinker.TensorData{
-		tinker.InputTargetTokens: tinker.Ints(tokens[1:]),
-		tinker.InputWeights:      tinker.Floats(weights),
-	}}
-	if logprobs != nil {
-		d.LossFnInputs[tinker.InputLogprobs] = tinker.Floats(logprobs)
-	}
-	if advantages != nil {
-		d.LossFnInputs[tinker.InputAdvantages] = tinker.Floats(advantages)
-	}
-	return d
 }

@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/tinker"
 	"github.com/flywheel-ai/flywheel/tinkerserver"
+	"github.com/flywheel-ai/flywheel/tinkerstep"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
@@ -76,38 +78,22 @@ func (w *warmup) close() {
 // step trains one batch of (sequence, loss mask) samples: the token mean
 // of −log π over the masked tokens, as the in-process trainer's SFT.
 func (w *warmup) step(ctx context.Context, step int, samples []trainer.Sample) error {
-	n := 0
-	for _, s := range samples {
-		for _, m := range s.LossMask {
-			n += int(m)
-		}
-	}
-	in := tinker.ForwardBackwardInput{LossFn: tinker.LossCrossEntropy}
-	for _, s := range samples {
-		ids := s.TokenIDs
-		weights := make([]float64, len(ids)-1)
-		for t := 1; t < len(ids); t++ {
-			weights[t-1] = float64(s.LossMask[t]) / float64(n)
-		}
-		in.Data = append(in.Data, tinker.Datum{ModelInput: tinker.Text(ids[:len(ids)-1]), LossFnInputs: map[string]tinker.TensorData{
-			tinker.InputTargetTokens: tinker.Ints(ids[1:]), tinker.InputWeights: tinker.Floats(weights)}})
-	}
-	w.seq++
-	if _, err := w.c.ForwardBackward(ctx, w.model, in, w.seq); err != nil {
-		return err
-	}
 	o := w.optim
-	w.seq++
-	_, err := w.c.OptimStep(ctx, w.model, tinker.AdamParams{LearningRate: o.LRAt(step), Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps,
-		WeightDecay: o.WeightDecay, GradClipNorm: max(o.ClipNorm, 0)}, w.seq)
+	cfg := tinkerstep.Config{SFT: true, LR: o.LRAt(step), Trainer: deployment.Trainer{MiniBatches: 1,
+		Adam: deployment.Adam{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay, GradClipNorm: max(o.ClipNorm, 0)}}}
+	_, err := tinkerstep.Train(ctx, w.c, w.model, samples, cfg, w.next)
 	return err
+}
+
+func (w *warmup) next() int64 {
+	w.seq++
+	return w.seq
 }
 
 // finish fetches the trained weights as the sampler would load them.
 func (w *warmup) finish(ctx context.Context) (*trainer.Model, error) {
 	defer w.close()
-	w.seq++
-	if _, err := w.c.SaveWeightsForSampler(ctx, w.model, "base", w.seq); err != nil {
+	if _, err := w.c.SaveWeightsForSampler(ctx, w.model, "base", w.next()); err != nil {
 		return nil, err
 	}
 	out := filepath.Join(w.dir, "base")

@@ -1,0 +1,243 @@
+// Package tinkerstep is one train step of a batch on a model of a Tinker
+// service: the datums, decoupled PPO's proximal pass, the minibatches and
+// their optimizer steps. Flywheel's driver of Tinker trainers
+// (activities.TinkerTraining), the demo's supervised warm-up and the
+// rehearsal all train through it, on any server of the API.
+package tinkerstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/tinker"
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// Config is what a step needs of the deployment's trainer.
+type Config struct {
+	// Trainer gives the loss, its clip range, the behaviour weight's
+	// cap, the minibatches, the nominal batch and Adam (after
+	// WithDefaults).
+	Trainer deployment.Trainer
+	// SFT trains cross_entropy on the loss-masked tokens instead.
+	SFT bool
+	// Masks are the off-policy masks (IcePop, KPop) to apply, nil: none.
+	Masks *deployment.TokenMasks
+	// LR overrides Trainer.Adam.LR when positive (a schedule the caller
+	// keeps, as the warm-up's cosine).
+	LR float64
+}
+
+// Stats sums a step's passes.
+type Stats struct {
+	// Loss is the sum of the minibatches' summed losses (each the token
+	// mean of its minibatch).
+	Loss          float64
+	Tokens        int
+	Updates       int
+	IcePop, KPop  int
+	ForwardPasses int
+	GradNorm      float64 // mean over the updates
+}
+
+// Metrics are the figures a version records.
+func (st Stats) Metrics() map[string]float64 {
+	return map[string]float64{"updates": float64(st.Updates), "forward_passes": float64(st.ForwardPasses), "grad_norm": st.GradNorm,
+		"icepop_masked_tokens": float64(st.IcePop), "kpop_masked_tokens": float64(st.KPop)}
+}
+
+// ErrNothingToTrain is a batch with no token of loss mask 1.
+var ErrNothingToTrain = errors.New("no token has loss_mask 1")
+
+// Train trains samples (advantages set, except for SFT) on model: seq
+// hands out the model's next seq_id for each request.
+func Train(ctx context.Context, c *tinker.Client, model string, samples []trainer.Sample, cfg Config, seq func() int64) (Stats, error) {
+	var st Stats
+	loss, err := lossConfig(cfg)
+	if err != nil {
+		return st, err
+	}
+	parts := trainer.SplitGroups(samples, cfg.Trainer.MiniBatches)
+	var flat []trainer.Sample // the samples in part order
+	for _, p := range parts {
+		flat = append(flat, p...)
+	}
+	var prox [][]float64
+	if !cfg.SFT && (cfg.Trainer.Loss == deployment.LossPPO || loss.IcePop || loss.KPop) {
+		// Every part's ratio is taken against the weights the step
+		// starts from: one forward pass before any update.
+		if prox, err = proximal(ctx, c, model, flat, seq()); err != nil {
+			return st, err
+		}
+		st.ForwardPasses++
+	}
+	a := cfg.Trainer.Adam
+	lr := a.LR
+	if cfg.LR > 0 {
+		lr = cfg.LR
+	}
+	if n := cfg.Trainer.NominalBatch; n > 0 && len(samples) < n {
+		lr *= float64(len(samples)) / float64(n)
+	}
+	offset := 0
+	for _, part := range parts {
+		var partProx [][]float64
+		if prox != nil {
+			partProx = prox[offset : offset+len(part)]
+		}
+		in, pst := partInput(cfg, loss, part, partProx)
+		offset += len(part)
+		if pst.tokens == 0 {
+			continue // nothing to learn in prompt-only samples
+		}
+		out, err := c.ForwardBackward(ctx, model, in, seq())
+		if err != nil {
+			return st, err
+		}
+		res, err := c.OptimStep(ctx, model, tinker.AdamParams{LearningRate: lr, Beta1: a.Beta1, Beta2: a.Beta2, Eps: a.Eps,
+			WeightDecay: a.WeightDecay, GradClipNorm: a.GradClipNorm}, seq())
+		if err != nil {
+			return st, err
+		}
+		st.Loss += out.LossSum()
+		st.Tokens += pst.tokens
+		st.IcePop += pst.icePop
+		st.KPop += pst.kPop
+		st.Updates++
+		st.GradNorm += res.Metrics["grad_norm"]
+	}
+	if st.Updates == 0 {
+		return st, ErrNothingToTrain
+	}
+	st.GradNorm /= float64(st.Updates)
+	return st, nil
+}
+
+// lossConfig is the off-policy rule's settings: the cap and the masks.
+func lossConfig(cfg Config) (trainer.LossConfig, error) {
+	masks := trainer.Masks{}
+	if m := cfg.Masks; m != nil {
+		masks = trainer.Masks{IcePop: m.IcePop, IcePopLow: m.IcePopLow, IcePopHigh: m.IcePopHigh, KPop: m.KPop, KPopPhi: m.KPopPhi}
+	}
+	loss, err := masks.Apply(trainer.LossConfig{BehaviourWeightCap: cfg.Trainer.BehaviourWeightCap})
+	if err != nil {
+		return loss, fmt.Errorf("masks: %w", err)
+	}
+	return loss, nil
+}
+
+// proximal is the model's log-prob of every sequence's tokens, by one
+// forward pass; prox[i][t] is samples[i]'s position t (0 where t = 0).
+func proximal(ctx context.Context, c *tinker.Client, model string, samples []trainer.Sample, seq int64) ([][]float64, error) {
+	data := make([]tinker.Datum, len(samples))
+	for i, smp := range samples {
+		w := make([]float64, len(smp.TokenIDs)-1)
+		for t := 1; t < len(smp.TokenIDs); t++ {
+			w[t-1] = float64(smp.LossMask[t])
+		}
+		data[i] = SequenceDatum(smp.TokenIDs, w, nil, nil)
+	}
+	out, err := c.Forward(ctx, model, tinker.ForwardBackwardInput{Data: data, LossFn: tinker.LossCrossEntropy}, seq)
+	if err != nil {
+		return nil, err
+	}
+	prox := make([][]float64, len(samples))
+	for i, smp := range samples {
+		lp := out.LossFnOutputs[i][tinker.OutputLogprobs].Data
+		if len(lp) != len(smp.TokenIDs)-1 {
+			return nil, &tinker.APIError{Op: tinker.PathForward, Detail: fmt.Sprintf("datum %d: %d logprobs for %d targets", i, len(lp), len(smp.TokenIDs)-1), Retryable: true}
+		}
+		prox[i] = append([]float64{0}, lp...)
+	}
+	return prox, nil
+}
+
+// partStats counts a minibatch's trained and masked tokens.
+type partStats struct{ tokens, icePop, kPop int }
+
+// partInput is one minibatch's forward_backward: every sample's datum,
+// weighted 1/N on its N trained tokens (the token mean the built-in
+// trainer takes), with the loss's inputs per token. prox, when not
+// empty, holds the part's proximal log-probs.
+func partInput(cfg Config, loss trainer.LossConfig, part []trainer.Sample, prox [][]float64) (tinker.ForwardBackwardInput, partStats) {
+	var pst partStats
+	for _, smp := range part {
+		for _, m := range smp.LossMask {
+			pst.tokens += int(m)
+		}
+	}
+	in := tinker.ForwardBackwardInput{Data: make([]tinker.Datum, len(part))}
+	ppo := cfg.Trainer.Loss == deployment.LossPPO
+	switch {
+	case cfg.SFT:
+		in.LossFn = tinker.LossCrossEntropy
+	case ppo:
+		in.LossFn = tinker.LossPPO
+		in.LossFnConfig = map[string]float64{tinker.ClipLow: 1 - cfg.Trainer.ClipLow, tinker.ClipHigh: 1 + cfg.Trainer.ClipHigh}
+	default:
+		in.LossFn = tinker.LossImportanceSampling
+	}
+	inv := 0.0
+	if pst.tokens > 0 {
+		inv = 1 / float64(pst.tokens)
+	}
+	for j, smp := range part {
+		n := len(smp.TokenIDs) - 1
+		w := make([]float64, n)
+		var lp, adv []float64
+		if !cfg.SFT {
+			lp, adv = make([]float64, n), make([]float64, n)
+		}
+		for t := 1; t <= n; t++ {
+			if smp.LossMask[t] == 0 {
+				continue
+			}
+			w[t-1] = inv
+			if cfg.SFT {
+				continue
+			}
+			behav := float64(smp.Logprobs[t])
+			a := *smp.Advantage
+			lp[t-1] = behav
+			if len(prox) > 0 {
+				p := prox[j][t]
+				weight, masked := loss.OffPolicy(p, behav)
+				if masked.IcePop {
+					pst.icePop++
+				}
+				if masked.KPop {
+					pst.kPop++
+				}
+				if ppo {
+					// The ratio is taken against the proximal policy and
+					// the behaviour weight is a constant: it folds into
+					// the advantage.
+					lp[t-1], a = p, a*weight
+				} else if masked.IcePop || masked.KPop {
+					a = 0
+				}
+			}
+			adv[t-1] = a
+		}
+		in.Data[j] = SequenceDatum(smp.TokenIDs, w, lp, adv)
+	}
+	return in, pst
+}
+
+// SequenceDatum is the datum of a whole sequence: position i of the input
+// predicts tokens[i+1]; the per-target inputs are nil where unused.
+func SequenceDatum(tokens []int, weights, logprobs, advantages []float64) tinker.Datum {
+	d := tinker.Datum{ModelInput: tinker.Text(tokens[:len(tokens)-1]), LossFnInputs: map[string]tinker.TensorData{
+		tinker.InputTargetTokens: tinker.Ints(tokens[1:]),
+		tinker.InputWeights:      tinker.Floats(weights),
+	}}
+	if logprobs != nil {
+		d.LossFnInputs[tinker.InputLogprobs] = tinker.Floats(logprobs)
+	}
+	if advantages != nil {
+		d.LossFnInputs[tinker.InputAdvantages] = tinker.Floats(advantages)
+	}
+	return d
+}
