@@ -16,7 +16,6 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/flywheel-ai/flywheel/artefact"
-	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/redact"
@@ -284,16 +283,8 @@ func (e *Evolution) RequestTraining(ctx context.Context, in flow.RequestTraining
 	if e.Temporal == nil {
 		return temporal.NewNonRetryableApplicationError("request training: no Temporal client on this worker", "BadInput", nil)
 	}
-	if in.Policy.TrainerQueue == "" {
-		// The deployment names the workers that train it.
-		if d, err := store.GetDeployment(ctx, e.DB, in.Deployment); err == nil && d.Backend == deployment.BackendUpstream {
-			if up, err := deployment.Parse(d.Config); err == nil {
-				in.Policy.TrainerQueue = up.TrainerQueue
-			}
-		} else if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-	}
+	// The loop sends each step where the deployment's trainer is, as
+	// PrepareBatch reads it: nothing to look up here.
 	_, err := e.Temporal.SignalWithStartWorkflow(ctx, flow.TrainingWorkflowID(in.Deployment), flow.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: flow.TrainingWorkflowID(in.Deployment), TaskQueue: flow.TaskQueue},
 		flow.TrainingWorkflowName, flow.TrainingInput{Deployment: in.Deployment, Policy: in.Policy})
