@@ -2,6 +2,7 @@ package tinker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -192,4 +193,24 @@ func TestUntarRefusesEscapes(t *testing.T) {
 		err := tinker.Untar(tarGz(t, name), t.TempDir())
 		require.ErrorContains(t, err, "leaves the directory", name)
 	}
+}
+
+// TestTensorDataJSON checks the compact encoding: ids as integers, a
+// float32 tensor at float32 precision that reads back to the same
+// float32s, and a refusal of what JSON cannot hold.
+func TestTensorDataJSON(t *testing.T) {
+	x := []float64{float64(float32(-0.1)), 1.5, float64(float32(3.3e-9)), 0}
+	b, err := json.Marshal(tinker.Floats(x))
+	require.NoError(t, err)
+	require.Equal(t, `{"data":[-0.1,1.5,3.3e-09,0],"dtype":"float32","shape":[4]}`, string(b))
+	var back tinker.TensorData
+	require.NoError(t, json.Unmarshal(b, &back))
+	for i := range x {
+		require.Equal(t, float32(x[i]), float32(back.Data[i]))
+	}
+	b, err = json.Marshal(tinker.Ints([]int{5, 260, 1 << 20}))
+	require.NoError(t, err)
+	require.Equal(t, `{"data":[5,260,1048576],"dtype":"int64","shape":[3]}`, string(b))
+	_, err = json.Marshal(tinker.Floats([]float64{math.NaN()}))
+	require.ErrorContains(t, err, "not a JSON number")
 }

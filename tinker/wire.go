@@ -3,7 +3,9 @@ package tinker
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -146,6 +148,47 @@ type TensorData struct {
 	Data  []float64 `json:"data"`
 	DType string    `json:"dtype,omitempty"` // "int64" or "float32"
 	Shape []int     `json:"shape,omitempty"`
+}
+
+// MarshalJSON writes integer tensors as integers and float32 tensors at
+// float32 precision: the shortest decimal that reads back the same
+// float32, about half the text of a float64's, which is most of what a
+// train step sends and receives.
+func (t TensorData) MarshalJSON() ([]byte, error) {
+	buf := make([]byte, 0, 16+8*len(t.Data))
+	buf = append(buf, `{"data":[`...)
+	for i, v := range t.Data {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("tensor data: element %d is %v, not a JSON number", i, v)
+		}
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		switch {
+		case t.DType == "int64" && v == math.Trunc(v) && math.Abs(v) < 1<<53:
+			buf = strconv.AppendInt(buf, int64(v), 10)
+		case t.DType == "float32":
+			buf = strconv.AppendFloat(buf, v, 'g', -1, 32)
+		default:
+			buf = strconv.AppendFloat(buf, v, 'g', -1, 64)
+		}
+	}
+	buf = append(buf, ']')
+	if t.DType != "" {
+		buf = append(buf, `,"dtype":`...)
+		buf = strconv.AppendQuote(buf, t.DType)
+	}
+	if t.Shape != nil {
+		buf = append(buf, `,"shape":[`...)
+		for i, n := range t.Shape {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = strconv.AppendInt(buf, int64(n), 10)
+		}
+		buf = append(buf, ']')
+	}
+	return append(buf, '}'), nil
 }
 
 // Ints is a token-id tensor.

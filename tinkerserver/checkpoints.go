@@ -214,13 +214,20 @@ func (s *Server) writeSamplerArchive(m *model, path string) error {
 	return nil
 }
 
-// tarDir writes the regular files of dir, top level only, as a tar.gz.
+// tarDir writes the regular files of dir, top level only, as a tar.gz,
+// stored uncompressed as SkyRL tx writes its archives: float weights
+// hardly compress (7 % at gzip's default level, for most of a train
+// step's time on the embedded policy), and the archive crosses loopback
+// or a LAN.
 func tarDir(w io.Writer, dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
-	zw := gzip.NewWriter(w)
+	zw, err := gzip.NewWriterLevel(w, gzip.NoCompression)
+	if err != nil {
+		return err
+	}
 	tw := tar.NewWriter(zw)
 	for _, e := range entries { // ReadDir sorts by name
 		if !e.Type().IsRegular() {
