@@ -79,15 +79,6 @@ func TestFormAdvantagesUsesTheTrainersEstimator(t *testing.T) {
 	require.Equal(t, 2, adv.NoBaseline)
 }
 
-func newLocalTrainer(t *testing.T, version int64) *trainer.Local {
-	t.Helper()
-	m, err := trainer.NewModel(trainer.ModelConfig{Context: 64, Layers: 1, Heads: 2, DModel: 16}, 7)
-	require.NoError(t, err)
-	l, err := trainer.NewLocal(m, version, trainer.Config{}, nil)
-	require.NoError(t, err)
-	return l
-}
-
 // queueSamples makes n rewarded one-step sessions and queues them through
 // the session activities, as the SessionWorkflow would.
 func queueSamples(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n int, reward float64) {
@@ -105,16 +96,34 @@ func queueSamples(t *testing.T, db *pgxpool.Pool, tenant, dep, version string, n
 	}
 }
 
-func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
+// trainAs does what the deployment's trainer does with a prepared batch:
+// it writes the output version's checkpoint where the input says and
+// answers with it.
+func trainAs(t *testing.T, tb flow.TrainBatchInput) flow.TrainBatchOutput {
+	t.Helper()
+	n, ok := store.VersionNumber(tb.Output.Version)
+	require.True(t, ok, tb.Output.Version)
+	m, err := trainer.NewModel(trainer.ModelConfig{Context: 64, Layers: 1, Heads: 2, DModel: 16}, 7)
+	require.NoError(t, err)
+	path, err := trainer.CheckpointDir{Dir: tb.Output.Dir}.Save(m, n, map[string]string{"deployment": tb.Deployment})
+	require.NoError(t, err)
+	return flow.TrainBatchOutput{Version: tb.Output.Version, Samples: tb.Batch.Samples, Loss: 0.5,
+		Checkpoint: flow.CheckpointRef{Version: tb.Output.Version, URI: fileURI(path), Format: flow.CheckpointFlywheelPolicy}}
+}
+
+// TestRegisterCheckpointRecordsCandidateWithLineage: a claimed run,
+// prepared and trained, becomes the candidate version with every sample
+// of its batch in its lineage; its samples are used and its singletons
+// move their task's baseline. Claiming and registering again are no-ops.
+func TestRegisterCheckpointRecordsCandidateWithLineage(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
 	seedTenant(t, db, "acme", true)
 	seedVersions(t, db, "dep", "dep@v1")
 	queueSamples(t, db, "acme", "dep", "dep@v1", 3, 1)
 	queueSamples(t, db, "acme", "dep", "dep@v1", 2, -1)
-	local := newLocalTrainer(t, 1)
 	dir := t.TempDir()
-	acts := &Training{DB: db, Trainer: local, CheckpointDir: dir}
+	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches")}
 
 	q, err := acts.CheckBatch(ctx, flow.CheckBatchInput{Deployment: "dep"})
 	require.NoError(t, err)
@@ -128,7 +137,10 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, claim, again, "a retried claim returns the same run")
 
-	out, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	tb, err := acts.PrepareBatch(ctx, flow.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: claim.BaseVersion})
+	require.NoError(t, err)
+	in := flow.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID, Trained: trainAs(t, tb)}
+	out, err := acts.RegisterCheckpoint(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", out.Version)
 	require.Equal(t, 4, out.Samples)
@@ -150,30 +162,17 @@ func TestTrainStepRecordsCandidateWithLineage(t *testing.T) {
 	base, err := store.TaskBaselines(ctx, db, "dep")
 	require.NoError(t, err)
 	require.Contains(t, base, "task-a")
+	require.NoFileExists(t, filepath.Join(dir, "batches", "dep", fmt.Sprintf("run-%012d.parquet", claim.RunID)), "a committed step's batch is in the lineage")
 
-	// A retry after the commit (the worker died before reporting) returns
-	// the committed version and does not train again.
-	out2, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	// A retry after the commit (the workflow did not see the answer)
+	// answers the committed version and records nothing twice.
+	out2, err := acts.RegisterCheckpoint(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, "dep@v2", out2.Version)
-	require.Equal(t, int64(2), local.Version())
-	_, err = os.Stat(ckpt)
-	require.NoError(t, err)
-
-	// The commit was lost (the worker died after saving the checkpoint):
-	// the retry commits the saved step instead of training again.
-	_, err = db.Exec(ctx, `UPDATE training_runs SET status = 'claimed', version_id = NULL WHERE id = $1`, claim.RunID)
-	require.NoError(t, err)
-	_, err = db.Exec(ctx, `UPDATE training_samples SET status = 'queued' WHERE status = 'used'`)
-	require.NoError(t, err)
-	_, err = db.Exec(ctx, `DELETE FROM model_versions WHERE id = 'dep@v2'`)
-	require.NoError(t, err)
-	out3, err := acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
-	require.NoError(t, err)
-	require.Equal(t, "dep@v2", out3.Version)
-	require.Equal(t, int64(2), local.Version(), "the samples are not trained twice")
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = 'dep@v2'`).Scan(&lineage))
 	require.Equal(t, 4, lineage)
+	_, err = os.Stat(ckpt)
+	require.NoError(t, err)
 }
 
 func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
@@ -199,32 +198,6 @@ func TestClaimDropsSamplesStalerThanEta(t *testing.T) {
 	var dropped int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM training_samples WHERE status = 'dropped_stale'`).Scan(&dropped))
 	require.Equal(t, 2, dropped)
-}
-
-func TestResetTrainerGoesBackToAStoredVersion(t *testing.T) {
-	ctx := context.Background()
-	local := newLocalTrainer(t, 1)
-	dir := t.TempDir()
-	acts := &Training{Trainer: local, CheckpointDir: dir, Deployment: "dep"}
-	served := local.Snapshot()
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, "dep"), 0o755))
-	require.NoError(t, trainer.SaveCheckpoint(acts.checkpointPath("dep", 1), served, 1, map[string]string{"deployment": "dep"}))
-	// The trainer moved on (a candidate that will be rolled back).
-	_, err := local.TrainStep(ctx, &trainer.Batch{Objective: trainer.ObjectiveSFT, Samples: []trainer.Sample{
-		{TokenIDs: []int{1, 2, 3, 4}, LossMask: []uint8{0, 1, 1, 1}, Logprobs: make([]float32, 4), Versions: make([]int64, 4)}}})
-	require.NoError(t, err)
-	require.NotEqual(t, served.W, local.Snapshot().W)
-
-	out, err := acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "dep", Version: "dep@v1"})
-	require.NoError(t, err)
-	require.Equal(t, "dep@v1", out.Version)
-	require.Equal(t, served.W, local.Snapshot().W)
-	require.Equal(t, int64(1), local.Version())
-
-	_, err = acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "dep", Version: "dep@v7"})
-	require.ErrorContains(t, err, "no such file")
-	_, err = acts.ResetTrainer(ctx, flow.ResetTrainerInput{Deployment: "other", Version: "other@v1"})
-	require.ErrorContains(t, err, "trains \"dep\"")
 }
 
 func TestClaimTakesWholeGroups(t *testing.T) {
@@ -332,9 +305,10 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestTrainStepMarksFlatGroups: a GRPO group whose answers all scored the
-// same teaches nothing; its steps say filtered_group after the step.
-func TestTrainStepMarksFlatGroups(t *testing.T) {
+// TestRegisteredStepMarksFlatGroups: a GRPO group whose answers all
+// scored the same teaches nothing; its steps say filtered_group once the
+// step is registered.
+func TestRegisteredStepMarksFlatGroups(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
 	seedTenant(t, db, "acme", true)
@@ -347,11 +321,14 @@ func TestTrainStepMarksFlatGroups(t *testing.T) {
 		_, err := db.Exec(ctx, `UPDATE training_samples SET group_id = $1, group_size = $2 WHERE id = $3`, g, map[string]int{"flat": 2, "mixed": 1}[g], ids[i])
 		require.NoError(t, err)
 	}
-	acts := &Training{DB: db, Trainer: newLocalTrainer(t, 1), CheckpointDir: t.TempDir()}
+	dir := t.TempDir()
+	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches")}
 	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k", BatchSize: 8, MaxStaleness: 4})
 	require.NoError(t, err)
 	require.Equal(t, 3, claim.Samples)
-	_, err = acts.TrainStep(ctx, flow.TrainStepInput{Deployment: "dep", RunID: claim.RunID})
+	tb, err := acts.PrepareBatch(ctx, flow.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: claim.BaseVersion})
+	require.NoError(t, err)
+	_, err = acts.RegisterCheckpoint(ctx, flow.RegisterCheckpointInput{Deployment: "dep", RunID: claim.RunID, Trained: trainAs(t, tb)})
 	require.NoError(t, err)
 	var flat int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM atdp_steps s JOIN training_samples ts ON ts.step_id = s.id
@@ -375,12 +352,14 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 0)
 	// The deployment names its base model: the trainer is told what to
 	// load when no checkpoint of it is stored.
+	// Its trainer names the queue its steps go to and the advantage
+	// estimator the batch is prepared with.
 	_, err := db.Exec(ctx, `UPDATE deployments SET backend = 'upstream',
-		config = '{"base_url": "http://vllm:8000/v1", "base_model": "Qwen/Qwen3-8B", "tokenizer": "Qwen/Qwen3-8B-tok"}' WHERE name = 'dep'`)
+		config = '{"base_url": "http://vllm:8000/v1", "base_model": "Qwen/Qwen3-8B", "tokenizer": "Qwen/Qwen3-8B-tok",
+			"trainer": {"kind": "temporal", "queue": "dep-gpu", "advantage": {"estimator": "mean"}}}' WHERE name = 'dep'`)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches"),
-		Advantage: trainer.AdvantageConfig{Estimator: trainer.AdvMean}}
+	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches")}
 	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 2, MaxStaleness: 4})
 	require.NoError(t, err)
 	in := flow.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1",
@@ -391,6 +370,8 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "dep@v2", tb.Output.Version)
 	require.Equal(t, filepath.Join(dir, "ckpt", "dep"), tb.Output.Dir)
 	require.Equal(t, "grpo", tb.Algo.Objective)
+	require.Equal(t, "dep-gpu", tb.TaskQueue)
+	require.Nil(t, tb.Trainer, "a Temporal trainer is told nothing of its settings")
 	require.Equal(t, flow.CheckpointRef{Version: "dep@v1", Model: "Qwen/Qwen3-8B", Tokenizer: "Qwen/Qwen3-8B-tok"}, tb.Base,
 		"v1 has no stored checkpoint: the deployment's base model")
 	path, err := localPath(tb.Batch.URI)
@@ -400,8 +381,9 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "dep@v2", meta["flywheel.candidate"])
 	require.Len(t, rows, 2)
 	require.Equal(t, 2, tb.Batch.Samples)
-	_, samples, err := store.LoadRun(ctx, db, claim.RunID)
+	run, samples, err := store.LoadRun(ctx, db, claim.RunID)
 	require.NoError(t, err)
+	require.Equal(t, trainer.AdvMean, run.Prepared.Stats["advantage_estimator"])
 	for i, r := range rows {
 		require.Equal(t, samples[i].ID, r.SampleID)
 		require.Equal(t, samples[i].CompletionTokenIDs, r.CompletionIDs)
@@ -450,39 +432,6 @@ func rowsOf(t *testing.T, tb flow.TrainBatchInput) []parquetbatch.Row {
 	_, rows, err := parquetbatch.Read(path)
 	require.NoError(t, err)
 	return rows
-}
-
-// TestTrainBatchUsesTheStepsEta: a trainer holding weights steps past
-// its samples' behaviour version trains them when the step's η allows it.
-// With its own default η (4) it refused a batch the loop had claimed under
-// the deployment's η, failing that step and every later claim of the same
-// samples.
-func TestTrainBatchUsesTheStepsEta(t *testing.T) {
-	dir := t.TempDir()
-	rows := make([]parquetbatch.Row, 2)
-	for i := range rows {
-		rows[i] = parquetbatch.Row{SampleID: int64(i + 1), TenantID: "acme", SessionID: fmt.Sprint("s", i), TaskID: "t",
-			PromptIDs: []int32{'h', 'i'}, CompletionIDs: []int32{'y', 'o'}, LossMask: []uint8{1, 1},
-			Logprobs: []float32{-1, -1}, Versions: []int64{0, 0}, Reward: float64(i), Advantage: float64(2*i - 1)}
-	}
-	path := filepath.Join(dir, "batch.parquet")
-	require.NoError(t, parquetbatch.Write(path, nil, rows))
-	step := func(eta int, out string) (flow.TrainBatchOutput, error) {
-		// The trainer holds v6: its samples, taken from v0, are 6 steps stale.
-		acts := &Training{Trainer: newLocalTrainer(t, 6)}
-		return acts.TrainBatch(context.Background(), flow.TrainBatchInput{Protocol: flow.TrainerProtocol, Deployment: "dep",
-			Batch:  flow.BatchRef{URI: fileURI(path), Format: "parquet", Samples: len(rows)},
-			Output: flow.OutputRef{Version: out, Dir: filepath.Join(dir, "ckpt")},
-			Algo:   flow.TrainAlgorithm{Objective: trainer.ObjectiveGRPO, MaxStaleness: eta}})
-	}
-	_, err := step(0, "dep@v7")
-	require.ErrorContains(t, err, "staler than η=4", "0: the trainer's own η")
-	out, err := step(-1, "dep@v8")
-	require.NoError(t, err, "the deployment's η (no bound) decides")
-	require.Equal(t, 2, out.Samples)
-	out, err = step(8, "dep@v9")
-	require.NoError(t, err)
-	require.Equal(t, 2, out.Samples)
 }
 
 func TestHeartbeatIntervalBeatsWithinTheTimeout(t *testing.T) {

@@ -174,3 +174,11 @@ func (t *TinkerTraining) logger() *slog.Logger {
 	}
 	return t.Logger
 }
+
+// frac is n/of, 0 when of is 0.
+func frac(n, of int) float64 {
+	if of == 0 {
+		return 0
+	}
+	return float64(n) / float64(of)
+}

@@ -99,7 +99,7 @@ type GatewayConfig struct {
 
 // WorkerConfig is the Temporal worker process.
 type WorkerConfig struct {
-	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-sessions,flywheel-trainer,flywheel-tinker,flywheel-sandbox)"`
+	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-sessions,flywheel-tinker,flywheel-sandbox)"`
 }
 
 // ControlConfig is what `flywheel up` schedules on the control plane.
@@ -175,7 +175,7 @@ func Default() Config {
 			KeyCacheTTL:     10 * time.Second,
 			StatusDevTenant: DevTenant,
 		},
-		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-trainer", "flywheel-tinker", "flywheel-sandbox"}},
+		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-tinker", "flywheel-sandbox"}},
 		Control:     ControlConfig{WatchdogEvery: time.Minute},
 		Trainer:     TrainerConfig{Listen: "127.0.0.1:8091", IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
 		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8090"},

@@ -63,8 +63,9 @@ type Settings struct {
 	// id, and a request pinned to a version asks for that name.
 	WeightSync *WeightSync `json:"weight_sync,omitempty"`
 	// TrainerQueue is the Temporal task queue of the workers that train
-	// this deployment (the trainer protocol's TrainBatch; default: the
-	// built-in trainer's queue, flywheel-trainer).
+	// this deployment (the trainer protocol's TrainBatch; default
+	// flywheel-trainer, which no Flywheel worker serves: a deployment that
+	// names no trainer needs a flywheel.train/v1 worker there).
 	TrainerQueue string `json:"trainer_queue,omitempty"`
 	// BaseModel is what the deployment's weights start from: a model hub
 	// id or a path on the trainer's storage. A trainer that holds no
@@ -75,7 +76,7 @@ type Settings struct {
 	// model's own (default: BaseModel).
 	Tokenizer string `json:"tokenizer,omitempty"`
 	// Trainer says what trains the deployment (nil: a flywheel.train/v1
-	// worker on TrainerQueue, the built-in trainer's by default).
+	// worker on TrainerQueue).
 	Trainer *Trainer `json:"trainer,omitempty"`
 	// Gates are this deployment's release-gate thresholds, as a JSON
 	// object of ReleasePolicy's threshold fields in snake case (see
@@ -95,7 +96,7 @@ func (c Settings) ModelTokenizer() string {
 
 // TrainerOf is the deployment's trainer with its defaults: Trainer, else
 // a flywheel.train/v1 worker on TrainerQueue; ok is false when the
-// settings name neither (the built-in trainer's queue).
+// settings name neither (the training loop's default queue).
 func (c Settings) TrainerOf() (t Trainer, ok bool) {
 	switch {
 	case c.Trainer != nil:

@@ -34,10 +34,14 @@ func SearchAttributes() map[string]enumspb.IndexedValueType {
 
 // Task queues. The control plane's workflows and light activities run on
 // TaskQueue; agent sessions on SessionTaskQueue, so thousands of open
-// sessions never queue ahead of a release or a train step; training steps
-// on TrainerTaskQueue (workers with the policy weights and a GPU when there
-// is one); sandbox operations on SandboxTaskQueue (workers next to a Docker
-// engine).
+// sessions never queue ahead of a release or a train step; sandbox
+// operations on SandboxTaskQueue (workers next to a Docker engine). A
+// train step runs where the deployment's trainer says (deployment.Trainer:
+// a Tinker trainer's on deployment.TinkerQueue, which every Flywheel worker
+// can serve). TrainerTaskQueue is the default of a deployment that names no
+// trainer: the queue a flywheel.train/v1 trainer of its own polls. No
+// Flywheel worker serves it, so such a deployment's step fails once
+// TrainingPolicy.StepStartTimeout passes, saying that no worker took it.
 const (
 	TaskQueue        = "flywheel"
 	SessionTaskQueue = "flywheel-sessions"

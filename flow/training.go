@@ -19,7 +19,9 @@ const (
 // Activity names TrainingWorkflow runs (activities.Training implements them).
 const ()
 
-// ResetTrainerInput names the version training goes on from.
+// ResetTrainerInput names the version training goes on from: the input of
+// the ResetTrainer activity, which only histories from before the trainer
+// protocol schedule.
 type ResetTrainerInput struct {
 	Deployment string
 	Version    string
@@ -113,7 +115,9 @@ type TrainingPolicy struct {
 	// trainer's own, config trainer.*).
 	Masks *deployment.TokenMasks `json:",omitempty"`
 	// TrainerQueue is the task queue of the workers that train this
-	// deployment (TrainBatch). Default TrainerTaskQueue.
+	// deployment (TrainBatch) when its settings name no trainer (a trainer
+	// they name wins). Default TrainerTaskQueue, which only a
+	// flywheel.train/v1 worker outside Flywheel serves.
 	TrainerQueue string `json:",omitempty"`
 }
 
@@ -199,7 +203,9 @@ type ClaimBatchOutput struct {
 	BaseVersion string
 }
 
-// TrainStepInput trains one claimed run.
+// TrainStepInput trains one claimed run: the input of the TrainStep
+// activity, which only histories from before the trainer protocol
+// schedule. TrainStepOutput is also what RegisterCheckpoint answers.
 type TrainStepInput struct {
 	Deployment string
 	RunID      int64
@@ -207,7 +213,6 @@ type TrainStepInput struct {
 	// leaves the trainer's own (config trainer.*).
 	Masks *deployment.TokenMasks `json:",omitempty"`
 }
-
 
 // TrainStepOutput is the candidate the step produced.
 type TrainStepOutput struct {

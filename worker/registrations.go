@@ -13,7 +13,6 @@ import (
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
-	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
 )
@@ -29,15 +28,10 @@ type Deps struct {
 	// each deployment on its own engine (a deployment no engine here
 	// serves: its offline gates record that nothing was evaluated).
 	Backend activities.Completer
-	// Trainer and CheckpointDir serve train steps (nil: none here).
-	Trainer       activities.TrainStepper
-	CheckpointDir string
-	// BatchDir receives the trainer protocol's batch files.
-	BatchDir string
-	// TrainerDeployment is the deployment Trainer's weights belong to;
-	// Advantage is its advantage estimator, which train steps apply.
-	TrainerDeployment string
-	Advantage         trainer.AdvantageConfig
+	// CheckpointDir is where trainers write versions; BatchDir receives
+	// the trainer protocol's batch files. Both are shared with the
+	// deployments' trainers.
+	CheckpointDir, BatchDir string
 	// Temporal lets evolution signal-with-start the training loop.
 	Temporal client.Client
 	// RewardMin and RewardMax are the gateway's reward range, which the
@@ -56,8 +50,7 @@ func Registrations(d Deps) map[string]Registrar {
 	ping := &activities.Ping{DB: d.Pool, Worker: d.Host, Compute: d.Compute}
 	session := &activities.Session{DB: d.Pool, Rules: d.Rules, Logger: d.Logger}
 	release := &activities.Release{DB: d.Pool, Backend: d.Backend, Logger: d.Logger, RewardMin: d.RewardMin, RewardMax: d.RewardMax}
-	training := &activities.Training{DB: d.Pool, Trainer: d.Trainer, Deployment: d.TrainerDeployment, CheckpointDir: d.CheckpointDir,
-		BatchDir: d.BatchDir, Advantage: d.Advantage, Logger: d.Logger}
+	training := &activities.Training{DB: d.Pool, CheckpointDir: d.CheckpointDir, BatchDir: d.BatchDir, Logger: d.Logger}
 	evolve := &activities.Evolution{DB: d.Pool, Temporal: d.Temporal, Redactor: d.Rules.Redactor, Logger: d.Logger}
 	forget := &activities.Forget{DB: d.Pool, Logger: d.Logger}
 	sessions := func(r tworker.Registry) {
@@ -82,13 +75,6 @@ func Registrations(d Deps) map[string]Registrar {
 			register(r, evolve.ComputeEvidence, evolve.RecordDecision, evolve.ProposeArtefact, evolve.RequestTraining, evolve.RollbackVersion)
 			r.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflow.RegisterOptions{Name: flow.ForgetWorkflowName})
 			register(r, forget.RetireForgotten)
-		},
-		flow.TrainerTaskQueue: func(r tworker.Registry) {
-			// Without weights this worker leaves train steps to one that has them.
-			if d.Trainer != nil {
-				r.RegisterActivityWithOptions(training.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
-				register(r, training.TrainStep, training.ResetTrainer)
-			}
 		},
 		// Every worker can drive a Tinker trainer: the service holds the
 		// weights, the step needs only the batch and checkpoint files.

@@ -57,8 +57,8 @@ func Run(ctx context.Context, c client.Client, queues map[string]Registrar, logg
 // give (a burst of agent sessions), so each queue polls with eight.
 var workerOptions = tworker.Options{MaxConcurrentWorkflowTaskPollers: 8, MaxConcurrentActivityTaskPollers: 4}
 
-// LogCompute writes the one line that says whether this worker trains on a
-// GPU or falls back to the CPU, and why.
+// LogCompute writes the one line that says whether this worker has a GPU
+// or only the CPU, and why (Ping reports the same).
 func LogCompute(logger *slog.Logger, inv Inventory) {
 	if len(inv.GPUs) > 0 {
 		logger.Info(msgCompute, "device", "gpu", "gpus", len(inv.GPUs), "model", inv.GPUs[0].Name,

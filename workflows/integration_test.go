@@ -34,6 +34,8 @@ import (
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/tinker"
+	"github.com/flywheel-ai/flywheel/tinkerserver"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trajectory"
 	"github.com/flywheel-ai/flywheel/workflows"
@@ -43,7 +45,8 @@ const policyName = "flywheel-policy"
 
 // stack is the real thing on the real services: Postgres, a Temporal dev
 // server, a worker with Flywheel's workflows and activities, and the
-// gateway serving the policy from its model server, as `flywheel up` does.
+// gateway serving the policy from its model server, trained by the
+// embedded trainer behind the Tinker API, as `flywheel up` does.
 type stack struct {
 	t    *testing.T
 	pool *pgxpool.Pool
@@ -52,7 +55,10 @@ type stack struct {
 	// gates' engines, which reach it over HTTP.
 	policy  *policytest.Policy
 	engines *activities.Engines
-	v1      *trainer.Model
+	// base is the policy's base model, which serves as version 0.
+	base *trainer.Model
+	// trainer is the policy deployment's trainer.
+	trainer *trainerService
 	url     string
 	key     string
 	// dir holds checkpoints and batch files, shared by the control plane
@@ -70,9 +76,11 @@ func newStack(t *testing.T) *stack {
 	m, err := trainer.NewModel(trainer.ModelConfig{Context: 512, Layers: 1, Heads: 2, DModel: 32}, 3)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	// v1 serves; its checkpoint is where the trainers' go, so that a
-	// trainer can go back to it.
-	policy := policytest.Start(t, pool, policytest.Options{Name: policyName, Base: m, Version: 1, Dir: filepath.Join(dir, "checkpoints")})
+	// The base model serves as v0 and the embedded trainer starts from it;
+	// trained versions are saved beside v0's checkpoint.
+	tr := startTrainerService(t, m, filepath.Join(dir, "trainer-server"))
+	policy := policytest.Start(t, pool, policytest.Options{Name: policyName, Base: m, Dir: filepath.Join(dir, "checkpoints"),
+		Trainer: &deployment.Trainer{Kind: deployment.TrainerTinker, URL: tr.url, BaseModel: policyName, LoRA: deployment.LoRA{FullWeights: true}}})
 	// A held-out suite, so that releases can promote. The tiny random
 	// policy answers noise, so no version passes any of it: equal
 	// versions tie, which is all these tests need of the regression gate
@@ -110,18 +118,128 @@ func newStack(t *testing.T) *stack {
 	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
 	key, err := store.CreateKey(ctx, pool, "acme", "", "test")
 	require.NoError(t, err)
-	return &stack{t: t, pool: pool, tc: tc, policy: policy, engines: engines, v1: m, url: ts.URL, key: key, dir: dir}
+	return &stack{t: t, pool: pool, tc: tc, policy: policy, engines: engines, base: m, trainer: tr, url: ts.URL, key: key, dir: dir}
 }
 
-// trainerWorker is a trainer worker of the trainer protocol: it takes
-// TrainBatch from the trainer queue with tr's weights, reading and writing
-// only the stack's shared files. It has no database, like a GPU trainer
-// in another language.
-func (s *stack) trainerWorker(tr activities.TrainStepper, heartbeat time.Duration) tworker.Worker {
-	w := tworker.New(s.tc, flow.TrainerTaskQueue, tworker.Options{})
-	a := &activities.Training{Trainer: tr, HeartbeatEvery: heartbeat}
+// trainerWorker drives the policy's trainer: a worker on the Tinker queue
+// with the Tinker step as the trainer protocol's TrainBatch, as
+// worker.Registrations registers it on every worker. It has no database
+// and reads and writes only the stack's shared files.
+func (s *stack) trainerWorker(heartbeat time.Duration) tworker.Worker {
+	w := tworker.New(s.tc, deployment.TinkerQueue, tworker.Options{})
+	a := &activities.TinkerTraining{HeartbeatEvery: heartbeat, Logger: slog.New(slog.DiscardHandler)}
 	w.RegisterActivityWithOptions(a.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
 	return w
+}
+
+// startTrainer starts a trainerWorker, stopped at cleanup.
+func (s *stack) startTrainer(heartbeat time.Duration) tworker.Worker {
+	s.t.Helper()
+	w := s.trainerWorker(heartbeat)
+	require.NoError(s.t, w.Start())
+	s.t.Cleanup(w.Stop)
+	return w
+}
+
+// weightsOf loads a version the trainer saved: its directory holds the
+// full weights.
+func (s *stack) weightsOf(version string) *trainer.Model {
+	s.t.Helper()
+	var dir string
+	require.NoError(s.t, s.pool.QueryRow(context.Background(), `SELECT checkpoint_path FROM model_versions WHERE id = $1`, version).Scan(&dir))
+	m, _, _, err := trainer.LoadCheckpoint(filepath.Join(dir, trainer.FullWeightsFile))
+	require.NoError(s.t, err)
+	return m
+}
+
+// trainerService is the embedded trainer behind the Tinker API, as
+// `flywheel up` serves it. A hold, when set, sees every request first and
+// may hold it; it answers false for a request it dropped (its client went
+// away or the service is closing).
+type trainerService struct {
+	url  string
+	done chan struct{}
+
+	mu       sync.Mutex
+	hold     func(r *http.Request) bool
+	requests map[string]int
+}
+
+func startTrainerService(t *testing.T, base *trainer.Model, dir string) *trainerService {
+	t.Helper()
+	ts, err := tinkerserver.New(tinkerserver.Config{BaseModels: map[string]*trainer.Model{policyName: base}, Dir: dir,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	svc := &trainerService{done: make(chan struct{}), requests: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		svc.mu.Lock()
+		svc.requests[r.URL.Path]++
+		hold := svc.hold
+		svc.mu.Unlock()
+		if hold != nil && !hold(r) {
+			return
+		}
+		ts.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { close(svc.done); srv.Close(); ts.Close() })
+	svc.url = srv.URL
+	return svc
+}
+
+func (svc *trainerService) setHold(hold func(r *http.Request) bool) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	svc.hold = hold
+}
+
+// count is how many requests of a route the service was sent.
+func (svc *trainerService) count(path string) int {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	return svc.requests[path]
+}
+
+// wait holds r for d; false if its client went away or the service
+// closed first.
+func (svc *trainerService) wait(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+	case <-svc.done:
+	}
+	return false
+}
+
+// slowSteps makes every forward_backward take d, as a real batch does:
+// its future is not ready until then, and a poll of it waits until then
+// or until its client cuts it. It returns the count of polls that waited.
+func (svc *trainerService) slowSteps(d time.Duration) *atomic.Int64 {
+	var (
+		mu    sync.Mutex
+		ready time.Time
+		held  atomic.Int64
+	)
+	svc.setHold(func(r *http.Request) bool {
+		switch r.URL.Path {
+		case tinker.PathForwardBackward:
+			mu.Lock()
+			ready = time.Now().Add(d)
+			mu.Unlock()
+		case tinker.PathRetrieveFuture:
+			mu.Lock()
+			wait := time.Until(ready)
+			mu.Unlock()
+			if wait > 0 {
+				held.Add(1)
+				return svc.wait(r, wait)
+			}
+		}
+		return true
+	})
+	return &held
 }
 
 // l2 is the Euclidean distance between two weight vectors.
@@ -263,7 +381,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	// client below rewards the candidate's sessions 0 and the serving
 	// version's 1. Only the live canary can tell them apart.
 	// The release's weight sync loads it into the model server.
-	v1, v2 := s.policy.Serving, s.policy.Candidate(s.v1.Clone(), 2)
+	v0, v1 := s.policy.Serving, s.policy.Candidate(s.base.Clone(), 1)
 
 	var (
 		stop             atomic.Bool
@@ -289,7 +407,7 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 				servedBy[v]++
 				mu.Unlock()
 				r := 1.0
-				if v == v2 {
+				if v == v1 {
 					r = 0
 				}
 				if s.reward(session, r) != http.StatusCreated {
@@ -300,9 +418,9 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	}
 	t.Cleanup(func() { stop.Store(true); wg.Wait() })
 
-	id := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v2)
+	id := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v1)
 	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.ReleaseWorkflowName,
-		flow.ReleaseInput{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v2, Reason: "integration test",
+		flow.ReleaseInput{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v1, Reason: "integration test",
 			Policy: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryShare: 0.5, CanaryDuration: 40 * time.Second,
 				CanaryChecks: 8, MinCanarySamples: 5, MaxRewardDrop: 0.05}})
 	require.NoError(t, err)
@@ -318,13 +436,13 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	require.Equal(t, flow.ReleaseRolledBack, res.State.Status, res.State.Reason)
 	require.Contains(t, res.State.Reason, "canary gate failed")
 	require.Zero(t, failed.Load(), "a steady client sees no failed request (of %d)", requests.Load())
-	require.Positive(t, servedBy[v2], "the canary served some traffic")
-	require.Greater(t, servedBy[v1], servedBy[v2])
+	require.Positive(t, servedBy[v1], "the canary served some traffic")
+	require.Greater(t, servedBy[v0], servedBy[v1])
 	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
-	require.Equal(t, v1, serving)
+	require.Equal(t, v0, serving)
 	var status string
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = $1`, v2).Scan(&status))
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM model_versions WHERE id = $1`, v1).Scan(&status))
 	require.Equal(t, "rolled_back", status)
 	rel, err := store.ReleaseByWorkflow(ctx, s.pool, id)
 	require.NoError(t, err)
@@ -342,15 +460,15 @@ func TestIntegrationWorseCandidateRollsBackWhileClientsSeeNoFailure(t *testing.T
 	for i := 0; i < 5; i++ {
 		st, cid := s.chat(fmt.Sprintf("after-%d", i), true, "hi")
 		require.Equal(t, http.StatusOK, st)
-		require.Equal(t, v1, s.versionOf(cid))
+		require.Equal(t, v0, s.versionOf(cid))
 	}
 	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "release_rollback_history.json"))
 }
 
 // TestIntegrationWatchdogRollsBack runs the WatchdogWorkflow on the real
-// services: the held-out suite is what v1 answers, v2 (other weights)
+// services: the held-out suite is what v0 answers, v1 (other weights)
 // slipped into serving without the gates, and the watchdog, measuring both
-// on the policy's model server, rolls back to v1 and records it.
+// on the policy's model server, rolls back to v0 and records it.
 func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -359,7 +477,7 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	for i := 0; len(items) < 60 && i < 2000; i++ {
 		q := fmt.Sprintf("question %d", i)
 		resp, err := s.engines.Complete(ctx, &inference.Request{Model: policyName, Messages: []inference.Message{{Role: inference.RoleUser, Content: q}},
-			Temperature: &zero, MaxTokens: 8, Version: store.VersionID(policyName, 1)})
+			Temperature: &zero, MaxTokens: 8, Version: s.policy.Serving})
 		require.NoError(t, err)
 		if a := store.ValidText(resp.Message.Content); strings.TrimSpace(a) != "" {
 			items = append(items, store.SuiteItem{Prompt: q, Expect: a, Match: store.MatchExact, MaxTokens: 8})
@@ -382,48 +500,45 @@ func TestIntegrationWatchdogRollsBack(t *testing.T) {
 	res := watch("watchdog-it-1")
 	require.Equal(t, flow.WatchOK, res.Verdict, res.Reason)
 
-	other, err := trainer.NewModel(s.v1.Config, 99)
+	other, err := trainer.NewModel(s.base.Config, 99)
 	require.NoError(t, err)
-	v1, v2 := s.policy.Serving, s.policy.Candidate(other, 2)
-	s.policy.Load(v2) // as a release's sync would have
-	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v2, WorkflowID: "forced"})
+	v0, v1 := s.policy.Serving, s.policy.Candidate(other, 1)
+	s.policy.Load(v1) // as a release's sync would have
+	rel, err := store.BeginRelease(ctx, s.pool, store.Release{Deployment: policyName, Layer: artefact.LayerWeights, Candidate: v1, WorkflowID: "forced"})
 	require.NoError(t, err)
 	require.NoError(t, store.FinishRelease(ctx, s.pool, rel.ID, flow.ReleasePromoted, "forced past the gates"))
 
 	res = watch("watchdog-it-2")
 	require.Equal(t, flow.WatchRolledBack, res.Verdict, res.Reason)
-	require.Equal(t, v1, res.RolledBackTo)
+	require.Equal(t, v0, res.RolledBackTo)
 	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
-	require.Equal(t, v1, serving)
+	require.Equal(t, v0, serving)
 	testenv.RecordHistory(t, s.tc, "watchdog-it-2", filepath.Join("testdata", "watchdog_rollback_history.json"))
 }
 
 // TestIntegrationTrainingLoop runs the loop on the real services: sessions
-// through the gateway become samples, the TrainingWorkflow trains them on a
-// trainer worker (its own task queue), records the candidate with lineage
+// through the gateway become samples, the TrainingWorkflow has the
+// deployment's trainer (the embedded one, through the Tinker API, driven
+// from the Tinker queue) train them, records the candidate with lineage
 // and hands it to a ReleaseWorkflow, which rolls it back because no live
 // traffic reaches its canary.
 func TestIntegrationTrainingLoop(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
-	require.NoError(t, err)
-	tw := s.trainerWorker(local, 200*time.Millisecond)
-	require.NoError(t, tw.Start())
-	t.Cleanup(tw.Stop)
+	s.startTrainer(200 * time.Millisecond)
 
 	const n = 6
 	s.queueSamples(n)
 
 	id := flow.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+	_, err := s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
 		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			Release: deployment.ReleasePolicy{ShadowDuration: time.Second, CanaryDuration: 2 * time.Second, CanaryChecks: 1, MinCanarySamples: 3}}})
 	require.NoError(t, err)
-	v2 := store.VersionID(policyName, 2)
-	rid := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v2)
+	v1 := store.VersionID(policyName, 1)
+	rid := flow.ReleaseWorkflowID(policyName, artefact.LayerWeights, v1)
 	var rel flow.ReleaseResult
 	require.Eventually(t, func() bool {
 		return s.tc.GetWorkflow(ctx, rid, "").Get(ctx, &rel) == nil
@@ -433,34 +548,37 @@ func TestIntegrationTrainingLoop(t *testing.T) {
 	testenv.RecordHistory(t, s.tc, id, filepath.Join("testdata", "training_protocol_history.json"))
 
 	var lineage, used int
-	var parent, status string
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT parent_version, status FROM model_versions WHERE id = $1`, v2).Scan(&parent, &status))
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = $1`, v2).Scan(&lineage))
+	var parent, status, ckpt string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT parent_version, status, checkpoint_path FROM model_versions WHERE id = $1`, v1).Scan(&parent, &status, &ckpt))
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM model_version_lineage WHERE version_id = $1`, v1).Scan(&lineage))
 	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM training_samples WHERE status = 'used'`).Scan(&used))
-	require.Equal(t, store.VersionID(policyName, 1), parent)
+	require.Equal(t, s.policy.Serving, parent)
 	require.Equal(t, "rolled_back", status)
 	require.GreaterOrEqual(t, lineage, n)
 	require.Equal(t, lineage, used)
 	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
-	require.Equal(t, store.VersionID(policyName, 1), serving, "users never saw the unproven version")
+	require.Equal(t, s.policy.Serving, serving, "users never saw the unproven version")
+
+	// The step went through the Tinker API, and the version is the full
+	// weights the trainer saved for sampling, which the release loaded.
+	for _, route := range []string{tinker.PathCreateModel, tinker.PathForwardBackward, tinker.PathOptimStep, tinker.PathSaveWeights,
+		tinker.PathSaveWeightsForSampler} {
+		require.Positive(t, s.trainer.count(route), route)
+	}
+	require.FileExists(t, filepath.Join(ckpt, trainer.FullWeightsFile))
+	require.FileExists(t, filepath.Join(ckpt, "tinker.json"))
+	require.NotEqual(t, s.base.W, s.weightsOf(v1).W, "the step changed the weights")
 }
 
 // TestIntegrationForgetRetiresEveryDescendant runs the real training loop
-// with candidates ahead of serving (no release), so v3 trains on v2's
-// weights while v1 serves. Forgetting a session trained into v2 must
-// retire v2 and v3, leave v1 serving, and send the trainer back to v1.
+// with candidates ahead of serving (no release), so v2 trains on v1's
+// weights while v0 serves. Forgetting a session trained into v1 must
+// retire v1 and v2, leave v0 serving, and send the trainer back to v0.
 func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	// v1's checkpoint is stored (newStack), so that the trainer can go
-	// back to it.
-	ckpt := s.policy.Checkpoints
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
-	require.NoError(t, err)
-	tw := s.trainerWorker(local, 200*time.Millisecond)
-	require.NoError(t, tw.Start())
-	t.Cleanup(tw.Stop)
+	s.startTrainer(200 * time.Millisecond)
 
 	versionRow := func(v string) (parent, status string) {
 		var p *string
@@ -476,22 +594,22 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 		t.Helper()
 		require.Eventually(t, func() bool { _, st := versionRow(v); return st != "" }, 2*time.Minute, 200*time.Millisecond, "%s is trained", v)
 	}
-	v1, v2, v3, v4 := store.VersionID(policyName, 1), store.VersionID(policyName, 2), store.VersionID(policyName, 3), store.VersionID(policyName, 4)
+	v0, v1, v2, v3 := s.policy.Serving, store.VersionID(policyName, 1), store.VersionID(policyName, 2), store.VersionID(policyName, 3)
 
 	s.queueSessions("early", 2)
 	id := flow.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+	_, err := s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
 		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, MaxBatchAge: time.Second,
 			PollInterval: 300 * time.Millisecond, MaxStaleness: 4, MaxAhead: 4, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
-	trained(v2)
+	trained(v1)
 	s.queueSessions("late", 2)
-	trained(v3)
-	parent, _ := versionRow(v3)
-	require.Equal(t, v2, parent, "v3 was trained from v2's weights, not from the serving v1")
-	v3w := local.Snapshot() // forget deletes v3's checkpoint
+	trained(v2)
+	parent, _ := versionRow(v2)
+	require.Equal(t, v1, parent, "v2 was trained from v1's weights, not from the serving v0")
+	v2w := s.weightsOf(v2) // forget deletes v2's checkpoint
 
 	res, err := store.Forget(ctx, s.pool, "acme", "session", "early-0")
 	require.NoError(t, err)
@@ -500,23 +618,23 @@ func TestIntegrationForgetRetiresEveryDescendant(t *testing.T) {
 	require.NoError(t, err)
 	var out flow.ForgetResult
 	require.NoError(t, run.Get(ctx, &out))
-	require.ElementsMatch(t, []string{v2, v3}, out.Retired, "every descendant of the forgotten data is retired")
-	for _, v := range []string{v2, v3} {
+	require.ElementsMatch(t, []string{v1, v2}, out.Retired, "every descendant of the forgotten data is retired")
+	for _, v := range []string{v1, v2} {
 		_, st := versionRow(v)
 		require.Equal(t, "retired", st, v)
 	}
 	serving, err := store.ServingOf(ctx, s.pool, policyName, artefact.LayerWeights)
 	require.NoError(t, err)
-	require.Equal(t, v1, serving, "the newest clean version serves")
+	require.Equal(t, v0, serving, "the newest clean version serves")
 
 	s.queueSessions("after", 2)
-	trained(v4)
-	parent, _ = versionRow(v4)
-	require.Equal(t, v1, parent, "training goes on from the clean version")
-	// v4 is v1's weights plus one step, not v3's: its step loaded v1.
-	v4w, _, err := ckpt.Load(4)
-	require.NoError(t, err)
-	require.Less(t, l2(v4w.W, s.v1.W), l2(v4w.W, v3w.W), "v4 is one step from v1, two from v3")
+	trained(v3)
+	parent, _ = versionRow(v3)
+	require.Equal(t, v0, parent, "training goes on from the clean version")
+	// v3 is v0's weights plus one step, not v2's: its step started from
+	// the base model, not from v2's training state.
+	v3w := s.weightsOf(v3)
+	require.Less(t, l2(v3w.W, s.base.W), l2(v3w.W, v2w.W), "v3 is one step from v0, two from v2")
 }
 
 // TestIntegrationEvolutionPlaybookLoop: users correct the agent, the
@@ -619,108 +737,88 @@ WHERE deployment = $1 AND status = 'queued' AND session_id LIKE $2 || '-%'`, pol
 	}, time.Minute, 200*time.Millisecond, "every session's eligible steps are queued")
 }
 
-// hangingTrainer is a trainer worker that dies mid-step: its step never
-// returns (until the test ends), like a process that was killed.
-type hangingTrainer struct {
-	activities.TrainStepper
-	entered, release chan struct{}
-}
-
-func (h *hangingTrainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error) {
-	close(h.entered)
-	<-h.release
-	return trainer.StepResult{}, fmt.Errorf("this worker was dead")
-}
-
+// TestIntegrationTrainStepResumesAfterTheWorkerDies: the worker driving a
+// Tinker step dies after the service saved the version, while it fetches
+// it; another worker takes the step over, finds the first one's step
+// record and fetches the saved version instead of training the batch
+// again.
 func TestIntegrationTrainStepResumesAfterTheWorkerDies(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
 	s.queueSamples(4)
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
-	require.NoError(t, err)
-	hang := &hangingTrainer{TrainStepper: local, entered: make(chan struct{}), release: make(chan struct{})}
-	t.Cleanup(func() { close(hang.release) })
-	startTrainer := func(tr activities.TrainStepper) tworker.Worker {
-		w := s.trainerWorker(tr, 100*time.Millisecond)
-		require.NoError(t, w.Start())
-		return w
-	}
-	a := startTrainer(hang)
+	// The first fetch of a sampler archive hangs until its worker dies.
+	entered := make(chan struct{})
+	var held atomic.Bool
+	s.trainer.setHold(func(r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/archive") || !held.CompareAndSwap(false, true) {
+			return true
+		}
+		close(entered)
+		return s.trainer.wait(r, time.Hour)
+	})
+	a := s.trainerWorker(100 * time.Millisecond)
+	require.NoError(t, a.Start())
 
 	id := flow.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+	_, err := s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
 		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			StepHeartbeatTimeout: 2 * time.Second, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
 	select {
-	case <-hang.entered:
+	case <-entered:
 	case <-time.After(time.Minute):
-		t.Fatal("the train step never reached the first trainer worker")
+		t.Fatal("the train step never reached the fetch of its version")
 	}
 	start := time.Now()
 	a.Stop() // the worker dies with the step in flight
-	b := startTrainer(local)
-	t.Cleanup(b.Stop)
+	s.startTrainer(100 * time.Millisecond)
 
-	v2 := store.VersionID(policyName, 2)
+	v1 := store.VersionID(policyName, 1)
 	require.Eventually(t, func() bool {
 		var n int
-		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v2).Scan(&n)
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v1).Scan(&n)
 		return err == nil && n == 1
-	}, time.Minute, 200*time.Millisecond, "another trainer worker finishes the step")
+	}, time.Minute, 200*time.Millisecond, "another worker finishes the step")
 	t.Logf("step resumed on the second worker %v after the first died", time.Since(start).Round(100*time.Millisecond))
 	var runs, trained int
 	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'trained') FROM training_runs`).Scan(&runs, &trained))
 	require.Equal(t, 1, runs, "the retry resumed the claimed run instead of claiming another")
 	require.Equal(t, 1, trained)
-	require.Equal(t, int64(2), local.Version(), "the batch trained once")
+	var resumed string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT metrics->>'resumed' FROM model_versions WHERE id = $1`, v1).Scan(&resumed))
+	require.Equal(t, "true", resumed, "the second worker fetched the version the first one saved")
+	require.Equal(t, 1, s.trainer.count(tinker.PathForwardBackward), "the batch trained once")
+	require.FileExists(t, filepath.Join(s.dir, "checkpoints", policyName, "v1", trainer.FullWeightsFile))
 }
 
-// slowTrainer takes its time over every step, as a real batch does.
-type slowTrainer struct {
-	activities.TrainStepper
-	d time.Duration
-}
-
-func (s slowTrainer) TrainStep(ctx context.Context, b *trainer.Batch) (trainer.StepResult, error) {
-	select {
-	case <-time.After(s.d):
-	case <-ctx.Done():
-		return trainer.StepResult{}, ctx.Err()
-	}
-	return s.TrainStepper.TrainStep(ctx, b)
-}
-
-// TestIntegrationTrainStepLongerThanItsHeartbeatTimeout: a live trainer
-// worker beats within the step's heartbeat timeout, however short the
-// deployment sets it. At the fixed 10 s it beat before, a 1 s timeout
-// took every step longer than that for a dead worker's: the server timed
-// the attempt out while it trained, and the retry answered with the
-// checkpoint the orphaned attempt went on to write.
+// TestIntegrationTrainStepLongerThanItsHeartbeatTimeout: a live worker
+// beats within the step's heartbeat timeout, however short the deployment
+// sets it, while the service takes longer than that over a step. The
+// client heartbeats between polls of a future, and the service holds a
+// poll up to 30 s: unless each poll ends in time for the next heartbeat,
+// the server times the attempt out while the service trains, and the
+// retry trains the batch again.
 func TestIntegrationTrainStepLongerThanItsHeartbeatTimeout(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
 	s.queueSamples(4)
-	local, err := trainer.NewLocal(s.v1, 1, trainer.Config{}, nil)
-	require.NoError(t, err)
-	w := s.trainerWorker(slowTrainer{TrainStepper: local, d: 2500 * time.Millisecond}, 0) // the default interval
-	require.NoError(t, w.Start())
-	t.Cleanup(w.Stop)
+	held := s.trainer.slowSteps(2500 * time.Millisecond)
+	s.startTrainer(0) // the default interval
 
 	id := flow.TrainingWorkflowID(policyName)
-	_, err = s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
+	_, err := s.tc.SignalWithStartWorkflow(ctx, id, flow.TrainNowSignal, nil,
 		client.StartWorkflowOptions{ID: id, TaskQueue: flow.TaskQueue}, flow.TrainingWorkflowName,
 		flow.TrainingInput{Deployment: policyName, Policy: flow.TrainingPolicy{BatchSize: 64, PollInterval: time.Second,
 			StepHeartbeatTimeout: time.Second, NoRelease: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.tc.TerminateWorkflow(context.Background(), id, "", "test done") })
 
-	v2 := store.VersionID(policyName, 2)
+	v1 := store.VersionID(policyName, 1)
 	require.Eventually(t, func() bool {
 		var n int
-		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v2).Scan(&n)
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM model_versions WHERE id = $1`, v1).Scan(&n)
 		return err == nil && n == 1
 	}, 30*time.Second, 200*time.Millisecond, "the step trains on the worker that runs it")
 	var runs, trained int
@@ -728,6 +826,8 @@ func TestIntegrationTrainStepLongerThanItsHeartbeatTimeout(t *testing.T) {
 	require.Equal(t, 1, runs)
 	require.Equal(t, 1, trained)
 	var resumed string
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT metrics->>'resumed' FROM model_versions WHERE id = $1`, v2).Scan(&resumed))
-	require.Equal(t, "false", resumed, "the first attempt answered; no retry found its checkpoint after it timed out")
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT metrics->>'resumed' FROM model_versions WHERE id = $1`, v1).Scan(&resumed))
+	require.Equal(t, "false", resumed, "the first attempt answered")
+	require.Equal(t, 1, s.trainer.count(tinker.PathForwardBackward), "no retry trained the batch again")
+	require.Greater(t, held.Load(), int64(2), "the client cut its polls of the slow step short, heartbeating between them")
 }

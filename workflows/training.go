@@ -180,7 +180,8 @@ func (r *trainingRun) trainClaimed(ctx workflow.Context, claim flow.ClaimBatchOu
 	if workflow.GetVersion(ctx, trainingChangeProtocol, workflow.DefaultVersion, 1) >= 1 {
 		out, err = r.step(ctx, claim.RunID)
 	} else {
-		err = workflow.ExecuteActivity(r.train, aTraining.TrainStep, flow.TrainStepInput{Deployment: r.in.Deployment, RunID: claim.RunID, Masks: r.p.Masks}).Get(ctx, &out)
+		// Replayed only (see legacyTrainStepActivity).
+		err = workflow.ExecuteActivity(r.train, legacyTrainStepActivity, flow.TrainStepInput{Deployment: r.in.Deployment, RunID: claim.RunID, Masks: r.p.Masks}).Get(ctx, &out)
 	}
 	if err != nil {
 		r.stepFailed(ctx, claim.RunID, err)
@@ -480,7 +481,8 @@ func (r *trainingRun) reset(ctx workflow.Context) error {
 		return nil
 	}
 	var out flow.ResetTrainerOutput
-	err := workflow.ExecuteActivity(r.train, aTraining.ResetTrainer, flow.ResetTrainerInput{Deployment: r.in.Deployment, Version: r.st.Serving}).Get(ctx, &out)
+	// Replayed only (see legacyResetTrainerActivity).
+	err := workflow.ExecuteActivity(r.train, legacyResetTrainerActivity, flow.ResetTrainerInput{Deployment: r.in.Deployment, Version: r.st.Serving}).Get(ctx, &out)
 	if err != nil {
 		// Training on from the rejected line is still safe (every candidate
 		// is gated); record why it could not go back.
@@ -559,3 +561,13 @@ const trainingChangeFailEveryStep = "training-fail-run-of-every-failed-step"
 // trainer queue and RegisterCheckpoint (the trainer protocol), and a reset
 // moves the next step's base instead of calling ResetTrainer.
 const trainingChangeProtocol = "training-trainer-protocol"
+
+// The activities a training step and a reset were before
+// trainingChangeProtocol, as histories recorded then name them. Workflows
+// still replay those branches, so they schedule them by these names; no
+// worker registers them (the trainer that held weights inside a worker is
+// gone), so such a run's next step waits for one until StepStartTimeout.
+const (
+	legacyTrainStepActivity    = "TrainStep"
+	legacyResetTrainerActivity = "ResetTrainer"
+)

@@ -26,6 +26,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
 
@@ -354,8 +355,9 @@ func (s *stack) startUp(ctx context.Context) error {
 		}
 		s.gatewayAddr, s.modelAddr = "127.0.0.1:"+gp, "127.0.0.1:"+mp
 	}
-	// Every queue but the trainer's (up adds the SWE queue itself): the
-	// trainer is its own process, startTrainer's.
+	// Every queue but the Tinker queue (up adds the SWE queue itself): the
+	// worker that drives train steps on up's embedded trainer is its own
+	// process, startTrainer's, so that a fault can kill it mid-step.
 	queues := strings.Join([]string{flow.TaskQueue, flow.SessionTaskQueue, flow.SandboxTaskQueue}, ",")
 	cmd, err := s.spawn("flywheel.log", s.bin, "up", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--gateway-listen", s.gatewayAddr, "--model-server-listen", s.modelAddr,
@@ -416,13 +418,14 @@ func (s *stack) startModelServer(ctx context.Context) error {
 	})
 }
 
-// startTrainer starts (or restarts) `flywheel worker` on the trainer task
-// queue, sharing up's data directory (checkpoints, batches), and waits
-// until it polls that queue.
+// startTrainer starts (or restarts) `flywheel worker` on the Tinker queue,
+// where the policy deployment's train steps go (its trainer is up's
+// embedded one), sharing up's data directory (checkpoints, batches), and
+// waits until it polls that queue.
 func (s *stack) startTrainer(ctx context.Context) error {
 	cmd, err := s.spawn("trainer.log", s.bin, "worker", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--model-server-url", s.modelServerURL(),
-		"--worker-task-queues", flow.TrainerTaskQueue, "--log-level", "warn")
+		"--worker-task-queues", deployment.TinkerQueue, "--log-level", "warn")
 	if err != nil {
 		return err
 	}
@@ -436,7 +439,7 @@ func (s *stack) startTrainer(ctx context.Context) error {
 	// killed trainer stay listed for a while and must not count.
 	identity := strconv.Itoa(cmd.pid()) + "@"
 	return cmd.await(ctx, "flywheel worker (trainer)", 2*time.Minute, func() bool {
-		resp, err := c.DescribeTaskQueue(ctx, flow.TrainerTaskQueue, enumspb.TASK_QUEUE_TYPE_ACTIVITY)
+		resp, err := c.DescribeTaskQueue(ctx, deployment.TinkerQueue, enumspb.TASK_QUEUE_TYPE_ACTIVITY)
 		if err != nil {
 			return false
 		}

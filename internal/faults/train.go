@@ -14,8 +14,8 @@ import (
 	"github.com/flywheel-ai/flywheel/flow"
 )
 
-// trainedDeployment is the policy deployment `flywheel up` serves and the
-// trainer worker trains.
+// trainedDeployment is the policy deployment `flywheel up` serves and
+// trains on its embedded trainer, through the trainer worker.
 var trainedDeployment = config.Default().Gateway.PolicyModel
 
 // faultTraining is the training loop the suite starts on its private

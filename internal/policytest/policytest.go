@@ -41,8 +41,13 @@ type Options struct {
 	// Base is the serving weights. Default: a seeded random model of
 	// trainer's default shape (seed 7).
 	Base *trainer.Model
-	// Version is Base's version number. Default 1.
+	// Version is Base's version number. Default 1, or 0 with a Trainer:
+	// a Tinker trainer starts from the deployment's base model only at
+	// version 0, which `flywheel up` stores the base as.
 	Version int64
+	// Trainer is the deployment's trainer, as `flywheel up` names the
+	// embedded one (nil: none named).
+	Trainer *deployment.Trainer
 	// Dir holds the checkpoints, under Dir/Name, as the data directory's
 	// checkpoints do. Default: a temporary directory.
 	Dir string
@@ -82,7 +87,7 @@ func Start(t testing.TB, db DB, o Options) *Policy {
 	if o.Name == "" {
 		o.Name = "flywheel-policy"
 	}
-	if o.Version == 0 {
+	if o.Version == 0 && o.Trainer == nil {
 		o.Version = 1
 	}
 	if o.Base == nil {
@@ -108,7 +113,8 @@ func Start(t testing.TB, db DB, o Options) *Policy {
 	}))
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL + "/v1"
-	settings := deployment.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA}}
+	settings := deployment.Settings{BaseURL: p.URL, Model: o.Name, WeightSync: &deployment.WeightSync{Kind: deployment.WeightSyncVLLMLoRA},
+		Trainer: o.Trainer}
 	ctx := context.Background()
 	serving, err := store.EnsurePolicyDeployment(ctx, db, o.Name, p.Serving, path, settings, true)
 	require.NoError(t, err)
