@@ -210,7 +210,9 @@ func TestDeploymentGatesWin(t *testing.T) {
 	settings.Gates = json.RawMessage(`{"max_safety_drop": 2}`)
 	require.ErrorContains(t, settings.Validate(), "gates.max_safety_drop")
 	settings.Gates = json.RawMessage(`{"shadow_duration": 5}`)
-	require.ErrorContains(t, settings.Validate(), "gates.shadow_duration: unknown threshold")
+	require.ErrorContains(t, settings.Validate(), `gates.shadow_duration 5: want a duration such as "90s"`)
+	settings.Gates = json.RawMessage(`{"shadow": "1m"}`)
+	require.ErrorContains(t, settings.Validate(), "gates.shadow: unknown threshold")
 	settings.Gates = json.RawMessage(`{"alpha": "high"}`)
 	require.ErrorContains(t, settings.Validate(), "gates.alpha")
 }
