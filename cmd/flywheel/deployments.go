@@ -89,7 +89,7 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
 	fs.StringVar(&f.sync.Kind, "weight-sync", "", "how trained versions reach the server: vllm_lora (an adapter per version) or sglang_disk (full weights in place)")
 	fs.StringVar(&f.sync.URL, "weight-sync-url", "", "where the server's weight endpoints are (default: from --base-url)")
-	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "task queue of flywheel.train/v1 workers that train this deployment (docs/trainer-protocol.md; default flywheel-trainer); --trainer is the general form")
+	fs.StringVar(&f.up.TrainerQueue, "trainer-queue", "", "older form of --trainer '{\"kind\":\"temporal\",\"queue\":Q}': the task queue of your flywheel.train/v1 workers (docs/trainer-protocol.md)")
 	fs.StringVar(&f.trainer, "trainer", "", `what trains this deployment, as JSON (docs/trainers.md), e.g. '{"kind":"tinker","url":"https://tinker.example.com","api_key_env":"TINKER_API_KEY","lora":{"rank":32}}'`)
 	fs.StringVar(&f.up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
 	fs.StringVar(&f.up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
