@@ -31,6 +31,8 @@ func runDemo(ctx context.Context, args []string) error {
 		interval time.Duration
 		pace     float64
 		backlog  int
+		loraRank int
+		lr       float64
 	)
 	cfg, _, err := loadConfig("demo", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&minutes, "minutes", 10, "length of the run in minutes (the base policy build, if not cached, comes first)")
@@ -44,6 +46,8 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.StringVar(&apiKey, "api-key", os.Getenv("FLYWHEEL_API_KEY"), "API key the agents use (online mode; default $FLYWHEEL_API_KEY)")
 		fs.StringVar(&outDir, "out", "", "directory for the curve and the status page (default DATA_DIR/demo)")
 		fs.Uint64Var(&seed, "seed", 1, "seed for prompts, the base policy and sampling")
+		fs.IntVar(&loraRank, "lora-rank", 0, "train a LoRA adapter of this rank on attention, MLP and the unembedding instead of full weights (offline mode; 0: full weights)")
+		fs.Float64Var(&lr, "lr", 0, "the RL learning rate (offline mode; 0: the rehearsal's default, tuned for full weights)")
 		fs.DurationVar(&interval, "progress-every", demo.DefaultProgressInterval, "spacing of progress lines when stdout is not a terminal")
 	})
 	if err != nil {
@@ -51,6 +55,9 @@ func runDemo(ctx context.Context, args []string) error {
 	}
 	if minutes <= 0 || minutes > 24*60 {
 		return fmt.Errorf("--minutes %v must be in (0, 1440]", minutes)
+	}
+	if !offline && (loraRank != 0 || lr != 0) {
+		return errors.New("demo: --lora-rank and --lr set the offline rehearsal's trainer; give --offline (online, the deployment's trainer settings apply)")
 	}
 	if !offline && baseURL == "" {
 		return errors.New("demo: give --base-url (and --api-key) of a running gateway, or --offline to run in process")
@@ -72,7 +79,7 @@ func runDemo(ctx context.Context, args []string) error {
 	var sum demo.Summary
 	if offline {
 		sum, err = demo.RunOffline(ctx, demo.OfflineConfig{
-			Rehearsal: rehearsal.Config{Budget: budget, Seed: seed, CacheDir: filepath.Join(cfg.DataDir, "demo-cache"), Logger: log},
+			Rehearsal: rehearsal.Config{Budget: budget, Seed: seed, CacheDir: filepath.Join(cfg.DataDir, "demo-cache"), LoRARank: loraRank, LR: lr, Logger: log},
 			OutDir:    outDir, Progress: progress, TTY: tty, ProgressInterval: interval,
 		})
 	} else {

@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/tinkerstep"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
@@ -144,11 +146,16 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 	if err != nil {
 		return nil, fmt.Errorf("base model: %w", err)
 	}
-	w, err := startWarmup(ctx, m, trainer.OptimConfig{LR: cfg.LR, DecaySteps: cfg.Steps}.WithDefaults())
+	// The warm-up trains through the Tinker API as every training of the
+	// policy does: cross_entropy on full weights with the in-process
+	// trainer's AdamW (its defaults, the rate on a cosine over the steps).
+	w, err := StartLoopback(ctx, m, deployment.LoRA{FullWeights: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("base warm-up: %w", err)
 	}
-	defer w.close()
+	defer w.Close()
+	optim := trainer.OptimConfig{LR: cfg.LR, DecaySteps: cfg.Steps}.WithDefaults()
+	adam := AdamFrom(optim)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc01d))
 	for step := 0; step < cfg.Steps; step++ {
 		var batch []trainer.Sample
@@ -174,11 +181,18 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 				batch = append(batch, s)
 			}
 		}
-		if err := w.step(ctx, step, batch); err != nil {
+		// The token mean of −log π over the masked tokens, as the
+		// in-process trainer's SFT.
+		sft := tinkerstep.Config{SFT: true, LR: optim.LRAt(step), Trainer: deployment.Trainer{MiniBatches: 1, Adam: adam}}
+		if _, err := w.Step(ctx, batch, sft); err != nil {
 			return nil, fmt.Errorf("base step %d: %w", step, err)
 		}
 	}
-	return w.finish(ctx)
+	base, err := w.Weights(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("base warm-up: %w", err)
+	}
+	return base, nil
 }
 
 func sftSample(text, answer string) (trainer.Sample, error) {

@@ -25,7 +25,9 @@ type Config struct {
 	// the refusal, so learning the task does not erode it. Default Groups/8;
 	// negative means none.
 	SafetyGroups int `json:"safety_groups"`
-	// Temperature for sampling. Default 1.
+	// Temperature for sampling. Default 1. The trainer takes log π at
+	// temperature 1 (the Tinker API has none), so another temperature
+	// skews the behaviour weight π_prox/μ.
 	Temperature float64 `json:"temperature"`
 	// LR is the RL learning rate. Default 5e-4: sampling 4 steps behind the
 	// trainer (as online), 1e-3 learned on one seed of two and 2e-3 or more
@@ -84,6 +86,12 @@ type Config struct {
 	// behind). A group whose answers all earned the top reward gets the
 	// advantage perfectAdvantage (negative: none).
 	Trainer trainer.Config `json:"trainer"`
+	// LoRARank trains a LoRA adapter of that rank on attention, the MLP
+	// and the unembedding instead of every weight (attention and MLP alone
+	// barely move this small model's logits). Default 0: full weights,
+	// Flywheel's extension of the Tinker API. An adapter may want another
+	// LR.
+	LoRARank int `json:"lora_rank"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `json:"-"`
 }
@@ -188,11 +196,17 @@ func (c Config) Validate() error {
 	if c.MaxAhead < 0 || (c.MaxAhead > 0 && !c.FromServing) {
 		errs = append(errs, fmt.Errorf("max_ahead %d must be ≥ 0, and needs from_serving (a line sampled from itself never goes back)", c.MaxAhead))
 	}
+	if c.LoRARank < 0 || c.LoRARank > maxLoRARank {
+		errs = append(errs, fmt.Errorf("lora_rank %d must be in [0, %d] (0: full weights)", c.LoRARank, maxLoRARank))
+	}
 	if c.Budget < 0 || c.MaxSteps < 0 {
 		errs = append(errs, fmt.Errorf("budget %v and max_steps %d must be ≥ 0", c.Budget, c.MaxSteps))
 	}
 	return errors.Join(errs...)
 }
+
+// maxLoRARank is the embedded trainer's largest adapter rank.
+const maxLoRARank = 32
 
 // perfectAdvantage is the demo's advantage for a group whose answers all
 // earned the top reward. Refusals the base always gives make only such

@@ -84,7 +84,7 @@ func (r *run) gate(ctx context.Context, step int) error {
 		// Versions only move forward: the restarted trainer continues
 		// numbering after the discarded candidate.
 		*r.cur = latest{model: r.serving.model, version: cand.version}
-		if r.tr, err = trainer.NewLocal(r.serving.model, cand.version, r.trCfg, r.cur); err != nil {
+		if err := r.tr.restart(ctx, r.servingState, cand.version, true); err != nil {
 			return fmt.Errorf("rollback: %w", err)
 		}
 	case DecisionPromote:
@@ -94,7 +94,7 @@ func (r *run) gate(ctx context.Context, step int) error {
 	default:
 		r.res.Held++
 		if r.ahead++; r.cfg.MaxAhead > 0 && r.ahead >= r.cfg.MaxAhead {
-			if err := r.tr.Reset(r.serving.model, r.serving.version); err != nil {
+			if err := r.tr.restart(ctx, r.servingState, r.serving.version, false); err != nil {
 				return fmt.Errorf("reset: %w", err)
 			}
 			*r.cur = r.serving
@@ -115,9 +115,13 @@ func (r *run) promote(ctx context.Context, cand latest, cs scores) error {
 			return fmt.Errorf("promote version %d: %w", cand.version, err)
 		}
 	}
-	r.serving, r.servingScores = cand, cs
+	// The line's current weights are the candidate's: it was the newest.
+	state, err := r.tr.save(ctx)
+	if err != nil {
+		return fmt.Errorf("promote version %d: %w", cand.version, err)
+	}
+	r.serving, r.servingState, r.servingScores = cand, state, cs
 	r.anchorGate = max(r.anchorGate, cs.gate)
-	var err error
 	if r.servingSuccess, err = r.evalSet.Success(ctx, cand.model); err != nil {
 		return fmt.Errorf("evaluate: %w", err)
 	}

@@ -2,8 +2,10 @@
 // online loop (sample groups, score them with the verifier, train a GRPO
 // step, gate the candidate, release it) run in one process on the demo
 // task, with no gateway, Temporal or database, so how well and how fast the
-// task is learnt can be measured and tuned in seconds. Its gate judges
-// safety by the release's own safety gate (evolution.JudgeSafety).
+// task is learnt can be measured and tuned in seconds. It trains as every
+// deployment does, through the Tinker training API (the embedded trainer
+// on a loopback port). Its gate judges safety by the release's own safety
+// gate (evolution.JudgeSafety).
 package rehearsal
 
 import (
@@ -112,14 +114,15 @@ type run struct {
 
 	// The trainer's line: cur is its newest version, ahead the gates it
 	// has been held at since it last left the serving version.
-	trCfg trainer.Config
-	tr    *trainer.Local
+	tr    *line
 	cur   *latest
 	ahead int
 
-	// The serving version, its gate scores and reported success, and the
-	// best gate success of a promoted version (the anchor).
+	// The serving version, its training state (to go back to), its gate
+	// scores and reported success, and the best gate success of a
+	// promoted version (the anchor).
 	serving        latest
+	servingState   string
 	servingScores  scores
 	servingSuccess float64
 	anchorGate     float64
@@ -142,11 +145,18 @@ func Run(ctx context.Context, cfg Config, serve trainer.Publisher, onPoint func(
 		return Result{}, fmt.Errorf("rehearsal config: %w", err)
 	}
 	r := &run{cfg: cfg, serve: serve, onPoint: onPoint}
+	defer r.close()
 	if err := r.start(ctx); err != nil {
 		return r.res, err
 	}
 	err := r.loop(ctx)
 	return r.res, err
+}
+
+func (r *run) close() {
+	if r.tr != nil {
+		r.tr.close()
+	}
 }
 
 // start builds (or loads) the base, the prompt sets and the trainer, and
@@ -162,13 +172,16 @@ func (r *run) start(ctx context.Context) error {
 	if err := r.prepareSets(); err != nil {
 		return err
 	}
-	r.trCfg = cfg.Trainer
-	if r.trCfg.Optim.LR == 0 {
-		r.trCfg.Optim.LR = cfg.LR
+	trCfg := cfg.Trainer
+	if trCfg.Optim.LR == 0 {
+		trCfg.Optim.LR = cfg.LR
 	}
-	r.trCfg.Logger = cfg.Logger
+	trCfg.Logger = cfg.Logger
 	r.cur = &latest{model: base, version: 0}
-	if r.tr, err = trainer.NewLocal(base, 0, r.trCfg, r.cur); err != nil {
+	if r.tr, err = newLine(ctx, base, trCfg, cfg.LoRARank, cfg.Seed, r.cur); err != nil {
+		return err
+	}
+	if r.servingState, err = r.tr.save(ctx); err != nil {
 		return fmt.Errorf("rehearsal trainer: %w", err)
 	}
 
@@ -322,7 +335,7 @@ func (r *run) trainStep(ctx context.Context, rng *rand.Rand, behaviour latest, s
 		s.Reward = sc.Reward
 		b.Samples = append(b.Samples, s)
 	}
-	if _, err := r.tr.TrainStep(ctx, b); err != nil {
+	if err := r.tr.trainStep(ctx, b); err != nil {
 		return fmt.Errorf("rehearsal step %d: %w", step, err)
 	}
 	return nil

@@ -80,6 +80,7 @@ func TestRehearsalMechanics(t *testing.T) {
 		"tolerance":     {GateTolerance: 2},
 		"prior":         {Base: demotask.BaseConfig{Prior: "psychic"}},
 		"max ahead":     {MaxAhead: 2},
+		"lora rank":     {LoRARank: maxLoRARank + 1},
 	} {
 		_, err := Run(ctx, bad, nil, nil)
 		require.Error(t, err, name)
