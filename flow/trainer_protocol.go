@@ -117,7 +117,7 @@ type TrainAlgorithm struct {
 	KLCoef    float64 `json:"kl_coef,omitempty"`
 	// MaxStaleness is η. The control plane dropped samples staler than
 	// that already; a trainer that counts staleness itself uses the same.
-	MaxStaleness int         `json:"max_staleness"`
+	MaxStaleness int                    `json:"max_staleness"`
 	Masks        *deployment.TokenMasks `json:"masks,omitempty"`
 }
 
