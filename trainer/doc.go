@@ -5,9 +5,9 @@
 // AdamW, safetensors checkpoints and the Engine that serves hot-swappable
 // immutable versions through inference.Backend.
 //
-// It must not know about HTTP or Temporal: callers hand it a Batch and get a
-// StepResult back, or export the Batch for an external trainer and import the
-// weights it produces.
+// It must not know about HTTP or Temporal: Learner trains one model pass by
+// pass (what tinkerserver serves behind the Tinker training API, as
+// production trains it), Local a whole Batch in one StepResult.
 //
 // The forward and backward passes are written by hand over float32 SGEMM
 // (OpenBLAS through cgo when built with cgo, gonum otherwise) so that one code
