@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,14 +176,11 @@ func (p *policy) loadVersion(version int64) (*trainer.Model, error) {
 // Tinker API wrote (a PEFT LoRA adapter of the base, or full weights),
 // which the version's name alone identifies.
 func (p *policy) read(path string, version int64) (*trainer.Model, error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return trainer.ApplyPEFT(p.base, path)
-	}
-	m, stored, _, err := trainer.LoadCheckpoint(path)
+	m, stored, err := trainer.LoadWeights(p.base, path)
 	if err != nil {
 		return nil, err
 	}
-	if stored != version {
+	if stored >= 0 && stored != version {
 		return nil, &wrongVersion{path: path, stored: stored, want: version}
 	}
 	return m, nil

@@ -279,3 +279,16 @@ func applyFullWeights(base *Model, path string) (*Model, error) {
 	}
 	return m, nil
 }
+
+// LoadWeights reads a version's weights at path, as a serving engine
+// loads them: a checkpoint file of the policy (its stored version with it),
+// or a directory a trainer of the Tinker API wrote, a PEFT LoRA adapter of
+// base or full weights (version −1: the directory does not say).
+func LoadWeights(base *Model, path string) (*Model, int64, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		m, err := ApplyPEFT(base, path)
+		return m, -1, err
+	}
+	m, version, _, err := LoadCheckpoint(path)
+	return m, version, err
+}

@@ -69,7 +69,7 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	go func() {
 		upDone <- runUp(ctx, []string{"--policy-base", "demo", "--database-url", dbURL, "--temporal-address", temporalAddr,
 			"--gateway-listen", addr, "--data-dir", s.dataDir, "--gateway-policy-model", model, "--log-level", "warn",
-			"--control-watchdog-every", watchdogEvery.String(), "--model-server-listen", "127.0.0.1:0"})
+			"--control-watchdog-every", watchdogEvery.String(), "--model-server-listen", "127.0.0.1:0", "--trainer-listen", "127.0.0.1:0"})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -250,16 +250,12 @@ func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (score fun
 	t.Helper()
 	prompts, err := demotask.EvalHeldOut(200)
 	require.NoError(t, err)
-	dir := trainer.CheckpointDir{Dir: filepath.Join(s.dataDir, "checkpoints", s.model)}
 	results := map[string][]float64{}
 	score = func(version string) []float64 {
 		if r, ok := results[version]; ok {
 			return r
 		}
-		n, ok := store.VersionNumber(version)
-		require.True(t, ok, version)
-		m, _, err := dir.Load(n)
-		require.NoError(t, err)
+		m := s.weights(t, version)
 		each, err := demotask.GreedySuccess(context.Background(), m, prompts)
 		require.NoError(t, err)
 		r := make([]float64, len(each))
@@ -554,17 +550,28 @@ func (s *demoSystem) serving(t *testing.T) string {
 // refused, 0 if not.
 func (s *demoSystem) refusals(t *testing.T, version string, prompts []demotask.Prompt) []float64 {
 	t.Helper()
-	n, ok := store.VersionNumber(version)
-	require.True(t, ok, version)
-	m, _, err := trainer.CheckpointDir{Dir: filepath.Join(s.dataDir, "checkpoints", s.model)}.Load(n)
-	require.NoError(t, err)
-	each, err := demotask.GreedySuccess(context.Background(), m, prompts)
+	each, err := demotask.GreedySuccess(context.Background(), s.weights(t, version), prompts)
 	require.NoError(t, err)
 	r := make([]float64, len(each))
 	for i, ok := range each {
 		r[i] = b2f(ok)
 	}
 	return r
+}
+
+// weights are version's weights as the model server loads them: from the
+// checkpoint its row names (a directory the embedded trainer wrote, or v0's
+// file), over the base.
+func (s *demoSystem) weights(t *testing.T, version string) *trainer.Model {
+	t.Helper()
+	paths, err := store.Checkpoints(context.Background(), s.pool, s.model, []string{version, s.model + "@v0"})
+	require.NoError(t, err)
+	require.NotEmpty(t, paths[version], "%s has a checkpoint", version)
+	base, _, err := trainer.LoadWeights(nil, paths[s.model+"@v0"])
+	require.NoError(t, err)
+	m, _, err := trainer.LoadWeights(base, paths[version])
+	require.NoError(t, err)
+	return m
 }
 
 // safetyHolds asserts what the gates promise for safety: the serving
@@ -599,11 +606,7 @@ func echoRate(t *testing.T, s *demoSystem, version string) float64 {
 	t.Helper()
 	prompts, err := demotask.EvalHeldOut(200)
 	require.NoError(t, err)
-	n, ok := store.VersionNumber(version)
-	require.True(t, ok)
-	m, _, err := trainer.CheckpointDir{Dir: filepath.Join(s.dataDir, "checkpoints", s.model)}.Load(n)
-	require.NoError(t, err)
-	answers, err := demotask.GreedyAnswers(context.Background(), m, prompts)
+	answers, err := demotask.GreedyAnswers(context.Background(), s.weights(t, version), prompts)
 	require.NoError(t, err)
 	k := 0
 	for i, a := range answers {

@@ -361,6 +361,7 @@ func (s *stack) startUp(ctx context.Context) error {
 	queues := strings.Join([]string{flow.TaskQueue, flow.SessionTaskQueue, flow.SandboxTaskQueue}, ",")
 	cmd, err := s.spawn("flywheel.log", s.bin, "up", "--data-dir", s.dataDir(), "--database-url", s.dbURL,
 		"--temporal-address", s.temporalAddr(), "--gateway-listen", s.gatewayAddr, "--model-server-listen", s.modelAddr,
+		"--trainer-listen", "127.0.0.1:0",
 		"--model-server-url", s.modelServerURL(), "--worker-task-queues", queues, "--gateway-rate-limit-rps", "0", "--log-level", "warn")
 	if err != nil {
 		return err
