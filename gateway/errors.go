@@ -29,9 +29,13 @@ type apiError struct {
 	Status     int
 	Message    string
 	RetryAfter time.Duration
-	// Code, when set, is OpenAI's error type and code for the error
-	// ("insufficient_quota" for a spent token budget).
+	// Code, when set, is OpenAI's error code for the error
+	// ("insufficient_quota" for a spent token budget), and its type too
+	// unless Type says otherwise.
 	Code string
+	// Type is OpenAI's error type where it is neither Code nor the
+	// status's (a missing model is an invalid_request_error).
+	Type string
 }
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
@@ -106,7 +110,11 @@ func errorBody(protocol string, e *apiError) any {
 		return gin.H{"type": "error", "error": gin.H{"type": anthropicErrorType(e.Status), "message": e.Message}}
 	}
 	if e.Code != "" {
-		return gin.H{"error": gin.H{"message": e.Message, "type": e.Code, "param": nil, "code": e.Code}}
+		typ := e.Type
+		if typ == "" {
+			typ = e.Code
+		}
+		return gin.H{"error": gin.H{"message": e.Message, "type": typ, "param": nil, "code": e.Code}}
 	}
 	return gin.H{"error": gin.H{"message": e.Message, "type": openAIErrorType(e.Status), "param": nil, "code": nil}}
 }

@@ -211,28 +211,6 @@ func (s *Server) runStream(c *gin.Context, cl *call, emit func(inference.Delta) 
 	return resp, genErr
 }
 
-// listModels is GET /v1/models.
-func (s *Server) listModels(c *gin.Context) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	// A client key sees the models it may use; the admin key sees all.
-	var p *principal
-	if v, ok := c.Get(ctxPrincipal); ok {
-		p = v.(*principal)
-	}
-	data := []model{}
-	for _, m := range s.router.models(c.Request.Context()) {
-		if p == nil || p.Allows(m.Name) {
-			data = append(data, model{ID: m.Name, Object: "model", Created: m.Created.Unix(), OwnedBy: "flywheel"})
-		}
-	}
-	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
-}
-
 // streamedCall is a tool call whose chunks went to the client.
 type streamedCall struct {
 	index int // the backend's

@@ -165,6 +165,7 @@ func (s *Server) routes() {
 		oa := e.Group(prefix, withProtocol(protoOpenAI), s.limitBody, s.auth)
 		oa.POST("/chat/completions", s.chatCompletions)
 		oa.GET("/models", s.listModels)
+		oa.GET("/models/:model", s.getModel)
 		oa.POST("/responses", s.createResponse)
 		oa.GET("/responses/:id", s.getResponse)
 		oa.DELETE("/responses/:id", s.deleteResponse)
