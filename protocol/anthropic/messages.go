@@ -78,6 +78,19 @@ func Decode(body []byte) (*Request, *inference.Request, error) {
 
 // DecodeBody is Decode; count_tokens has no max_tokens.
 func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error) {
+	return decode(body, generate, false)
+}
+
+// DecodeRelayed is DecodeBody for a body the gateway relays unchanged to
+// a server of Anthropic's own dialect, which is the judge of what it
+// takes: a content block the neutral request cannot hold (an image, a
+// document, a server tool's result, …) is recorded as the placeholder
+// text "[type]" instead of refused.
+func DecodeRelayed(body []byte, generate bool) (*Request, *inference.Request, error) {
+	return decode(body, generate, true)
+}
+
+func decode(body []byte, generate, relayed bool) (*Request, *inference.Request, error) {
 	var r Request
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, nil, fmt.Errorf("invalid JSON body: %v", err)
@@ -106,7 +119,7 @@ func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error
 		return nil, nil, fmt.Errorf("stop_sequences: at most %d", maxStops)
 	}
 	req := &inference.Request{Model: r.Model, MaxTokens: *r.MaxTokens, Temperature: r.Temperature, TopP: r.TopP, Stop: r.StopSequences}
-	sys, err := blocksText(r.System)
+	sys, err := blocksText(r.System, relayed)
 	if err != nil {
 		return nil, nil, fmt.Errorf("system: %v", err)
 	}
@@ -114,7 +127,7 @@ func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error
 		req.Messages = append(req.Messages, inference.Message{Role: inference.RoleSystem, Content: sys})
 	}
 	for i, m := range r.Messages {
-		msgs, err := m.neutral()
+		msgs, err := m.neutral(relayed)
 		if err != nil {
 			return nil, nil, fmt.Errorf("messages.%d: %v", i, err)
 		}
@@ -150,19 +163,28 @@ func DecodeBody(body []byte, generate bool) (*Request, *inference.Request, error
 	return &r, req, nil
 }
 
-// blocksText reads a string or an array of text blocks.
-func blocksText(raw json.RawMessage) (string, error) {
+// blocksText reads a string or an array of text blocks; relayed, other
+// blocks read as their placeholder.
+func blocksText(raw json.RawMessage, relayed bool) (string, error) {
 	return protocol.Text(raw, "want a string or an array of content blocks", func(i int, bl Block) (string, error) {
-		if bl.Type != "text" {
-			return "", fmt.Errorf("content.%d: want a text block here, got %q", i, bl.Type)
+		switch {
+		case bl.Type == "text":
+			return bl.Text, nil
+		case relayed:
+			return Placeholder(bl.Type), nil
 		}
-		return bl.Text, nil
+		return "", fmt.Errorf("content.%d: want a text block here, got %q", i, bl.Type)
 	})
 }
 
+// Placeholder is the text that stands for a content block of type kind
+// that the neutral types cannot hold, in a relayed request or answer.
+func Placeholder(kind string) string { return "[" + kind + "]" }
+
 // neutral converts one Anthropic message; a user message's tool_result
-// blocks become tool messages (OpenAI's shape), in order.
-func (m Message) neutral() ([]inference.Message, error) {
+// blocks become tool messages (OpenAI's shape), in order. relayed, a block
+// of another type is its placeholder text.
+func (m Message) neutral(relayed bool) ([]inference.Message, error) {
 	if m.Role != inference.RoleUser && m.Role != inference.RoleAssistant {
 		return nil, fmt.Errorf("role: want user or assistant, got %q", m.Role)
 	}
@@ -222,7 +244,7 @@ func (m Message) neutral() ([]inference.Message, error) {
 				return nil, fmt.Errorf("content.%d.tool_use_id: Field required", i)
 			}
 			flush()
-			res, err := blocksText(b.Content)
+			res, err := blocksText(b.Content, relayed)
 			if err != nil {
 				return nil, fmt.Errorf("content.%d.content: %v", i, err)
 			}
@@ -230,7 +252,13 @@ func (m Message) neutral() ([]inference.Message, error) {
 				res = "error: " + res
 			}
 			out = append(out, inference.Message{Role: inference.RoleTool, ToolCallID: b.ToolUseID, Content: res})
+		case "":
+			return nil, fmt.Errorf("content.%d.type: Field required", i)
 		default:
+			if relayed {
+				texts = append(texts, Placeholder(b.Type))
+				continue
+			}
 			return nil, fmt.Errorf("content.%d: unsupported block type %q", i, b.Type)
 		}
 	}
