@@ -32,23 +32,32 @@ const (
 	// DialectOpenAI is plain OpenAI Chat Completions: no ids, so its
 	// samples never train (for servers that reject unknown parameters).
 	DialectOpenAI Dialect = "openai"
+	// DialectAnthropic is Anthropic's Messages API (api.anthropic.com, or
+	// any server of that dialect): the gateway relays an Anthropic client's
+	// body to it unchanged but for the model name. A hosted model returns no
+	// ids, so its samples never train; OpenAI clients cannot call it.
+	DialectAnthropic Dialect = "anthropic"
 )
 
 // Settings are an upstream deployment's stored config (its
-// deployments.config JSON): where its OpenAI-compatible server is and how
-// to call it.
+// deployments.config JSON): where its server is and how to call it.
 type Settings struct {
-	// BaseURL ends in /v1, e.g. http://vllm:8000/v1.
+	// BaseURL ends in /v1, e.g. http://vllm:8000/v1; for the anthropic
+	// dialect it is the API's root, e.g. https://api.anthropic.com (a
+	// trailing /v1 is allowed).
 	BaseURL string `json:"base_url"`
 	// Model is the server's name for the model (default: the deployment's).
 	Model string `json:"model,omitempty"`
-	// APIKeyEnv names the environment variable holding the server's key.
+	// APIKeyEnv names the environment variable holding the server's key
+	// (sent as a bearer token; as x-api-key in the anthropic dialect). The
+	// key itself is never stored.
 	APIKeyEnv string `json:"api_key_env,omitempty"`
 	// Fallbacks are other model names on the same server, tried in order
 	// when the model fails with 429, 5xx or a timeout.
 	Fallbacks []string `json:"fallbacks,omitempty"`
-	// Dialect is the server's: "vllm" (default), "sglang" or "openai"
-	// (no token ids, so no training). See Dialect.
+	// Dialect is the server's: "vllm" (default), "sglang", "openai" (no
+	// token ids, so no training) or "anthropic" (Anthropic's Messages API;
+	// no ids either). See Dialect.
 	Dialect Dialect `json:"dialect,omitempty"`
 	// VLLM is the older spelling of the dialect: false is "openai", true
 	// "vllm". It is kept so stored configs still read; a config may set
@@ -83,6 +92,16 @@ type Settings struct {
 	// ReleasePolicy.WithGates); each one set here wins over the one its release was
 	// started with. Empty: none.
 	Gates json.RawMessage `json:"gates,omitempty"`
+	// Evolution says how the cheap layers learn (nil: no reflector).
+	Evolution *Evolution `json:"evolution,omitempty"`
+}
+
+// EvolutionOf is the deployment's evolution settings with their defaults.
+func (c Settings) EvolutionOf() Evolution {
+	if c.Evolution == nil {
+		return Evolution{}.WithDefaults()
+	}
+	return c.Evolution.WithDefaults()
 }
 
 // ModelTokenizer is the tokenizer the settings name: Tokenizer, else the
@@ -136,9 +155,12 @@ func (c Settings) Validate() error {
 		return fmt.Errorf("base_url %q: want an http(s) URL such as http://vllm:8000/v1", c.BaseURL)
 	}
 	switch c.Dialect {
-	case "", DialectVLLM, DialectSGLang, DialectOpenAI:
+	case "", DialectVLLM, DialectSGLang, DialectOpenAI, DialectAnthropic:
 	default:
-		return fmt.Errorf("dialect %q: want %s, %s or %s", c.Dialect, DialectVLLM, DialectSGLang, DialectOpenAI)
+		return fmt.Errorf("dialect %q: want %s, %s, %s or %s", c.Dialect, DialectVLLM, DialectSGLang, DialectOpenAI, DialectAnthropic)
+	}
+	if c.Dialect == DialectAnthropic && c.WeightSync != nil {
+		return fmt.Errorf("weight_sync: a server of the %s dialect holds weights no trainer here can change", DialectAnthropic)
 	}
 	if c.Dialect != "" && c.VLLM != nil && *c.VLLM != (c.Dialect == DialectVLLM) {
 		return fmt.Errorf("vllm %t contradicts dialect %q: set dialect alone", *c.VLLM, c.Dialect)
@@ -177,6 +199,11 @@ func (c Settings) Validate() error {
 			return fmt.Errorf("trainer_queue %q: set trainer.queue instead when trainer is set", c.TrainerQueue)
 		}
 		if err := c.Trainer.WithDefaults(c.BaseModel).Validate(); err != nil {
+			return err
+		}
+	}
+	if c.Evolution != nil {
+		if err := c.Evolution.Validate(); err != nil {
 			return err
 		}
 	}

@@ -9,13 +9,14 @@ import (
 )
 
 // ForDeployment builds the backend a deployment's settings describe for
-// deployment name: its model (default: name), then its fallbacks in order.
+// deployment name: its model (default: name), then its fallbacks in order;
+// an *Anthropic for the anthropic dialect.
 // timeout and retries apply where the settings do not say.
 func ForDeployment(c deployment.Settings, name string, timeout time.Duration, retries int) (inference.Backend, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	mk := func(model string) (*Backend, error) {
+	config := func(model string) Config {
 		cfg := Config{BaseURL: c.BaseURL, Model: model, APIKey: os.Getenv(c.APIKeyEnv), Timeout: timeout,
 			Retries: retries, Dialect: c.ServerDialect(), VersionsByName: c.VersionsByName() && model == c.Primary(name)}
 		if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
@@ -24,8 +25,12 @@ func ForDeployment(c deployment.Settings, name string, timeout time.Duration, re
 		if c.Retries != nil {
 			cfg.Retries = *c.Retries
 		}
-		return New(cfg)
+		return cfg
 	}
+	if c.ServerDialect() == deployment.DialectAnthropic {
+		return NewAnthropic(config(c.Primary(name)), c.Fallbacks)
+	}
+	mk := func(model string) (*Backend, error) { return New(config(model)) }
 	primary, err := mk(c.Primary(name))
 	if err != nil || len(c.Fallbacks) == 0 {
 		return primary, err

@@ -232,7 +232,7 @@ func TestDialectSettings(t *testing.T) {
 		require.Equal(t, want, s.ServerDialect(), raw)
 	}
 	for raw, msg := range map[string]string{
-		`{"base_url":"http://e/v1","dialect":"tgi"}`:                `dialect "tgi": want vllm, sglang or openai`,
+		`{"base_url":"http://e/v1","dialect":"tgi"}`:                `dialect "tgi": want vllm, sglang, openai or anthropic`,
 		`{"base_url":"http://e/v1","dialect":"sglang","vllm":true}`: `vllm true contradicts dialect "sglang"`,
 		`{"base_url":"http://e/v1","dialect":"vllm","vllm":false}`:  `vllm false contradicts dialect "vllm"`,
 	} {

@@ -96,23 +96,33 @@ func Retryable(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded)
 }
 
+// retry runs attempt, each time bounded by the timeout, as retryLoop does.
 func (b *Backend) retry(ctx context.Context, attempt func(ctx context.Context) error) error {
+	return retryLoop(ctx, b.cfg, func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+		defer cancel()
+		return attempt(actx)
+	})
+}
+
+// retryLoop runs attempt until it succeeds, fails in a way another try
+// would not mend, or cfg.Retries are spent, waiting a jittered exponential
+// backoff (or the Retry-After the server asked for) in between.
+func retryLoop(ctx context.Context, cfg Config, attempt func(ctx context.Context) error) error {
 	var err error
 	for i := 0; ; i++ {
-		actx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
-		err = attempt(actx)
-		cancel()
+		err = attempt(ctx)
 		if err == nil || errors.Is(err, errNoRetry) {
 			return err
 		}
 		var nr noRetry
-		if errors.As(err, &nr) || ctx.Err() != nil || !Retryable(err) || i >= b.cfg.Retries {
+		if errors.As(err, &nr) || ctx.Err() != nil || !Retryable(err) || i >= cfg.Retries {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 				return &inference.Error{Status: http.StatusBadGateway, Message: "upstream timed out", Err: err}
 			}
 			return err
 		}
-		wait := b.cfg.Backoff << i
+		wait := cfg.Backoff << i
 		wait = wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
 		var ie *inference.Error
 		if errors.As(err, &ie) && ie.RetryAfter > wait {

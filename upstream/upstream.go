@@ -6,8 +6,10 @@
 // SGLang's native /generate (sglang.go), whose chat endpoint returns no
 // ids. It bounds each
 // attempt with a timeout and retries 429 / 5xx / connection failures with
-// jittered exponential backoff, honouring Retry-After. It must not know
-// about the gateway's HTTP handlers or Postgres.
+// jittered exponential backoff, honouring Retry-After. A server of
+// Anthropic's Messages dialect gets an Anthropic client's body relayed
+// instead (anthropic.go). It must not know about the gateway's HTTP
+// handlers or Postgres.
 package upstream
 
 import (

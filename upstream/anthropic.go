@@ -1,0 +1,351 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol"
+)
+
+// Anthropic is the client of a server of Anthropic's Messages dialect
+// (api.anthropic.com, or any server that speaks it). It relays a Messages
+// body as the client sent it, but for the model name, and reads the answer
+// only to tell capture what was said: tools, thinking, images and
+// cache_control reach the server because nothing is rebuilt. The key goes
+// as x-api-key. Such a server returns no token ids, so its samples never
+// train (trajectory's rule for a step without ids).
+type Anthropic struct {
+	cfg Config
+	// models are the server's names to try, in order: the deployment's
+	// model, then its fallbacks.
+	models []string
+}
+
+// anthropicVersion is sent where the client named none (count_tokens
+// from a client that omits it is refused by the gateway before this).
+const anthropicVersion = "2023-06-01"
+
+// maxSSELine bounds one line of a relayed stream.
+const maxSSELine = 16 << 20
+
+// NewAnthropic checks cfg (its BaseURL is the API's root, such as
+// https://api.anthropic.com; a trailing /v1 is dropped) and returns the
+// client; fallbacks are other models on the same server, tried when the
+// model fails with 429, 5xx or a timeout before anything was relayed.
+func NewAnthropic(cfg Config, fallbacks []string) (*Anthropic, error) {
+	if cfg.BaseURL == "" || cfg.Model == "" {
+		return nil, errors.New("upstream: base URL and model are required")
+	}
+	cfg.BaseURL = strings.TrimSuffix(strings.TrimRight(cfg.BaseURL, "/"), "/v1")
+	b, err := New(cfg) // the same defaults
+	if err != nil {
+		return nil, err
+	}
+	return &Anthropic{cfg: b.cfg, models: append([]string{cfg.Model}, fallbacks...)}, nil
+}
+
+// MessagesCall is one Messages call to relay.
+type MessagesCall struct {
+	// Body is the request as the client sent it; only its model changes.
+	Body []byte
+	// Header holds the client's anthropic-* headers (anthropic-version,
+	// anthropic-beta), sent on as they are.
+	Header http.Header
+	// Stream is the body's stream flag.
+	Stream bool
+}
+
+// SSEEvent is one server-sent event of a relayed stream, as the server
+// sent it.
+type SSEEvent struct {
+	Name string
+	Data []byte
+}
+
+// Relayed is a relayed call's answer.
+type Relayed struct {
+	// Body is a non-streamed answer as the server sent it.
+	Body []byte
+	// Response is what capture records of the answer.
+	Response *inference.Response
+}
+
+// errDialect is what an OpenAI-protocol call of this backend gets.
+var errDialect = &inference.Error{Status: http.StatusBadRequest,
+	Message: "this model's deployment speaks Anthropic's Messages dialect only: call it at POST /v1/messages with an Anthropic client"}
+
+// Complete implements inference.Backend for the OpenAI protocols, which
+// this server does not speak.
+func (a *Anthropic) Complete(context.Context, *inference.Request) (*inference.Response, error) {
+	return nil, errDialect
+}
+
+// Stream implements inference.Backend; see Complete.
+func (a *Anthropic) Stream(context.Context, *inference.Request, func(inference.Delta) error) (*inference.Response, error) {
+	return nil, errDialect
+}
+
+// Messages relays one Messages call: a whole answer is returned, a
+// stream's events go to emit as they arrive, in order, but for an error
+// event, which is returned as the error. Retries and fallbacks happen only
+// before the first event was emitted.
+func (a *Anthropic) Messages(ctx context.Context, call MessagesCall, emit func(SSEEvent) error) (*Relayed, error) {
+	start := time.Now()
+	var out *Relayed
+	var err error
+	for _, model := range a.models {
+		emitted := false
+		var body []byte
+		if body, err = withModel(call.Body, model); err != nil {
+			return nil, err
+		}
+		err = retryLoop(ctx, a.cfg, func(ctx context.Context) error {
+			if !call.Stream {
+				actx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+				defer cancel()
+				out, err = a.complete(actx, body, call.Header, model)
+				return err
+			}
+			out, err = a.stream(ctx, body, call.Header, model, func(ev SSEEvent) error {
+				emitted = true
+				return emit(ev)
+			})
+			if err != nil && emitted {
+				return noRetry{err}
+			}
+			return err
+		})
+		var nr noRetry
+		if errors.As(err, &nr) {
+			err = nr.err
+		}
+		if err == nil || emitted || !Retryable(err) {
+			break
+		}
+	}
+	if out != nil && out.Response != nil {
+		out.Response.Latency = time.Since(start)
+	}
+	return out, err
+}
+
+// CountTokens relays POST /v1/messages/count_tokens and returns the
+// server's answer ({"input_tokens": N}).
+func (a *Anthropic) CountTokens(ctx context.Context, call MessagesCall) ([]byte, error) {
+	body, err := withModel(call.Body, a.models[0])
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	err = retryLoop(ctx, a.cfg, func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+		defer cancel()
+		resp, err := a.post(actx, "/v1/messages/count_tokens", body, call.Header)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		out, err = io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+		if err != nil || !json.Valid(out) {
+			return &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable token count", Err: err}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func withModel(body []byte, model string) ([]byte, error) {
+	name, _ := json.Marshal(model)
+	out, err := protocol.SetField(body, "model", name)
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadRequest, Message: "body: " + err.Error()}
+	}
+	return out, nil
+}
+
+func (a *Anthropic) complete(ctx context.Context, body []byte, h http.Header, model string) (*Relayed, error) {
+	resp, err := a.post(ctx, "/v1/messages", body, h)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream answer was cut", Err: err}
+	}
+	var m anthropicMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream sent an unreadable message", Err: err}
+	}
+	var mb messageBuilder
+	mb.start(&m)
+	return &Relayed{Body: raw, Response: mb.response(model)}, nil
+}
+
+// errIdle ends a stream whose server said nothing for the timeout.
+var errIdle = errors.New("upstream: no event within the timeout")
+
+// stream relays one streamed answer. The timeout bounds the wait for the
+// headers and each gap between events, not the whole answer: a long
+// answer streams for as long as it takes.
+func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, model string, emit func(SSEEvent) error) (*Relayed, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(a.cfg.Timeout, func() { cancel(errIdle) })
+	defer idle.Stop()
+	timedOut := func(err error) error {
+		if errors.Is(context.Cause(ctx), errIdle) {
+			return &inference.Error{Status: http.StatusGatewayTimeout, Message: "upstream timed out", Err: errIdle}
+		}
+		return err
+	}
+	resp, err := a.post(ctx, "/v1/messages", body, h)
+	if err != nil {
+		return nil, timedOut(err)
+	}
+	defer resp.Body.Close()
+	out := &Relayed{}
+	var mb messageBuilder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), maxSSELine)
+	var ev SSEEvent
+	var data bytes.Buffer
+	for sc.Scan() {
+		idle.Reset(a.cfg.Timeout)
+		line := sc.Bytes()
+		switch {
+		case len(line) == 0:
+			if data.Len() == 0 {
+				continue
+			}
+			ev.Data = append([]byte(nil), data.Bytes()...)
+			data.Reset()
+			done, err := mb.event(&ev)
+			if err == nil && ev.Name != "error" {
+				err = emit(ev)
+			}
+			out.Response = mb.response(model)
+			if err != nil || done {
+				return out, err
+			}
+			ev = SSEEvent{}
+		case bytes.HasPrefix(line, []byte("event:")):
+			ev.Name = string(bytes.TrimSpace(line[len("event:"):]))
+		case bytes.HasPrefix(line, []byte("data:")):
+			if data.Len() > 0 {
+				data.WriteByte('\n')
+			}
+			data.Write(bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
+		}
+	}
+	out.Response = mb.response(model)
+	if err := sc.Err(); err != nil {
+		return out, timedOut(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream broke", Err: err})
+	}
+	return out, &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended before message_stop"}
+}
+
+// post sends one request; a non-2xx answer becomes an *inference.Error in
+// the status Anthropic's clients expect.
+func (a *Anthropic) post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.BaseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("upstream: build request: %w", err)
+	}
+	for k, vs := range h {
+		if strings.HasPrefix(strings.ToLower(k), "anthropic-") {
+			req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+		}
+	}
+	if req.Header.Get("anthropic-version") == "" {
+		req.Header.Set("anthropic-version", anthropicVersion)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if a.cfg.APIKey != "" {
+		req.Header.Set("x-api-key", a.cfg.APIKey)
+	}
+	resp, err := a.cfg.Client.Do(req)
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var e anthropicErrorBody
+	_ = json.Unmarshal(raw, &e)
+	ie := anthropicError(resp.StatusCode, e.Error.Type, e.Error.Message)
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		ie.RetryAfter = time.Duration(secs) * time.Second
+	}
+	return nil, ie
+}
+
+// anthropicErrorBody is Anthropic's error JSON (a response body, or an
+// error event's data).
+type anthropicErrorBody struct {
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// anthropicError is the server's error as the gateway answers it: its own
+// status (429 with its Retry-After, 529 overloaded, 5xx), but for a
+// refused key or account (401, 402, 403), which is the deployment's
+// fault, not the client's key's: 502, lest the client's SDK ask its user
+// for a new key.
+func anthropicError(status int, kind, message string) *inference.Error {
+	if kind == "" {
+		kind = "error"
+	}
+	detail := fmt.Sprintf("%d %s", status, kind)
+	if message != "" {
+		detail += ": " + message
+	}
+	e := &inference.Error{Status: status, Message: "upstream: " + message, Err: statusError(status)}
+	switch {
+	case status == http.StatusUnauthorized || status == http.StatusPaymentRequired || status == http.StatusForbidden:
+		e.Status, e.Message = http.StatusBadGateway, "upstream refused the deployment's credentials ("+detail+")"
+	case status < 400 || status > 599:
+		e.Status, e.Message = http.StatusBadGateway, "upstream answered "+detail
+	case message == "":
+		e.Message = "upstream answered " + detail
+	}
+	return e
+}
+
+// errorEventStatus is the HTTP status Anthropic gives an error type, for
+// an error that arrives as a stream event.
+func errorEventStatus(kind string) int {
+	switch kind {
+	case "invalid_request_error":
+		return http.StatusBadRequest
+	case "authentication_error":
+		return http.StatusUnauthorized
+	case "permission_error":
+		return http.StatusForbidden
+	case "not_found_error":
+		return http.StatusNotFound
+	case "request_too_large":
+		return http.StatusRequestEntityTooLarge
+	case "rate_limit_error":
+		return http.StatusTooManyRequests
+	case "timeout_error":
+		return http.StatusGatewayTimeout
+	case "overloaded_error":
+		return 529
+	}
+	return http.StatusInternalServerError
+}
