@@ -327,6 +327,7 @@ func (s *Server) commit(c *gin.Context, cl *call, row *store.NewInteraction) (er
 	}
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "prompt").Add(float64(row.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.target.deployment, "completion").Add(float64(row.CompletionTokens))
+	s.metrics.account(row)
 	in := flow.SessionInput{SessionID: cl.sessionID, TenantID: cl.p.TenantID, Deployment: cl.target.deployment,
 		GroupID: cl.group, GroupSize: max(cl.groupSize, 1)}
 	evs := []flow.SessionEvent{{Kind: flow.EventStep, InteractionID: captured.ID, At: time.Now()}}
@@ -359,6 +360,12 @@ func (s *Server) closedSessionError(ctx context.Context, cl *call) error {
 func (s *Server) generate(c *gin.Context, cl *call) (*inference.Response, error) {
 	s.checkReuse(cl)
 	resp, err := cl.target.backend.Complete(c.Request.Context(), cl.req)
+	return s.captureWhole(c, cl, resp, err)
+}
+
+// captureWhole captures the outcome of a non-streaming call, as generate
+// describes: the response, or the backend's error err.
+func (s *Server) captureWhole(c *gin.Context, cl *call, resp *inference.Response, err error) (*inference.Response, error) {
 	status := statusOK
 	if err != nil {
 		status = statusUpstream

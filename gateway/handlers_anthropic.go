@@ -36,6 +36,9 @@ func (s *Server) countTokens(c *gin.Context) {
 	}
 	_, req, err := anthropic.DecodeBody(body, false)
 	if err != nil {
+		_, req, err = s.decodeRelayed(c, body, false, err)
+	}
+	if err != nil {
 		abort(c, errf(http.StatusBadRequest, "%v", err))
 		return
 	}
@@ -47,6 +50,10 @@ func (s *Server) countTokens(c *gin.Context) {
 	t, err := s.router.resolve(c.Request.Context(), req.Model, p.TenantID, p.SessionID)
 	if err != nil {
 		abort(c, err)
+		return
+	}
+	if relay, ok := relayOf(t); ok {
+		relayCountTokens(c, relay, body)
 		return
 	}
 	counter, ok := t.backend.(inference.Counter)
@@ -65,7 +72,8 @@ func (s *Server) countTokens(c *gin.Context) {
 	c.JSON(http.StatusOK, gin.H{"input_tokens": n})
 }
 
-// messages is POST /v1/messages (Anthropic).
+// messages is POST /v1/messages (Anthropic); a deployment of Anthropic's
+// own dialect has the body relayed (relay_anthropic.go).
 func (s *Server) messages(c *gin.Context) {
 	body, err := readBody(c)
 	if err == nil {
@@ -77,6 +85,9 @@ func (s *Server) messages(c *gin.Context) {
 	}
 	wire, req, err := anthropic.Decode(body)
 	if err != nil {
+		wire, req, err = s.decodeRelayed(c, body, true, err)
+	}
+	if err != nil {
 		abort(c, errf(http.StatusBadRequest, "%v", err))
 		return
 	}
@@ -84,9 +95,14 @@ func (s *Server) messages(c *gin.Context) {
 	if wire.Metadata != nil {
 		endUser = wire.Metadata.UserID
 	}
+	tools := req.Tools
 	cl, err := s.prepare(c, protoAnthropic, req, wire.Stream, endUser, "")
 	if err != nil {
 		abort(c, err)
+		return
+	}
+	if relay, ok := relayOf(cl.target); ok {
+		s.relayMessages(c, cl, relay, body, tools, wire.Stream)
 		return
 	}
 	if wire.Stream {

@@ -185,9 +185,16 @@ func (s *Server) streamOpenAI(c *gin.Context, cl *call, wire *openai.Request) {
 // backend's or the capture's.
 func (s *Server) runStream(c *gin.Context, cl *call, emit func(inference.Delta) error, clientGone *bool, shown func() []string) (*inference.Response, error) {
 	resp, genErr := cl.target.backend.Stream(c.Request.Context(), cl.req, emit)
+	return s.captureStreamed(c, cl, resp, genErr, *clientGone, shown)
+}
+
+// captureStreamed captures the outcome of a streaming call, as runStream
+// describes: resp is what was generated (in part, where genErr says the
+// stream broke).
+func (s *Server) captureStreamed(c *gin.Context, cl *call, resp *inference.Response, genErr error, clientGone bool, shown func() []string) (*inference.Response, error) {
 	status := statusOK
 	switch {
-	case genErr != nil && (*clientGone || c.Request.Context().Err() != nil):
+	case genErr != nil && (clientGone || c.Request.Context().Err() != nil):
 		status = statusCancelled
 	case genErr != nil:
 		status = statusUpstream
