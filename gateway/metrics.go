@@ -6,6 +6,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flywheel-ai/flywheel/store"
 )
 
 // metrics are the gateway's Prometheus series, on a registry of their own
@@ -18,7 +20,20 @@ type metrics struct {
 	tokens        *prometheus.CounterVec
 	notices       *prometheus.CounterVec
 	backendErrors *prometheus.CounterVec
+	// usageRequests, usagePromptTokens and usageCompletionTokens are
+	// usage_daily as it grows, by tenant, tenant key and model (usageLabels).
+	usageRequests         *prometheus.CounterVec
+	usagePromptTokens     *prometheus.CounterVec
+	usageCompletionTokens *prometheus.CounterVec
 }
+
+// usageLabels label the usage series. key is the id of the tenant key a
+// call is accounted to (store.KeyOwner.AccountTo: a session key's calls
+// count to the key that made the session), never the secret and never a
+// per-session key, so the series grow with tenant keys and deployments,
+// not with sessions or traffic; model is a served deployment, as a name a
+// client made up never reaches the capture.
+var usageLabels = []string{"tenant", "key", "model"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -46,9 +61,28 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		backendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flywheel_gateway_backend_errors_total", Help: "Inference backend failures by deployment and status.",
 		}, []string{"deployment", "status"}),
+		usageRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flywheel_gateway_usage_requests_total", Help: "Model calls captured (failed ones too) by tenant, tenant key id and model.",
+		}, usageLabels),
+		usagePromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flywheel_gateway_usage_prompt_tokens_total", Help: "Prompt tokens of captured model calls by tenant, tenant key id and model.",
+		}, usageLabels),
+		usageCompletionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flywheel_gateway_usage_completion_tokens_total", Help: "Completion tokens of captured model calls by tenant, tenant key id and model.",
+		}, usageLabels),
 	}
-	reg.MustRegister(m.requests, m.latency, m.captureBatch, m.captureCommit, m.tokens, m.notices, m.backendErrors)
+	reg.MustRegister(m.requests, m.latency, m.captureBatch, m.captureCommit, m.tokens, m.notices, m.backendErrors,
+		m.usageRequests, m.usagePromptTokens, m.usageCompletionTokens)
 	return m
+}
+
+// account counts one captured model call, as the capture counted it in
+// usage_daily.
+func (m *metrics) account(row *store.NewInteraction) {
+	labels := []string{row.TenantID, strconv.FormatInt(row.KeyID, 10), row.Deployment}
+	m.usageRequests.WithLabelValues(labels...).Inc()
+	m.usagePromptTokens.WithLabelValues(labels...).Add(float64(row.PromptTokens))
+	m.usageCompletionTokens.WithLabelValues(labels...).Add(float64(row.CompletionTokens))
 }
 
 // observe is the middleware recording every request.

@@ -27,6 +27,31 @@ type Status struct {
 	Tenant      string             `json:"tenant"`
 	GeneratedAt time.Time          `json:"generated_at"`
 	Deployments []DeploymentStatus `json:"deployments"`
+	// Usage is what the tenant's keys spent in the window.
+	Usage Usage `json:"usage"`
+}
+
+// Usage is what a tenant's keys spent on model calls from Since on (a UTC
+// day: usage is accounted per day, so the view's window is widened to
+// whole days), counted as GET /v1/usage counts it: every acknowledged
+// call, failed ones among the requests too.
+type Usage struct {
+	Since            string `json:"since"`
+	Requests         int64  `json:"requests"`
+	Errors           int64  `json:"errors"`
+	PromptTokens     int64  `json:"prompt_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
+	// Deployments is the same per deployment, largest first.
+	Deployments []DeploymentUsage `json:"deployments"`
+}
+
+// DeploymentUsage is a tenant's usage of one deployment.
+type DeploymentUsage struct {
+	Deployment       string `json:"deployment"`
+	Requests         int64  `json:"requests"`
+	Errors           int64  `json:"errors"`
+	PromptTokens     int64  `json:"prompt_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
 }
 
 // DeploymentStatus is one deployment.

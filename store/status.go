@@ -63,6 +63,9 @@ func LoadStatus(ctx context.Context, db DBTX, q StatusQuery) (*statusapi.Status,
 		}
 		st.Deployments = append(st.Deployments, d)
 	}
+	if st.Usage, err = TenantUsage(ctx, db, q.TenantID, q.Deployment, q.CurveSince); err != nil {
+		return nil, err
+	}
 	return st, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // UsageFilter selects usage to report.
@@ -69,4 +71,37 @@ func Usage(ctx context.Context, db DBTX, f UsageFilter) ([]UsageRow, error) {
 		return nil, fmt.Errorf("usage: %w", err)
 	}
 	return out, nil
+}
+
+// TenantUsage is the tenant's usage from the UTC day of since on, in total
+// and per deployment (only the one named, when one is): the status view's
+// aggregate of what Usage reports per key.
+func TenantUsage(ctx context.Context, db DBTX, tenantID, deployment string, since time.Time) (statusapi.Usage, error) {
+	day := since.UTC().Format(time.DateOnly)
+	u := statusapi.Usage{Since: day, Deployments: []statusapi.DeploymentUsage{}}
+	rows, err := db.Query(ctx, `SELECT deployment, sum(requests)::bigint, sum(errors)::bigint,
+			sum(prompt_tokens)::bigint, sum(completion_tokens)::bigint
+		FROM usage_daily
+		WHERE tenant_id = $1 AND ($2 = '' OR deployment = $2) AND day >= $3::date
+		GROUP BY deployment
+		ORDER BY sum(prompt_tokens + completion_tokens) DESC, deployment`, tenantID, deployment, day)
+	if err != nil {
+		return u, fmt.Errorf("usage of tenant %s: %w", tenantID, err)
+	}
+	deps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (statusapi.DeploymentUsage, error) {
+		var d statusapi.DeploymentUsage
+		err := r.Scan(&d.Deployment, &d.Requests, &d.Errors, &d.PromptTokens, &d.CompletionTokens)
+		return d, err
+	})
+	if err != nil {
+		return u, fmt.Errorf("usage of tenant %s: %w", tenantID, err)
+	}
+	for _, d := range deps {
+		u.Requests += d.Requests
+		u.Errors += d.Errors
+		u.PromptTokens += d.PromptTokens
+		u.CompletionTokens += d.CompletionTokens
+	}
+	u.Deployments = append(u.Deployments, deps...)
+	return u, nil
 }

@@ -248,6 +248,12 @@ svg{max-width:100%;height:auto}code{font-size:.95em}
 {{if .Logout}}<form method="post" action="/status/logout"><button type="submit">Log out</button></form>{{end}}
 {{if .Intro}}{{.Intro}}{{end}}
 {{if .RefreshSeconds}}{{if .Selected}}<nav><a href="?">all deployments</a></nav>{{else if gt (len .Sections) 1}}<nav>{{range .Sections}}<a href="?deployment={{.Name}}">{{.Name}}</a>{{end}}</nav>{{end}}{{end}}
+{{with .Usage}}{{if .Since}}<h2>Usage</h2>
+{{if .Deployments}}<p class="small">Your keys' model calls and tokens on the UTC days since {{.Since}}, failed calls among the calls (per key: <code>GET /v1/usage</code>).</p>
+<table><tr><th>deployment</th><th>calls</th><th>failed</th><th>prompt tokens</th><th>completion tokens</th></tr>
+{{range .Deployments}}<tr><td>{{.Deployment}}</td><td class="n">{{.Requests}}</td><td class="n">{{.Errors}}</td><td class="n">{{.PromptTokens}}</td><td class="n">{{.CompletionTokens}}</td></tr>
+{{end}}{{if gt (len .Deployments) 1}}<tr><th>all</th><th class="n">{{.Requests}}</th><th class="n">{{.Errors}}</th><th class="n">{{.PromptTokens}}</th><th class="n">{{.CompletionTokens}}</th></tr>
+{{end}}</table>{{else}}<p class="small">No model calls of yours on the UTC days since {{.Since}}.</p>{{end}}{{end}}{{end}}
 {{range .Sections}}
 <section>
 <h2>{{.Name}}</h2>
