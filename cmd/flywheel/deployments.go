@@ -15,7 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer JSON | --trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
+const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai|anthropic] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer JSON | --trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
        flywheel deployments update NAME --base-url URL [same flags as create]
        flywheel deployments list
        flywheel deployments show NAME`
@@ -83,7 +83,7 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.up.Model, "model", "", "the server's name for the model (default: NAME)")
 	fs.StringVar(&f.up.APIKeyEnv, "api-key-env", "", "environment variable holding the server's API key")
 	fs.StringVar(&f.fallbacks, "fallbacks", "", "comma-separated models on the same server to try when this one fails")
-	fs.StringVar(&f.dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train). Default: sglang with --weight-sync sglang_disk, else vllm")
+	fs.StringVar(&f.dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train); or anthropic: Anthropic's Messages API, --base-url https://api.anthropic.com, Anthropic clients' bodies relayed (no ids either). Default: sglang with --weight-sync sglang_disk, else vllm")
 	fs.BoolVar(&f.vllm, "vllm", true, "older spelling: --vllm=false is --dialect openai")
 	fs.DurationVar(&f.timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
 	fs.IntVar(&f.retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
