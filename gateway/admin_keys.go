@@ -20,6 +20,9 @@ type adminKeyRequest struct {
 	Tenant string   `json:"tenant"`
 	Name   string   `json:"name"`
 	Models []string `json:"models"`
+	// Labels are free labels for the key's operators (team, environment),
+	// listed with it; store.ValidKeyMeta bounds them.
+	Labels map[string]string `json:"labels"`
 	// ExpiresAt (RFC 3339) or ExpiresIn (a Go duration, "720h") ends the
 	// key; neither means it does not expire.
 	ExpiresAt *time.Time `json:"expires_at"`
@@ -54,7 +57,11 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 	if err := store.ValidTPM(r.TPM); err != nil {
 		return store.KeySpec{}, errf(422, "%v", err)
 	}
-	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models, TokenBudget: r.TokenBudget, BudgetPeriod: r.BudgetPeriod, TPM: r.TPM}
+	if err := store.ValidKeyMeta(r.Name, r.Labels); err != nil {
+		return store.KeySpec{}, errf(422, "%v", err)
+	}
+	spec := store.KeySpec{TenantID: r.Tenant, Name: r.Name, Models: r.Models, TokenBudget: r.TokenBudget, BudgetPeriod: r.BudgetPeriod, TPM: r.TPM,
+		Labels: r.Labels}
 	switch {
 	case r.ExpiresAt != nil && r.ExpiresIn != "":
 		return store.KeySpec{}, errf(422, "give expires_at or expires_in, not both")
@@ -73,7 +80,7 @@ func (r *adminKeyRequest) spec(now time.Time) (store.KeySpec, *apiError) {
 	return spec, nil
 }
 
-// adminCreateKey is POST /admin/v1/keys {tenant, name, models,
+// adminCreateKey is POST /admin/v1/keys {tenant, name, labels, models,
 // expires_at | expires_in, token_budget, budget_period, tpm}: the tenant is
 // created if new; the key is shown once and stored hashed.
 func (s *Server) adminCreateKey(c *gin.Context) {
@@ -159,7 +166,8 @@ type adminRotateRequest struct {
 }
 
 // adminRotateKey is POST /admin/v1/keys/{id}/rotate {grace}: a new key
-// with the old one's tenant, name, models, expiry and limits, shown once.
+// with the old one's tenant, name, labels, models, expiry and limits, shown
+// once.
 func (s *Server) adminRotateKey(c *gin.Context) {
 	id, aerr := keyID(c)
 	if aerr != nil {

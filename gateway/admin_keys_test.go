@@ -1,9 +1,11 @@
 package gateway_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,4 +203,67 @@ func TestTokenBudgetIsEnforced(t *testing.T) {
 		st, out := e.doJSON("POST", "/admin/v1/keys", admin, bad)
 		require.Equal(t, 422, st, "%v: %v", bad, out)
 	}
+}
+
+// TestKeyMetadata: a key's name and labels are set when it is created,
+// listed with it (never its secret), kept by a rotation, and bounded with
+// clear errors.
+func TestKeyMetadata(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	admin := e.cfg.AdminKey
+	labels := map[string]any{"team": "search", "env": "prod", "cost-centre": ""}
+	st, out := e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme", "name": "search backend", "labels": labels})
+	require.Equal(t, 201, st, out)
+	secret := out["api_key"].(string)
+	created := out["key"].(map[string]any)
+	require.Equal(t, "search backend", created["name"])
+	require.Equal(t, labels, created["labels"])
+	id := int64(created["id"].(float64))
+
+	st, _, raw := e.do("GET", "/admin/v1/keys?tenant=acme", admin, nil)
+	require.Equal(t, 200, st)
+	require.NotContains(t, string(raw), secret[len("fw-"):], "a listing never holds a secret")
+	var list struct {
+		Data []map[string]any `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &list))
+	byID := map[int64]map[string]any{}
+	for _, k := range list.Data {
+		byID[int64(k["id"].(float64))] = k
+	}
+	require.Equal(t, labels, byID[id]["labels"])
+	require.Equal(t, "search backend", byID[id]["name"])
+	for kid, k := range byID {
+		if kid != id {
+			require.Equal(t, map[string]any{}, k["labels"], "a key without labels lists {}")
+		}
+	}
+
+	st, out = e.doJSON("POST", fmt.Sprintf("/admin/v1/keys/%d/rotate", id), admin, nil)
+	require.Equal(t, 201, st, out)
+	require.Equal(t, labels, out["key"].(map[string]any)["labels"], "a rotated key keeps its labels")
+	require.Equal(t, "search backend", out["key"].(map[string]any)["name"])
+
+	many := map[string]string{}
+	for i := range 17 {
+		many[fmt.Sprint("l", i)] = "v"
+	}
+	for want, bad := range map[string]map[string]any{
+		"labels: at most 16 labels, got 17":     {"labels": many},
+		"label key \"\": want 1..64 characters": {"labels": map[string]string{"": "x"}},
+		"want 1..64 characters, got 65":         {"labels": map[string]string{strings.Repeat("k", 65): "x"}},
+		"label \"team\"":                        {"labels": map[string]string{"team": strings.Repeat("v", 257)}},
+		"want 0..256 characters, got 257":       {"labels": map[string]string{"team": strings.Repeat("v", 257)}},
+		"control characters are not allowed":    {"labels": map[string]string{"team": "a\nb"}},
+		"want 0..128 characters, got 129":       {"name": strings.Repeat("n", 129)},
+	} {
+		bad["tenant"] = "acme"
+		st, out := e.doJSON("POST", "/admin/v1/keys", admin, bad)
+		require.Equal(t, 422, st, "%s: %v", want, out)
+		require.Contains(t, out["error"].(map[string]any)["message"], want)
+	}
+	st, out = e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme", "labels": map[string]any{"team": 1}})
+	require.Equal(t, 400, st, "a label value that is not a string is not JSON this API reads: %v", out)
+	st, out = e.doJSON("POST", "/admin/v1/keys", admin, map[string]any{"tenant": "acme", "labels": []string{"team"}})
+	require.Equal(t, 400, st, out)
 }

@@ -9,7 +9,10 @@ import (
 	"math/big"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -82,6 +85,65 @@ type KeySpec struct {
 	// TPM is the key's own tokens-per-minute rate limit (0: none); nil
 	// leaves it to the gateway's rate_limit_tpm.
 	TPM *int64
+	// Labels are the operators' free labels of the key (ValidKeyMeta
+	// bounds them with the name); nil: none.
+	Labels map[string]string
+}
+
+// Bounds of a key's metadata, in characters.
+const (
+	MaxKeyName       = 128
+	MaxKeyLabels     = 16
+	MaxKeyLabelKey   = 64
+	MaxKeyLabelValue = 256
+)
+
+// ValidKeyMeta checks a key's name and labels: at most MaxKeyLabels labels,
+// each key 1..MaxKeyLabelKey characters and each value up to
+// MaxKeyLabelValue, the name up to MaxKeyName, none with control
+// characters (they are printed in listings).
+func ValidKeyMeta(name string, labels map[string]string) error {
+	if err := validMetaText("name", name, 0, MaxKeyName); err != nil {
+		return err
+	}
+	if len(labels) > MaxKeyLabels {
+		return fmt.Errorf("labels: at most %d labels, got %d", MaxKeyLabels, len(labels))
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // the same label is named first every time
+	for _, k := range keys {
+		if err := validMetaText("label key", k, 1, MaxKeyLabelKey); err != nil {
+			return fmt.Errorf("labels: %w", err)
+		}
+		if err := validMetaText(fmt.Sprintf("label %q", k), labels[k], 0, MaxKeyLabelValue); err != nil {
+			return fmt.Errorf("labels: %w", err)
+		}
+	}
+	return nil
+}
+
+func validMetaText(what, s string, minLen, maxLen int) error {
+	n := utf8.RuneCountInString(s)
+	switch {
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s: not valid UTF-8", what)
+	case n < minLen || n > maxLen:
+		return fmt.Errorf("%s %q: want %d..%d characters, got %d", what, truncate(s, 80), minLen, maxLen, n)
+	case strings.ContainsFunc(s, unicode.IsControl):
+		return fmt.Errorf("%s %q: control characters are not allowed", what, truncate(s, 80))
+	}
+	return nil
+}
+
+// truncate shortens s to at most n characters for an error message.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
 }
 
 // Budget periods.
@@ -153,6 +215,8 @@ type Key struct {
 	// TPM is the key's tokens-per-minute limit; omitted when the
 	// gateway's rate_limit_tpm applies.
 	TPM *int64 `json:"tpm,omitempty"`
+	// Labels are the key's free labels ({} when none).
+	Labels map[string]string `json:"labels"`
 }
 
 // Live reports whether the key still authenticates at now.
@@ -164,12 +228,12 @@ func (k Key) Live(now time.Time) bool {
 var ErrKeyNotLive = errors.New("the key is revoked or expired")
 
 const keyColumns = `id, tenant_id, kind, coalesce(session_id, ''), name, prefix, models, created_at,
-	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0), token_budget, budget_period, tpm`
+	expires_at, revoked_at, coalesce(parent_id, 0), coalesce(rotated_from, 0), token_budget, budget_period, tpm, labels`
 
 func scanKey(row pgx.Row) (Key, error) {
 	var k Key
 	err := row.Scan(&k.ID, &k.TenantID, &k.Kind, &k.SessionID, &k.Name, &k.Prefix, &k.Models, &k.CreatedAt,
-		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom, &k.TokenBudget, &k.BudgetPeriod, &k.TPM)
+		&k.ExpiresAt, &k.RevokedAt, &k.ParentID, &k.RotatedFrom, &k.TokenBudget, &k.BudgetPeriod, &k.TPM, &k.Labels)
 	if k.TokenBudget == 0 {
 		k.BudgetPeriod = ""
 	}
@@ -202,15 +266,22 @@ func IssueKey(ctx context.Context, db DBTX, spec KeySpec) (string, Key, error) {
 	if err := ValidTPM(spec.TPM); err != nil {
 		return "", Key{}, err
 	}
+	if err := ValidKeyMeta(spec.Name, spec.Labels); err != nil {
+		return "", Key{}, err
+	}
+	labels := spec.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
 	period := spec.BudgetPeriod
 	if period == "" {
 		period = BudgetDay
 	}
 	k, err := scanKey(db.QueryRow(ctx, `INSERT INTO api_keys
-		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from, token_budget, budget_period, tpm)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint), $11, $12, $13)
+		(tenant_id, key_hash, prefix, kind, session_id, name, models, expires_at, parent_id, rotated_from, token_budget, budget_period, tpm, labels)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, 0::bigint), nullif($10, 0::bigint), $11, $12, $13, $14)
 		RETURNING `+keyColumns, spec.TenantID, HashKey(key), key[:len(KeyPrefix)+6], kind, sid, spec.Name,
-		models, expires, spec.ParentID, spec.RotatedFrom, spec.TokenBudget, period, spec.TPM))
+		models, expires, spec.ParentID, spec.RotatedFrom, spec.TokenBudget, period, spec.TPM, labels))
 	if err != nil {
 		return "", Key{}, fmt.Errorf("store api key: %w", err)
 	}
@@ -269,7 +340,7 @@ func RevokeKey(ctx context.Context, db DBTX, id int64) (Key, error) {
 }
 
 // RotateKey issues a key that replaces id, with the same tenant, name,
-// models and expiry, and lets id live for grace more (zero revokes it
+// labels, models and expiry, and lets id live for grace more (zero revokes it
 // now). Session keys the old key issued keep working: they end with
 // their session. A revoked or expired key cannot rotate (ErrKeyNotLive).
 func RotateKey(ctx context.Context, db Beginner, id int64, grace time.Duration) (string, Key, error) {
@@ -288,7 +359,7 @@ func RotateKey(ctx context.Context, db Beginner, id int64, grace time.Duration) 
 			return ErrKeyNotLive
 		}
 		spec := KeySpec{TenantID: old.TenantID, SessionID: old.SessionID, Name: old.Name, Models: old.Models,
-			ParentID: old.ParentID, RotatedFrom: old.ID, TokenBudget: old.TokenBudget, BudgetPeriod: old.BudgetPeriod, TPM: old.TPM}
+			ParentID: old.ParentID, RotatedFrom: old.ID, TokenBudget: old.TokenBudget, BudgetPeriod: old.BudgetPeriod, TPM: old.TPM, Labels: old.Labels}
 		if old.ExpiresAt != nil {
 			spec.ExpiresAt = *old.ExpiresAt
 		}

@@ -150,3 +150,45 @@ func keyIDs(keys []store.Key) []int64 {
 	}
 	return out
 }
+
+func TestKeyLabelsAreStoredBoundedAndRotated(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
+	_, plain, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", Name: "plain"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{}, plain.Labels, "no labels is {}, not null")
+	labels := map[string]string{"team": "search", "env": ""}
+	_, k, err := store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", Name: "labelled", Labels: labels})
+	require.NoError(t, err)
+	require.Equal(t, labels, k.Labels)
+	_, rotated, err := store.RotateKey(ctx, pool, k.ID, 0)
+	require.NoError(t, err)
+	require.Equal(t, labels, rotated.Labels)
+	got, err := store.GetKey(ctx, pool, rotated.ID)
+	require.NoError(t, err)
+	require.Equal(t, labels, got.Labels)
+
+	_, _, err = store.IssueKey(ctx, pool, store.KeySpec{TenantID: "acme", Labels: map[string]string{"": "x"}})
+	require.ErrorContains(t, err, "label key")
+	_, err = pool.Exec(ctx, `UPDATE api_keys SET labels = '[]' WHERE id = $1`, k.ID)
+	require.Error(t, err, "the column holds an object")
+}
+
+func TestKeyMetaBounds(t *testing.T) {
+	many := map[string]string{}
+	for i := range store.MaxKeyLabels {
+		many[strings.Repeat("k", i+1)] = strings.Repeat("é", store.MaxKeyLabelValue)
+	}
+	require.NoError(t, store.ValidKeyMeta(strings.Repeat("n", store.MaxKeyName), many), "at the bounds, counted in characters")
+	many["one-more"] = ""
+	require.ErrorContains(t, store.ValidKeyMeta("", many), "at most 16 labels")
+	for _, bad := range []map[string]string{
+		{"": "x"}, {strings.Repeat("k", store.MaxKeyLabelKey+1): "x"}, {"k": strings.Repeat("v", store.MaxKeyLabelValue+1)},
+		{"k\t": "x"}, {"k": "\x00"}, {"k": "\xff"},
+	} {
+		require.Error(t, store.ValidKeyMeta("", bad), "%q", bad)
+	}
+	require.Error(t, store.ValidKeyMeta(strings.Repeat("n", store.MaxKeyName+1), nil))
+	require.Error(t, store.ValidKeyMeta("two\nlines", nil))
+}

@@ -51,7 +51,8 @@ func TestKeysCLI(t *testing.T) {
 	pool, db := cliDatabase(t)
 
 	out, err := stdout(t, func() error {
-		return run(ctx, append([]string{"keys", "create", "--tenant", "acme", "--name", "ci", "--models", "m1, m2", "--expires", "720h", "--tpm", "5000"}, db...))
+		return run(ctx, append([]string{"keys", "create", "--tenant", "acme", "--name", "ci", "--label", "team=search", "--label", "env=",
+			"--models", "m1, m2", "--expires", "720h", "--tpm", "5000"}, db...))
 	})
 	require.NoError(t, err)
 	key := strings.TrimSpace(out)
@@ -74,7 +75,9 @@ func TestKeysCLI(t *testing.T) {
 	require.Contains(t, out, "m1,m2")
 	require.Contains(t, out, "TPM")
 	require.Contains(t, out, "5000")
+	require.Contains(t, out, "env=,team=search", "labels are listed, sorted")
 	require.Contains(t, out, key[:len(store.KeyPrefix)+6])
+	require.NotContains(t, out, key[len(store.KeyPrefix):], "never the secret")
 
 	// The flag after the id is parsed.
 	out, err = stdout(t, func() error { return run(ctx, append([]string{"keys", "rotate", id, "--grace", "1h"}, db...)) })
@@ -86,6 +89,9 @@ func TestKeysCLI(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, owner.Models, fo.Models)
 	require.Equal(t, owner.TPM, fo.TPM, "a rotated key keeps its limits")
+	rotated, err := store.GetKey(ctx, pool, fo.KeyID)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"team": "search", "env": ""}, rotated.Labels, "and its labels")
 
 	_, err = stdout(t, func() error {
 		return run(ctx, append([]string{"keys", "revoke", strconv.FormatInt(fo.KeyID, 10)}, db...))
@@ -98,6 +104,11 @@ func TestKeysCLI(t *testing.T) {
 		{"keys", "create"},
 		{"keys", "create", "--tenant", "acme", "--tpm", "-1"},
 		{"keys", "create", "--tenant", "acme", "--tpm", "many"},
+		{"keys", "create", "--tenant", "acme", "--label", "team"},
+		{"keys", "create", "--tenant", "acme", "--label", "=x"},
+		{"keys", "create", "--tenant", "acme", "--label", "a=1", "--label", "a=2"},
+		{"keys", "create", "--tenant", "acme", "--label", strings.Repeat("k", 65) + "=x"},
+		{"keys", "create", "--tenant", "acme", "--name", strings.Repeat("n", 129)},
 		{"keys", "revoke"},
 		{"keys", "revoke", "x"},
 		{"keys", "revoke", "999999999"},

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,7 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const keysUsage = `flywheel keys create --tenant NAME [--name LABEL] [--models M1,M2] [--expires 720h] [--token-budget N [--budget-period day|month]] [--tpm N]
+const keysUsage = `flywheel keys create --tenant NAME [--name NAME] [--label KEY=VALUE]... [--models M1,M2] [--expires 720h] [--token-budget N [--budget-period day|month]] [--tpm N]
        flywheel keys list [--tenant NAME] [--all] [--sessions]
        flywheel keys revoke ID
        flywheel keys rotate ID [--grace 24h]`
@@ -72,13 +73,28 @@ type keysFlags struct {
 	tenant, name, models, period string
 	budget                       int64
 	tpm                          *int64
+	labels                       map[string]string
 	expires, grace               time.Duration
 	all, sessions                bool
 }
 
 func (f *keysFlags) registerCreate(fs *flag.FlagSet) {
 	fs.StringVar(&f.tenant, "tenant", "", "tenant the key belongs to (created if new); required")
-	fs.StringVar(&f.name, "name", "", "a label for the key")
+	fs.StringVar(&f.name, "name", "", fmt.Sprintf("the key's name, for its operators (at most %d characters)", store.MaxKeyName))
+	fs.Func("label", fmt.Sprintf("a free label KEY=VALUE for the key's operators, listed with it; repeat for more (at most %d)", store.MaxKeyLabels), func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		if _, dup := f.labels[k]; dup {
+			return fmt.Errorf("label %q given twice", k)
+		}
+		if f.labels == nil {
+			f.labels = map[string]string{}
+		}
+		f.labels[k] = val
+		return nil
+	})
 	fs.StringVar(&f.models, "models", "", "comma-separated model names the key may use (default: all)")
 	fs.DurationVar(&f.expires, "expires", 0, "the key ends after this long (default: never)")
 	fs.Int64Var(&f.budget, "token-budget", 0, "prompt and completion tokens the key (and its session keys) may use per --budget-period; over it calls get 429 (default: no budget)")
@@ -121,6 +137,9 @@ func (f *keysFlags) checkCreate() error {
 	if err := store.ValidTPM(f.tpm); err != nil {
 		return fmt.Errorf("keys create: --%w", err)
 	}
+	if err := store.ValidKeyMeta(f.name, f.labels); err != nil {
+		return fmt.Errorf("keys create: %w", err)
+	}
 	return nil
 }
 
@@ -142,7 +161,8 @@ func createKey(ctx context.Context, db store.DBTX, f keysFlags) error {
 	if err := store.EnsureTenant(ctx, db, f.tenant); err != nil {
 		return err
 	}
-	spec := store.KeySpec{TenantID: f.tenant, Name: f.name, Models: splitList(f.models), TokenBudget: f.budget, BudgetPeriod: f.period, TPM: f.tpm}
+	spec := store.KeySpec{TenantID: f.tenant, Name: f.name, Models: splitList(f.models), TokenBudget: f.budget, BudgetPeriod: f.period, TPM: f.tpm,
+		Labels: f.labels}
 	if f.expires > 0 {
 		spec.ExpiresAt = time.Now().Add(f.expires)
 	}
@@ -194,9 +214,22 @@ func splitList(s string) []string {
 	return out
 }
 
+// labelList writes labels as sorted KEY=VALUE pairs, "-" for none.
+func labelList(labels map[string]string) string {
+	if len(labels) == 0 {
+		return "-"
+	}
+	pairs := make([]string, 0, len(labels))
+	for k, v := range labels {
+		pairs = append(pairs, k+"="+v)
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, ",")
+}
+
 func printKeys(keys []store.Key) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tMODELS\tBUDGET\tTPM\tCREATED\tEXPIRES\tSTATE")
+	fmt.Fprintln(w, "ID\tTENANT\tKIND\tPREFIX\tNAME\tLABELS\tMODELS\tBUDGET\tTPM\tCREATED\tEXPIRES\tSTATE")
 	now := time.Now()
 	for _, k := range keys {
 		models := "all"
@@ -225,7 +258,7 @@ func printKeys(keys []store.Key) {
 		case !k.Live(now):
 			state = "expired"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, models, budget, tpm,
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.TenantID, k.Kind, k.Prefix, k.Name, labelList(k.Labels), models, budget, tpm,
 			k.CreatedAt.Format(time.RFC3339), expires, state)
 	}
 	w.Flush()
