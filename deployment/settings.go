@@ -34,8 +34,9 @@ const (
 	DialectOpenAI Dialect = "openai"
 	// DialectAnthropic is Anthropic's Messages API (api.anthropic.com, or
 	// any server of that dialect): the gateway relays an Anthropic client's
-	// body to it unchanged but for the model name. A hosted model returns no
-	// ids, so its samples never train; OpenAI clients cannot call it.
+	// body to it unchanged but for the model name, and converts an OpenAI
+	// client's request. A hosted model returns no ids, so its samples never
+	// train.
 	DialectAnthropic Dialect = "anthropic"
 )
 

@@ -38,7 +38,8 @@ var sseEventName = regexp.MustCompile(`(?m)^event: (\w+)$`)
 // model (image, cache_control, thinking included), with its anthropic-*
 // headers and the deployment's key; the stream's events come back in the
 // server's order; the call is captured, and its step says it will not
-// train because a hosted model gives no token ids.
+// train because a hosted model gives no token ids. An OpenAI client's
+// call is converted.
 func TestAnthropicDeploymentRelaysTheBody(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	fake := claudeDeployment(t, e)
@@ -120,11 +121,19 @@ func TestAnthropicDeploymentRelaysTheBody(t *testing.T) {
 	require.Equal(t, false, first["will_train"], first)
 	require.Equal(t, atdp.ReasonZeroTrainableTokens, first["reason"], "a hosted model's step has no ids, as the openai dialect's")
 
-	// An OpenAI client cannot call it.
+	// An OpenAI client's call is converted, whole and streamed.
 	st, chat := e.doJSON("POST", "/v1/chat/completions", e.keyA, map[string]any{"model": "claude",
-		"messages": []any{map[string]any{"role": "user", "content": "hi"}}})
-	require.Equal(t, 400, st, chat)
-	require.Contains(t, chat["error"].(map[string]any)["message"], "Anthropic's Messages dialect only")
+		"messages": []any{map[string]any{"role": "system", "content": "be brief"}, map[string]any{"role": "user", "content": "hi"}}})
+	require.Equal(t, 200, st, chat)
+	require.Equal(t, "echo: hi", chat["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"])
+	require.JSONEq(t, `{"model":"claude-sonnet-4-5","max_tokens":4096,"system":"be brief","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+		string(fake.Requests()[len(fake.Requests())-1].Body))
+	require.Equal(t, "openai", e.captured(chat["id"].(string)).Protocol)
+	st, _, raw = e.do("POST", "/v1/chat/completions", e.keyA, map[string]any{"model": "claude", "stream": true,
+		"messages": []any{map[string]any{"role": "user", "content": "streamed"}}})
+	require.Equal(t, 200, st, string(raw))
+	require.Contains(t, string(raw), `"content":"echo:"`)
+	require.Contains(t, string(raw), "data: [DONE]")
 }
 
 // TestAnthropicDeploymentErrors: the server's errors reach the client in

@@ -15,15 +15,17 @@ import (
 
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/protocol"
+	"github.com/flywheel-ai/flywheel/protocol/anthropic"
 )
 
 // Anthropic is the client of a server of Anthropic's Messages dialect
 // (api.anthropic.com, or any server that speaks it). It relays a Messages
 // body as the client sent it, but for the model name, and reads the answer
 // only to tell capture what was said: tools, thinking, images and
-// cache_control reach the server because nothing is rebuilt. The key goes
-// as x-api-key. Such a server returns no token ids, so its samples never
-// train (trajectory's rule for a step without ids).
+// cache_control reach the server because nothing is rebuilt. A client of
+// another protocol has its request converted (Complete, Stream). The key
+// goes as x-api-key. Such a server returns no token ids, so its samples
+// never train (trajectory's rule for a step without ids).
 type Anthropic struct {
 	cfg Config
 	// models are the server's names to try, in order: the deployment's
@@ -70,6 +72,9 @@ type MessagesCall struct {
 type SSEEvent struct {
 	Name string
 	Data []byte
+	// delta is the event's increment for a client of another protocol
+	// (nil: none).
+	delta *inference.Delta
 }
 
 // Relayed is a relayed call's answer.
@@ -80,19 +85,51 @@ type Relayed struct {
 	Response *inference.Response
 }
 
-// errDialect is what an OpenAI-protocol call of this backend gets.
-var errDialect = &inference.Error{Status: http.StatusBadRequest,
-	Message: "this model's deployment speaks Anthropic's Messages dialect only: call it at POST /v1/messages with an Anthropic client"}
-
-// Complete implements inference.Backend for the OpenAI protocols, which
-// this server does not speak.
-func (a *Anthropic) Complete(context.Context, *inference.Request) (*inference.Response, error) {
-	return nil, errDialect
+// Complete implements inference.Backend for the OpenAI protocols: the
+// neutral request converted to a Messages body (anthropic.FromNeutral says
+// what that loses), the answer read as capture reads a relayed one.
+func (a *Anthropic) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	body, err := neutralBody(req, false)
+	if err != nil {
+		return nil, err
+	}
+	out, err := a.Messages(ctx, MessagesCall{Body: body}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return out.Response, nil
 }
 
-// Stream implements inference.Backend; see Complete.
-func (a *Anthropic) Stream(context.Context, *inference.Request, func(inference.Delta) error) (*inference.Response, error) {
-	return nil, errDialect
+// Stream implements inference.Backend as Complete does, the stream's text,
+// thinking and tool-call increments emitted as they arrive.
+func (a *Anthropic) Stream(ctx context.Context, req *inference.Request, emit func(inference.Delta) error) (*inference.Response, error) {
+	body, err := neutralBody(req, true)
+	if err != nil {
+		return nil, err
+	}
+	out, err := a.Messages(ctx, MessagesCall{Body: body, Stream: true}, func(ev SSEEvent) error {
+		if ev.delta == nil {
+			return nil
+		}
+		return emit(*ev.delta)
+	})
+	if out == nil {
+		return nil, err
+	}
+	return out.Response, err
+}
+
+func neutralBody(req *inference.Request, stream bool) ([]byte, error) {
+	wire, err := anthropic.FromNeutral(req)
+	if err != nil {
+		return nil, &inference.Error{Status: http.StatusBadRequest, Message: err.Error()}
+	}
+	wire.Stream = stream
+	body, err := json.Marshal(wire)
+	if err != nil {
+		return nil, fmt.Errorf("upstream: encode request: %w", err)
+	}
+	return body, nil
 }
 
 // Messages relays one Messages call: a whole answer is returned, a
@@ -231,6 +268,7 @@ func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, mode
 			ev.Data = append([]byte(nil), data.Bytes()...)
 			data.Reset()
 			done, err := mb.event(&ev)
+			ev.delta = mb.delta
 			if err == nil && ev.Name != "error" {
 				err = emit(ev)
 			}

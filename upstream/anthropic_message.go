@@ -63,6 +63,12 @@ type anthropicEvent struct {
 // messageBuilder assembles an answer from a whole message or its stream
 // events.
 type messageBuilder struct {
+	// delta is the last event's increment, as a neutral delta (nil: none).
+	delta *inference.Delta
+	// calls numbers the tool_use blocks, by block index, in order;
+	// texts counts the blocks response joins as text.
+	calls        map[int]int
+	texts        int
 	model        string
 	blocks       []*builtBlock
 	stopReason   string
@@ -107,6 +113,36 @@ func (mb *messageBuilder) addUsage(u *anthropicUsage) {
 	}
 }
 
+// startDelta is a block's first increment, as response joins it: a tool
+// call's id and name; a text block's newline after an earlier one, and
+// a block of another kind as its placeholder.
+func (mb *messageBuilder) startDelta(index int, b *anthropicBlock) {
+	switch b.Type {
+	case "thinking", "redacted_thinking":
+		return
+	case "tool_use":
+		if mb.calls == nil {
+			mb.calls = map[int]int{}
+		}
+		if _, seen := mb.calls[index]; !seen {
+			mb.calls[index] = len(mb.calls)
+		}
+		mb.delta = &inference.Delta{ToolCalls: []inference.ToolCallDelta{{Index: mb.calls[index], ID: b.ID, Name: b.Name}}}
+		return
+	}
+	text := b.Text
+	if b.Type != "text" {
+		text = anthropic.Placeholder(b.Type)
+	}
+	if mb.texts > 0 {
+		text = "\n" + text
+	}
+	mb.texts++
+	if text != "" {
+		mb.delta = &inference.Delta{Text: text}
+	}
+}
+
 // maxBlocks bounds a streamed answer's content blocks (an index is the
 // server's to choose).
 const maxBlocks = 4096
@@ -121,6 +157,7 @@ func (mb *messageBuilder) event(ev *SSEEvent) (done bool, err error) {
 	if ev.Name == "" {
 		ev.Name = e.Type
 	}
+	mb.delta = nil
 	switch e.Type {
 	case "message_start":
 		if e.Message != nil {
@@ -129,6 +166,7 @@ func (mb *messageBuilder) event(ev *SSEEvent) (done bool, err error) {
 	case "content_block_start":
 		if e.ContentBlock != nil && e.Index >= 0 && e.Index < maxBlocks {
 			mb.open(e.Index, e.ContentBlock)
+			mb.startDelta(e.Index, e.ContentBlock)
 		}
 	case "content_block_delta":
 		if e.Index < 0 || e.Index >= len(mb.blocks) || mb.blocks[e.Index] == nil {
@@ -138,10 +176,17 @@ func (mb *messageBuilder) event(ev *SSEEvent) (done bool, err error) {
 		switch e.Delta.Type {
 		case "text_delta":
 			b.text.WriteString(e.Delta.Text)
+			if b.Type == "text" {
+				mb.delta = &inference.Delta{Text: e.Delta.Text}
+			}
 		case "thinking_delta":
 			b.thinking.WriteString(e.Delta.Thinking)
+			mb.delta = &inference.Delta{Reasoning: e.Delta.Thinking}
 		case "input_json_delta":
 			b.input.WriteString(e.Delta.PartialJSON)
+			if call, ok := mb.calls[e.Index]; ok && e.Delta.PartialJSON != "" {
+				mb.delta = &inference.Delta{ToolCalls: []inference.ToolCallDelta{{Index: call, Arguments: e.Delta.PartialJSON}}}
+			}
 		}
 	case "message_delta":
 		if e.Delta.StopReason != nil {

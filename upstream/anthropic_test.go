@@ -163,8 +163,8 @@ func TestAnthropicErrors(t *testing.T) {
 	require.ErrorIs(t, err, stopped)
 }
 
-// TestAnthropicDeploymentSettings: the dialect builds the relay, whose
-// OpenAI-protocol calls get a clear 400.
+// TestAnthropicDeploymentSettings: the dialect builds the relay, with the
+// key from the variable the settings name.
 func TestAnthropicDeploymentSettings(t *testing.T) {
 	t.Setenv("FLYWHEEL_TEST_ANTHROPIC_KEY", "sk-ant-env")
 	fake := &fakeanthropic.Fake{Key: "sk-ant-env"}
@@ -180,12 +180,68 @@ func TestAnthropicDeploymentSettings(t *testing.T) {
 	require.Equal(t, "echo: hi", out.Response.Message.Content)
 	require.JSONEq(t, `{"model":"claude-opus-4-1","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`, string(fake.Requests()[0].Body))
 
-	_, err = b.Complete(context.Background(), userReq("hi"))
-	var ie *inference.Error
-	require.ErrorAs(t, err, &ie)
-	require.Equal(t, 400, ie.Status)
-	require.Contains(t, ie.Message, "Anthropic's Messages dialect only")
+	resp, err := b.Complete(context.Background(), userReq("hi"))
+	require.NoError(t, err, "an OpenAI client's call is converted")
+	require.Equal(t, "echo: hi", resp.Message.Content)
 
 	_, err = deployment.Parse(json.RawMessage(`{"base_url":"https://api.anthropic.com","dialect":"anthropic","weight_sync":{"kind":"vllm_lora"}}`))
 	require.ErrorContains(t, err, "weight_sync")
+}
+
+// TestAnthropicServesOpenAIClients: a neutral request (an OpenAI client's)
+// is converted to a Messages body, its answer read back, whole and
+// streamed, the stream's increments as they arrive.
+func TestAnthropicServesOpenAIClients(t *testing.T) {
+	fake := &fakeanthropic.Fake{}
+	a := newAnthropic(t, fake, 0)
+	temp, parallel := 0.5, false
+	req := &inference.Request{Model: "claude", Temperature: &temp, Stop: []string{"END"}, ToolChoice: "required", ParallelToolCalls: &parallel,
+		Messages: []inference.Message{
+			{Role: "system", Content: "be brief"},
+			{Role: "user", Content: "weather?"},
+			{Role: "assistant", Reasoning: "lost: no signature", ToolCalls: []inference.ToolCall{{ID: "toolu_9", Name: "search", Arguments: `{"q":"oslo"}`}}},
+			{Role: "tool", ToolCallID: "toolu_9", Content: "sunny"},
+			{Role: "user", Content: "thanks"},
+		},
+		Tools: []inference.Tool{{Name: "search", Description: "the web"}}}
+	resp, err := a.Complete(context.Background(), req)
+	require.NoError(t, err)
+	require.Equal(t, "echo: thanks", resp.Message.Content)
+	require.JSONEq(t, `{"model":"claude-sonnet-4-5","max_tokens":4096,"system":"be brief","temperature":0.5,"stop_sequences":["END"],
+		"messages":[{"role":"user","content":[{"type":"text","text":"weather?"}]},
+		  {"role":"assistant","content":[{"type":"tool_use","id":"toolu_9","name":"search","input":{"q":"oslo"}}]},
+		  {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_9","content":"sunny"},{"type":"text","text":"thanks"}]}],
+		"tools":[{"name":"search","description":"the web","input_schema":{"type":"object"}}],
+		"tool_choice":{"type":"any","disable_parallel_tool_use":true}}`, string(fake.Requests()[0].Body))
+	require.Equal(t, "2023-06-01", fake.Requests()[0].Header.Get("anthropic-version"))
+
+	fake.Answer = []map[string]any{{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "hello there"},
+		{"type": "text", "text": "again"}, {"type": "tool_use", "id": "toolu_3", "name": "search", "input": map[string]any{"q": "oslo"}}}
+	var text, reasoning, args string
+	var calls []inference.ToolCallDelta
+	sresp, err := a.Stream(context.Background(), userReq("hi"), func(d inference.Delta) error {
+		text, reasoning = text+d.Text, reasoning+d.Reasoning
+		for _, tc := range d.ToolCalls {
+			if tc.ID != "" {
+				calls = append(calls, tc)
+			}
+			args += tc.Arguments
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, "hello there\nagain", text)
+	require.Equal(t, text, sresp.Message.Content, "the increments add up to the answer")
+	require.Equal(t, "hmm", reasoning)
+	require.Equal(t, []inference.ToolCallDelta{{Index: 0, ID: "toolu_3", Name: "search"}}, calls)
+	require.Equal(t, `{"q":"oslo"}`, args)
+	require.Equal(t, args, sresp.Message.ToolCalls[0].Arguments)
+	require.Contains(t, string(fake.Requests()[1].Body), `"stream":true`)
+
+	_, err = a.Complete(context.Background(), &inference.Request{Model: "claude", ResponseFormat: json.RawMessage(`{"type":"json_object"}`),
+		Messages: []inference.Message{{Role: "user", Content: "hi"}}})
+	var ie *inference.Error
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, 400, ie.Status)
+	require.Contains(t, ie.Message, "response_format")
 }
