@@ -197,3 +197,34 @@ func TestAnthropicDeploymentErrors(t *testing.T) {
 		require.Contains(t, string(row.Response), "echo:", "%s: what came before the break is kept", name)
 	}
 }
+
+// TestAnthropicDeploymentAppliesArtefacts: the serving harness goes in
+// front of a relayed body's system prompt and the tenant's tool-schema
+// override into its tool, every other byte as sent, and the capture names
+// what served, as on any deployment.
+func TestAnthropicDeploymentAppliesArtefacts(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	fake := claudeDeployment(t, e)
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO artefacts (deployment, kind, version, content, status) VALUES
+		('claude', 'harness', 1, '{"system_prompt":"serving harness"}', 'serving'),
+		('claude', 'tool_schema', 2, '{"tenants":{"acme":{"search":{"description":"Search the web."}}}}', 'serving')`)
+	require.NoError(t, err)
+	body := `{"model":"claude","max_tokens":9,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],` +
+		`"tools":[{"name":"search","description":"old","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`
+	st, _, raw := e.do("POST", "/v1/messages", e.keyA, body, "anthropic-version", "2023-06-01")
+	require.Equal(t, 200, st, string(raw))
+	require.Equal(t, `{"model":"claude-sonnet-4-5","max_tokens":9,"system":[{"type":"text","text":"serving harness"},{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],`+
+		`"tools":[{"name":"search","description":"Search the web.","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`,
+		string(fake.Requests()[0].Body))
+	var msg struct{ ID string }
+	require.NoError(t, json.Unmarshal(raw, &msg))
+	row := e.captured(msg.ID)
+	require.Contains(t, string(row.Request), `"injected_system": "serving harness"`)
+	require.Contains(t, string(row.Request), `"search": "2"`, "the tool's version")
+
+	st, _, raw = e.do("POST", "/v1/messages/count_tokens", e.keyA, `{"model":"claude","messages":[{"role":"user","content":"hi"}]}`,
+		"anthropic-version", "2023-06-01")
+	require.Equal(t, 200, st, string(raw))
+	require.Equal(t, `{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}],"system":"serving harness"}`, string(fake.Requests()[1].Body),
+		"the count covers what a call would send")
+}

@@ -53,7 +53,7 @@ func (s *Server) countTokens(c *gin.Context) {
 		return
 	}
 	if relay, ok := relayOf(t); ok {
-		relayCountTokens(c, relay, body)
+		relayCountTokens(c, t, relay, body, req.Tools)
 		return
 	}
 	counter, ok := t.backend.(inference.Counter)
@@ -95,14 +95,13 @@ func (s *Server) messages(c *gin.Context) {
 	if wire.Metadata != nil {
 		endUser = wire.Metadata.UserID
 	}
-	tools := req.Tools
 	cl, err := s.prepare(c, protoAnthropic, req, wire.Stream, endUser, "")
 	if err != nil {
 		abort(c, err)
 		return
 	}
 	if relay, ok := relayOf(cl.target); ok {
-		s.relayMessages(c, cl, relay, body, tools, wire.Stream)
+		s.relayMessages(c, cl, relay, body, wire.Stream)
 		return
 	}
 	if wire.Stream {

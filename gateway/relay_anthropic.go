@@ -62,15 +62,23 @@ func relayHeaders(c *gin.Context) http.Header {
 }
 
 // relayMessages serves POST /v1/messages on a relaying deployment. The
-// server gets the client's body (model renamed) and the client gets the
-// server's answer, its id replaced by the completion id feedback names;
-// capture records the call as it records any other, from the request as
-// decoded and the answer as read. The serving artefacts (harness,
-// playbook, tool schema) are not applied: the body is not rebuilt, and
-// the capture says so (no injected system, no tool versions).
-func (s *Server) relayMessages(c *gin.Context, cl *call, relay anthropicRelay, body []byte, tools []inference.Tool, stream bool) {
-	cl.req.Messages, cl.req.Tools = cl.client, tools
-	cl.toolVersions, cl.target.system, cl.target.artefactsKey = nil, "", ""
+// server gets the client's body with the model renamed and the serving
+// artefacts applied (the harness and playbook in front of the system
+// prompt, the tool schema's descriptions), every other byte as sent; the
+// client gets the server's answer, its id replaced by the completion id
+// feedback names. Capture records the call as it records any other, from
+// the request as decoded (the artefacts applied the same way) and the
+// answer as read.
+func (s *Server) relayMessages(c *gin.Context, cl *call, relay anthropicRelay, body []byte, stream bool) {
+	changed := make([]string, 0, len(cl.toolVersions))
+	for name := range cl.toolVersions {
+		changed = append(changed, name)
+	}
+	body, err := withArtefacts(body, cl.target.system, cl.req.Tools, changed)
+	if err != nil {
+		abort(c, err)
+		return
+	}
 	in := upstream.MessagesCall{Body: body, Header: relayHeaders(c), Stream: stream}
 	if stream {
 		s.relayStream(c, cl, relay, in)
@@ -132,9 +140,30 @@ func (s *Server) relayStream(c *gin.Context, cl *call, relay anthropicRelay, in 
 	_ = writeEvent(w, "message_stop", stop)
 }
 
+// withArtefacts is a relayed body with the serving artefacts applied:
+// system in front of its system prompt, and the tools named in changed
+// described as in tools.
+func withArtefacts(body []byte, system string, tools []inference.Tool, changed []string) ([]byte, error) {
+	body, err := anthropic.InjectSystem(body, system)
+	if err == nil {
+		body, err = anthropic.OverrideTools(body, tools, changed)
+	}
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	return body, nil
+}
+
 // relayCountTokens serves POST /v1/messages/count_tokens on a relaying
-// deployment: the server counts.
-func relayCountTokens(c *gin.Context, relay anthropicRelay, body []byte) {
+// deployment: the server counts the body the call would send, the
+// serving artefacts applied.
+func relayCountTokens(c *gin.Context, t *target, relay anthropicRelay, body []byte, tools []inference.Tool) {
+	tools, changed := t.artefacts.Tools(principalOf(c).TenantID, tools)
+	body, err := withArtefacts(body, t.system, tools, changed)
+	if err != nil {
+		abort(c, err)
+		return
+	}
 	out, err := relay.CountTokens(c.Request.Context(), upstream.MessagesCall{Body: body, Header: relayHeaders(c)})
 	if err != nil {
 		abort(c, err)
