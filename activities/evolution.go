@@ -2,13 +2,10 @@ package activities
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,8 +41,11 @@ type Evolution struct {
 	Logger   *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// PlaybookMax caps the playbook. Default 50.
-	PlaybookMax int
+	// Reflector asks the deployment's reflecting model (nil: the cheap
+	// layers propose nothing on this worker).
+	Reflector Reflector
+	// Backend replays failed tool calls on the deployment's engine.
+	Backend Completer
 }
 
 func (e *Evolution) now() time.Time {
@@ -171,31 +171,33 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 	}
 	var content any
 	items := 0
+	settings, err := e.evolutionSettings(ctx, in.Deployment)
+	if err != nil {
+		return flow.ProposeArtefactOutput{}, err
+	}
+	spend := &reflectionSpend{settings: settings}
+	nothing := func(why string) (flow.ProposeArtefactOutput, error) {
+		return flow.ProposeArtefactOutput{Reason: why, ReflectionTokens: spend.spent}, nil
+	}
+	const noReflector = "the deployment names no reflector (its settings' evolution.reflector), so nothing reads its failed sessions"
+	var note string
 	switch in.Kind {
 	case artefact.LayerPlaybook:
-		window := in.Window
-		if window <= 0 {
-			window = time.Hour
-		}
-		now := e.now()
-		corr, err := store.Corrections(ctx, e.DB, in.Deployment, now.Add(-window), now, 50)
-		if err != nil {
-			return flow.ProposeArtefactOutput{}, err
-		}
-		lessons := e.lessons(corr)
-		if len(lessons) == 0 {
-			return flow.ProposeArtefactOutput{Reason: "no corrected answers to learn from in the window"}, nil
+		if settings.Reflector == "" {
+			return nothing(noReflector)
 		}
 		var old artefact.Playbook
 		if cur.Playbook != nil {
 			old = *cur.Playbook
 		}
-		max := e.PlaybookMax
-		if max <= 0 {
-			max = 50
+		pb, why, err := e.proposePlaybook(ctx, in, old, spend)
+		if err != nil {
+			return flow.ProposeArtefactOutput{}, err
 		}
-		pb := evolution.CuratePlaybook(old, lessons, max)
-		content, items = pb, len(pb.Items)
+		if samePlaybook(pb, old) {
+			return nothing("the playbook would not change: " + why)
+		}
+		content, items, note = pb, len(pb.Items), why
 	case artefact.LayerHarness:
 		old := ""
 		if cur.Harness != nil {
@@ -203,7 +205,7 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		}
 		h := artefact.Harness{System: evolution.HarnessFor(old, in.Evidence)}
 		if h.System == old {
-			return flow.ProposeArtefactOutput{Reason: "the harness already says what the evidence calls for"}, nil
+			return nothing("the harness already says what the evidence calls for")
 		}
 		content, items = h, 1
 	case artefact.LayerToolSchema:
@@ -216,6 +218,9 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		if f == nil || f.Tenant == "" {
 			return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("tool %q of tenant %q is not in the evidence", in.Target, in.Tenant), "BadInput", nil)
 		}
+		if settings.Reflector == "" {
+			return nothing(noReflector)
+		}
 		ts := artefact.ToolSchema{Tenants: map[string]map[string]artefact.ToolOverride{}}
 		if cur.ToolSchema != nil {
 			for t, o := range cur.ToolSchema.Tenants {
@@ -226,9 +231,16 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		for k, v := range ts.Tenants[f.Tenant] {
 			mine[k] = v
 		}
-		mine[f.Tool] = evolution.ToolSchemaFor(*f, mine[f.Tool])
+		o, why, err := e.proposeToolSchema(ctx, in, *f, mine[f.Tool], spend)
+		if err != nil {
+			return flow.ProposeArtefactOutput{}, err
+		}
+		if o == nil {
+			return nothing(why)
+		}
+		mine[f.Tool] = *o
 		ts.Tenants[f.Tenant] = mine
-		content, items = ts, len(mine)
+		content, items, note = ts, len(mine), why
 	default:
 		return flow.ProposeArtefactOutput{}, temporal.NewNonRetryableApplicationError(fmt.Sprintf("unknown artefact kind %q", in.Kind), "BadInput", nil)
 	}
@@ -240,41 +252,16 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 	if err != nil {
 		return flow.ProposeArtefactOutput{}, err
 	}
-	e.logger().Info(msgArtefactProposed, "deployment", in.Deployment, "kind", in.Kind, "version", a.Version, "items", items)
-	return flow.ProposeArtefactOutput{Version: a.Version, Items: items}, nil
+	e.logger().Info(msgArtefactProposed, "deployment", in.Deployment, "kind", in.Kind, "version", a.Version, "items", items,
+		"reflection_tokens", spend.spent)
+	return flow.ProposeArtefactOutput{Version: a.Version, Items: items, Reason: note, ReflectionTokens: spend.spent}, nil
 }
 
-// lessons turns corrected answers into playbook items of their tenants,
-// redacted, with the correction as the lesson when the user gave one.
-func (e *Evolution) lessons(corr []store.Correction) []artefact.PlaybookItem {
-	var out []artefact.PlaybookItem
-	for _, c := range corr {
-		topic := firstWords(c.Prompt, 12)
-		var text string
-		switch {
-		case strings.TrimSpace(c.FollowUp) != "":
-			text = fmt.Sprintf("When asked %q, users corrected the answer: %q.", topic, firstWords(c.FollowUp, 40))
-		case strings.TrimSpace(c.Answer) != "":
-			text = fmt.Sprintf("When asked %q, an answer like %q was rated badly; answer differently.", topic, firstWords(c.Answer, 25))
-		default:
-			continue
-		}
-		if e.Redactor != nil {
-			text, _ = e.Redactor.Text(text)
-		}
-		sum := sha256.Sum256([]byte(strings.ToLower(text)))
-		out = append(out, artefact.PlaybookItem{ID: "p" + hex.EncodeToString(sum[:4]), Content: text, Helpful: 1,
-			Tenant: c.TenantID, Sessions: []string{c.SessionID}})
-	}
-	return out
-}
-
-func firstWords(s string, n int) string {
-	f := strings.Fields(s)
-	if len(f) > n {
-		f = append(f[:n], "…")
-	}
-	return strings.Join(f, " ")
+// samePlaybook reports whether two playbooks hold the same items.
+func samePlaybook(a, b artefact.Playbook) bool {
+	x, _ := json.Marshal(a.Items)
+	y, _ := json.Marshal(b.Items)
+	return string(x) == string(y)
 }
 
 // RequestTraining signals the deployment's TrainingWorkflow to train now,

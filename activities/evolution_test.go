@@ -101,16 +101,6 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, id, rows[0].ID)
 	require.Contains(t, string(rows[0].Evidence), `"correction_rate": 0.5`)
 
-	ts, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerToolSchema, Target: d.Target, Tenant: d.Tenant, Evidence: ev, Key: "w1"})
-	require.NoError(t, err)
-	require.Equal(t, 1, ts.Version)
-	a, err := store.ArtefactVersion(ctx, db, "dep", artefact.LayerToolSchema, "1")
-	require.NoError(t, err)
-	var tools artefact.Set
-	require.NoError(t, tools.Decode(artefact.LayerToolSchema, a.Content))
-	require.Contains(t, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Description, "month must be a number")
-	require.Equal(t, []string{"new-0", "new-2"}, tools.ToolSchema.Tenants["acme"]["lookup_invoice"].Sessions)
-	require.NotContains(t, tools.ToolSchema.Tenants, "globex", "acme's tool override is acme's alone")
 	_, err = e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerToolSchema, Target: d.Target, Tenant: "initech", Evidence: ev, Key: "w1b"})
 	require.ErrorContains(t, err, "not in the evidence")
 
@@ -127,25 +117,6 @@ func TestEvolutionEvidenceAndProposals(t *testing.T) {
 	require.Equal(t, 4, again.Sessions, "an opted-out session is not evidence for any layer")
 	require.Equal(t, 2, again.Tenants)
 	require.Equal(t, ev.CorrectionRate, again.CorrectionRate)
-
-	pb, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Evidence: ev, Window: time.Hour, Key: "w2"})
-	require.NoError(t, err)
-	require.Equal(t, 1, pb.Version)
-	require.Equal(t, 2, pb.Items, "the same correction from two tenants is two lessons, one for each")
-	a, err = store.ArtefactVersion(ctx, db, "dep", artefact.LayerPlaybook, "1")
-	require.NoError(t, err)
-	var set artefact.Set
-	require.NoError(t, set.Decode(artefact.LayerPlaybook, a.Content))
-	for i, tenant := range []string{"acme", "globex"} {
-		it := set.Playbook.Items[i]
-		require.Equal(t, tenant, it.Tenant)
-		require.Equal(t, []string{map[string]string{"acme": "new-0", "globex": "new-1"}[tenant]}, it.Sessions, "the lesson names the session it came from")
-		require.Contains(t, it.Content, "the total is 12")
-	}
-	require.Contains(t, set.System("acme"), "the total is 12")
-	require.NotContains(t, set.System("initech"), "the total is 12", "a tenant that taught nothing is shown nothing")
-	require.NotContains(t, string(a.Content), "bob@example.com", "lessons are redacted before other sessions see them")
-	require.NotContains(t, string(a.Content), "BLUEBIRD", "an opted-out session feeds no artefact")
 
 	h, err := e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerHarness, Evidence: ev, Key: "w3"})
 	require.NoError(t, err)

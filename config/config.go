@@ -100,6 +100,8 @@ type GatewayConfig struct {
 // WorkerConfig is the Temporal worker process.
 type WorkerConfig struct {
 	TaskQueues []string `yaml:"task_queues" help:"task queues this worker polls, comma separated (default flywheel,flywheel-sessions,flywheel-tinker,flywheel-sandbox)"`
+	GatewayURL string   `yaml:"gateway_url" help:"the gateway's base URL (http://host:port) through which evolution asks each deployment's reflector; 'flywheel up' uses its own gateway; empty: no reflector on this worker (default empty)"`
+	GatewayKey string   `yaml:"gateway_key_env" help:"name of the environment variable holding an operator API key for gateway_url; the reflector's calls are that tenant's opted-out sessions (default FLYWHEEL_OPERATOR_KEY)"`
 }
 
 // ControlConfig is what `flywheel up` schedules on the control plane.
@@ -175,7 +177,7 @@ func Default() Config {
 			KeyCacheTTL:     10 * time.Second,
 			StatusDevTenant: DevTenant,
 		},
-		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-tinker", "flywheel-sandbox"}},
+		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-tinker", "flywheel-sandbox"}, GatewayKey: "FLYWHEEL_OPERATOR_KEY"},
 		Control:     ControlConfig{WatchdogEvery: time.Minute},
 		Trainer:     TrainerConfig{Listen: "127.0.0.1:8091", IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
 		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8090"},

@@ -10,7 +10,7 @@ import (
 
 // CuratePlaybook merges new lessons into a playbook deterministically:
 // a tenant's items with the same normalised content merge (counts add up,
-// sessions join), items that hurt more than they helped are dropped, and
+// sessions join), harmful items (Harmful) are dropped, and
 // the rest are kept up to max per tenant, most helpful first (ties by id),
 // so one tenant's lessons never crowd out another's. Items of no tenant
 // are dropped: they were shown to no one.
@@ -26,17 +26,17 @@ func CuratePlaybook(old artefact.Playbook, add []artefact.PlaybookItem, max int)
 		if cur, ok := byKey[k]; ok {
 			cur.Helpful += it.Helpful
 			cur.Harmful += it.Harmful
-			cur.Sessions = joinSessions(cur.Sessions, it.Sessions)
+			cur.Sessions = JoinSessions(cur.Sessions, it.Sessions)
 			continue
 		}
 		c := it
-		c.Sessions = joinSessions(nil, it.Sessions)
+		c.Sessions = JoinSessions(nil, it.Sessions)
 		byKey[k] = &c
 		order = append(order, k)
 	}
 	var items []artefact.PlaybookItem
 	for _, k := range order {
-		if it := byKey[k]; it.Harmful <= it.Helpful {
+		if it := byKey[k]; !Harmful(*it) {
 			items = append(items, *it)
 		}
 	}
@@ -62,8 +62,19 @@ func CuratePlaybook(old artefact.Playbook, add []artefact.PlaybookItem, max int)
 	return artefact.Playbook{Items: items}
 }
 
-// joinSessions is a ∪ b, sorted, without repeats.
-func joinSessions(a, b []string) []string {
+// MinHarmful is how many rewarded sessions that saw an item must have
+// failed before the item can retire as harmful: one bad session says
+// little about a lesson.
+const MinHarmful = 3
+
+// Harmful reports whether an item retires: at least MinHarmful sessions
+// that saw it failed, and more failed than succeeded.
+func Harmful(it artefact.PlaybookItem) bool {
+	return it.Harmful >= MinHarmful && it.Harmful > it.Helpful
+}
+
+// JoinSessions is a ∪ b, sorted, without repeats.
+func JoinSessions(a, b []string) []string {
 	if len(b) == 0 {
 		return a
 	}

@@ -281,22 +281,3 @@ func HarnessFor(current string, e Evidence) string {
 	}
 	return current + "\n" + add
 }
-
-// ToolSchemaFor proposes a description override for a tenant's failing
-// tool, extending the tenant's current one (prev).
-func ToolSchemaFor(f ToolFailure, prev artefact.ToolOverride) artefact.ToolOverride {
-	d := strings.TrimSpace(prev.Description)
-	note := fmt.Sprintf("Note: %.0f%% of recent calls failed", 100*f.Rate)
-	if f.Example != "" {
-		ex := f.Example
-		if len(ex) > 160 {
-			ex = ex[:160]
-		}
-		note += fmt.Sprintf(" (most often: %q)", ex)
-	}
-	note += "; pass every required argument with the documented type."
-	if d != "" {
-		d += " "
-	}
-	return artefact.ToolOverride{Description: d + note, Parameters: prev.Parameters, Sessions: joinSessions(prev.Sessions, f.Sessions)}
-}

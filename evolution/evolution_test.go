@@ -182,16 +182,11 @@ func TestForgetRemovesWhatASessionTaught(t *testing.T) {
 	require.Empty(t, set.Forget("acme", []string{"s9"}), "nothing learnt from s9: nothing changes")
 }
 
-func TestHarnessAndToolSchemaProposals(t *testing.T) {
+func TestHarnessProposal(t *testing.T) {
 	h := HarnessFor("Be kind.", Evidence{CorrectionRate: 0.4})
 	require.Contains(t, h, "Be kind.\n")
 	require.Contains(t, h, "40%")
 	require.Equal(t, h, HarnessFor(h, Evidence{CorrectionRate: 0.4}), "proposing twice does not stack the same line")
-	o := ToolSchemaFor(ToolFailure{Tenant: "acme", Tool: "search", Rate: 0.5, Example: "missing query", Sessions: []string{"s2"}},
-		artefact.ToolOverride{Description: "Search.", Sessions: []string{"s1"}})
-	require.Contains(t, o.Description, "Search. Note: 50%")
-	require.Contains(t, o.Description, "missing query")
-	require.Equal(t, []string{"s1", "s2"}, o.Sessions)
 }
 
 func TestSignificantVerdictIgnoresNoiseButNotAClearLoss(t *testing.T) {

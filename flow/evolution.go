@@ -70,7 +70,10 @@ type ProposeArtefactInput struct {
 type ProposeArtefactOutput struct {
 	Version int
 	Items   int
-	Reason  string
+	// Reason says why nothing was proposed, or what the proposal rests on.
+	Reason string
+	// ReflectionTokens is what asking the reflector cost.
+	ReflectionTokens int `json:",omitempty"`
 }
 
 // RequestTrainingInput asks the deployment's TrainingWorkflow to train now.
@@ -96,4 +99,9 @@ type EvolutionResult struct {
 	Action string
 	// Release is the outcome of the release the decision started, if any.
 	Release string `json:",omitempty"`
+	// Proposal says what the proposed change rests on (the reflector's
+	// curated deltas, a replay's count), and ReflectionTokens what the
+	// reflection cost.
+	Proposal         string `json:",omitempty"`
+	ReflectionTokens int    `json:",omitempty"`
 }

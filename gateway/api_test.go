@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -40,7 +41,8 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	require.Equal(t, "key", e.captured(c2["id"].(string)).Mode)
 
 	// Validation: not finite / out of range / unknown fields.
-	for _, bad := range []string{`{"value": 5}`, `{"value": "NaN"}`, `{}`, `{"vlaue": 1}`, `{"value": 1, "source": "Bad Source"}`} {
+	tooLong, _ := json.Marshal(map[string]any{"value": 1, "feedback": strings.Repeat("x", store.MaxFeedback+1)})
+	for _, bad := range []string{`{"value": 5}`, `{"value": "NaN"}`, `{}`, `{"vlaue": 1}`, `{"value": 1, "source": "Bad Source"}`, string(tooLong)} {
 		st, _, body := e.do("POST", "/v1/sessions/"+sid+"/reward", e.keyA, bad)
 		require.Contains(t, []int{400, 422}, st, "%s → %s", bad, body)
 	}
@@ -48,8 +50,12 @@ func TestSessionKeyRewardsFeedbackExport(t *testing.T) {
 	require.Equal(t, 201, st)
 	st, _ = e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": c2["id"], "value": 1, "source": "user"})
 	require.Equal(t, 201, st)
-	st, _ = e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": c2["id"], "value": -1, "source": "judge"})
+	st, _ = e.doJSON("POST", "/v1/feedback", e.keyA, map[string]any{"completion_id": c2["id"], "value": -1, "source": "judge",
+		"feedback": "the answer ignored the question"})
 	require.Equal(t, 201, st)
+	var why string
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT feedback FROM rewards WHERE session_id = $1 AND source = 'judge'`, sid).Scan(&why))
+	require.Equal(t, "the answer ignored the question", why, "the feedback text is kept for the reflector")
 	st, _ = e.doJSON("POST", "/v1/sessions/"+sid+"/end", e.keyA, nil)
 	require.Equal(t, 200, st)
 	st, _ = e.doJSON("POST", "/v1/chat/completions", skey, chatBody("after the end"))

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"github.com/jackc/pgx/v5"
@@ -145,6 +146,7 @@ type rewardRequest struct {
 	CompletionID string   `json:"completion_id"`
 	Source       string   `json:"source"`
 	Final        bool     `json:"final"`
+	Feedback     string   `json:"feedback"`
 }
 
 // postReward is POST /v1/sessions/{id}/reward.
@@ -165,6 +167,10 @@ func (s *Server) postReward(c *gin.Context) {
 	}
 	src, err := rewardSource(r.Source)
 	if err != nil {
+		abort(c, err)
+		return
+	}
+	if err := validFeedback(r.Feedback); err != nil {
 		abort(c, err)
 		return
 	}
@@ -190,7 +196,16 @@ func (s *Server) postReward(c *gin.Context) {
 		}
 		stepID = it.ID
 	}
-	s.recordReward(c, info, store.NewReward{TenantID: p.TenantID, SessionID: id, InteractionID: stepID, Value: *r.Value, Source: src, Final: r.Final})
+	s.recordReward(c, info, store.NewReward{TenantID: p.TenantID, SessionID: id, InteractionID: stepID, Value: *r.Value, Source: src, Final: r.Final, Feedback: r.Feedback})
+}
+
+// validFeedback checks a reward's feedback text: valid UTF-8 of at most
+// store.MaxFeedback bytes.
+func validFeedback(f string) error {
+	if len(f) > store.MaxFeedback || !utf8.ValidString(f) {
+		return errf(422, "feedback: want UTF-8 text of at most %d bytes", store.MaxFeedback)
+	}
+	return nil
 }
 
 func rewardSource(src string) (string, error) {
@@ -226,6 +241,7 @@ type feedbackRequest struct {
 	CompletionID string   `json:"completion_id"`
 	Value        *float64 `json:"value"`
 	Source       string   `json:"source"`
+	Feedback     string   `json:"feedback"`
 }
 
 // postFeedback is POST /v1/feedback: a reward for a completion, any time
@@ -253,6 +269,10 @@ func (s *Server) postFeedback(c *gin.Context) {
 		abort(c, err)
 		return
 	}
+	if err := validFeedback(r.Feedback); err != nil {
+		abort(c, err)
+		return
+	}
 	p := principalOf(c)
 	it, err := store.InteractionByCompletion(c.Request.Context(), s.deps.DB, p.TenantID, r.CompletionID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && p.SessionID != "" && it.SessionID != p.SessionID) {
@@ -268,7 +288,7 @@ func (s *Server) postFeedback(c *gin.Context) {
 		abort(c, err)
 		return
 	}
-	s.recordReward(c, info, store.NewReward{TenantID: p.TenantID, SessionID: it.SessionID, InteractionID: it.ID, Value: *r.Value, Source: src})
+	s.recordReward(c, info, store.NewReward{TenantID: p.TenantID, SessionID: it.SessionID, InteractionID: it.ID, Value: *r.Value, Source: src, Feedback: r.Feedback})
 }
 
 // endSession is POST /v1/sessions/{id}/end.

@@ -37,10 +37,7 @@ WITH sess AS (
     WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND `+consentedSQL+`
     GROUP BY i.session_id, i.tenant_id
 ), scored AS (
-    SELECT s.session_id, s.tenant_id, s.tokens,
-        COALESCE(
-            (SELECT avg(r.value) FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND r.interaction_id IS NULL),
-            (SELECT avg(r.value) FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id)) AS outcome,
+    SELECT s.session_id, s.tenant_id, s.tokens, `+outcomeSQL+` AS outcome,
         EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND (r.value < 0 OR r.source = 'correction')) AS corrected,
         EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.session_id AND r.source = 'safety' AND r.value < 0) AS flagged
     FROM sess s
@@ -70,6 +67,9 @@ type ToolStats struct {
 	Sessions []string
 }
 
+// toolFailedSQL follows a tool result's text: it reports an error.
+const toolFailedSQL = `~* '^\s*(error|exception|traceback|failed)|"error"'`
+
 // ToolFailures counts, per tenant and tool, the tool results in a
 // deployment's consented requests in [from, to) and how many of them
 // report an error. A result is matched to its tool by tool_call_id; each
@@ -88,7 +88,7 @@ WITH msgs AS (
     SELECT DISTINCT ON (tenant_id, session_id, m->>'tool_call_id') tenant_id, session_id, m->>'tool_call_id' AS call_id, left(m->>'content', 200) AS content
     FROM msgs WHERE m->>'role' = 'tool'
 ), joined AS (
-    SELECT c.tenant_id, c.session_id, c.tool, r.content, r.content ~* '^\s*(error|exception|traceback|failed)|"error"' AS failed
+    SELECT c.tenant_id, c.session_id, c.tool, r.content, r.content `+toolFailedSQL+` AS failed
     FROM results r JOIN calls c USING (tenant_id, session_id, call_id)
 ), example AS (
     SELECT DISTINCT ON (tenant_id, tool) tenant_id, tool, content

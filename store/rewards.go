@@ -12,7 +12,14 @@ type NewReward struct {
 	Value               float64
 	Source              string
 	Final               bool
+	// Feedback is the text that explains the reward (a grader's reason,
+	// a user's complaint), at most MaxFeedback bytes; the reflector reads
+	// it.
+	Feedback string
 }
+
+// MaxFeedback bounds a reward's feedback text.
+const MaxFeedback = 4000
 
 // InsertReward records a reward after checking that the session (and the
 // step, when given) belong to the tenant; ErrNotFound otherwise.
@@ -22,12 +29,12 @@ func InsertReward(ctx context.Context, db DBTX, r NewReward) (int64, error) {
 		iid = &r.InteractionID
 	}
 	var id int64
-	err := db.QueryRow(ctx, `INSERT INTO rewards (tenant_id, session_id, interaction_id, value, source, final)
-		SELECT s.tenant_id, s.id, $3, $4, $5, $6 FROM sessions s
+	err := db.QueryRow(ctx, `INSERT INTO rewards (tenant_id, session_id, interaction_id, value, source, final, feedback)
+		SELECT s.tenant_id, s.id, $3, $4, $5, $6, $7 FROM sessions s
 		WHERE s.tenant_id = $1 AND s.id = $2 AND s.status <> 'forgotten'
 		AND ($3::bigint IS NULL OR EXISTS (SELECT 1 FROM interactions i
 			WHERE i.id = $3 AND i.tenant_id = $1 AND i.session_id = $2))
-		RETURNING id`, r.TenantID, r.SessionID, iid, r.Value, r.Source, r.Final).Scan(&id)
+		RETURNING id`, r.TenantID, r.SessionID, iid, r.Value, r.Source, r.Final, r.Feedback).Scan(&id)
 	if err != nil {
 		return 0, notFound(err)
 	}

@@ -39,6 +39,9 @@ type Deps struct {
 	RewardMin, RewardMax float64
 	// SWE runs SWE rollouts (nil: not on this worker).
 	SWE *activities.SWEActivities
+	// Reflector lets evolution ask deployments' reflectors (nil: the
+	// cheap layers propose nothing on this worker).
+	Reflector activities.Reflector
 }
 
 // Registrations says which workflows and activities run on which task
@@ -51,7 +54,8 @@ func Registrations(d Deps) map[string]Registrar {
 	session := &activities.Session{DB: d.Pool, Rules: d.Rules, Logger: d.Logger}
 	release := &activities.Release{DB: d.Pool, Backend: d.Backend, Logger: d.Logger, RewardMin: d.RewardMin, RewardMax: d.RewardMax}
 	training := &activities.Training{DB: d.Pool, CheckpointDir: d.CheckpointDir, BatchDir: d.BatchDir, Logger: d.Logger}
-	evolve := &activities.Evolution{DB: d.Pool, Temporal: d.Temporal, Redactor: d.Rules.Redactor, Logger: d.Logger}
+	evolve := &activities.Evolution{DB: d.Pool, Temporal: d.Temporal, Redactor: d.Rules.Redactor, Logger: d.Logger,
+		Reflector: d.Reflector, Backend: d.Backend}
 	forget := &activities.Forget{DB: d.Pool, Logger: d.Logger}
 	sessions := func(r tworker.Registry) {
 		r.RegisterWorkflowWithOptions(workflows.SessionWorkflow, workflow.RegisterOptions{Name: flow.SessionWorkflowName})

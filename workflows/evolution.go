@@ -98,17 +98,26 @@ func act(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.Evolution
 // the decision asks for and takes it through a ReleaseWorkflow.
 func releaseArtefact(ctx, actx workflow.Context, in flow.EvolutionInput, res *flow.EvolutionResult) error {
 	layer := evolution.DecisionLayer(res.Decision.Kind)
+	// Asking the reflector (a hosted model, perhaps) and replaying failed
+	// tool calls take longer than the other steps.
+	pctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+		StartToCloseTimeout: 10 * time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: time.Minute,
+			MaximumAttempts: 3, NonRetryableErrorTypes: []string{"BadInput", "BadData"}},
+	})
 	var art flow.ProposeArtefactOutput
-	if err := workflow.ExecuteActivity(actx, aEvolution.ProposeArtefact, flow.ProposeArtefactInput{
+	if err := workflow.ExecuteActivity(pctx, aEvolution.ProposeArtefact, flow.ProposeArtefactInput{
 		Deployment: in.Deployment, Kind: layer, Target: res.Decision.Target, Tenant: res.Decision.Tenant, Evidence: res.Evidence,
 		Window: in.Window, Key: workflow.GetInfo(ctx).WorkflowExecution.ID,
 	}).Get(ctx, &art); err != nil {
 		return fmt.Errorf("propose %s: %w", layer, err)
 	}
+	res.ReflectionTokens = art.ReflectionTokens
 	if art.Version == 0 {
 		res.Action = "nothing to propose: " + art.Reason
 		return nil
 	}
+	res.Proposal = art.Reason
 	candidate := fmt.Sprint(art.Version)
 	id := flow.ReleaseWorkflowID(in.Deployment, layer, candidate)
 	res.Action = "release " + id

@@ -2,12 +2,14 @@ package workflows_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +32,7 @@ import (
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
 	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/fakeopenai"
 	"github.com/flywheel-ai/flywheel/internal/policytest"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/redact"
@@ -59,8 +62,10 @@ type stack struct {
 	base *trainer.Model
 	// trainer is the policy deployment's trainer.
 	trainer *trainerService
-	url     string
-	key     string
+	// reflector is the policy deployment's reflector.
+	reflector *fakeopenai.Server
+	url       string
+	key       string
 	// dir holds checkpoints and batch files, shared by the control plane
 	// and the trainer workers as a deployment's volume would be.
 	dir string
@@ -100,9 +105,19 @@ func newStack(t *testing.T) *stack {
 	// Gates answer on each deployment's own engine, as cmd/flywheel wires
 	// them: the policy's on its model server.
 	engines := &activities.Engines{DB: pool, Timeout: 10 * time.Second}
+	// The policy's reflector is a fake hosted model behind an "openai"
+	// upstream; evolution asks it through the gateway below.
+	reflector := &fakeopenai.Server{Script: func(fakeopenai.Request) fakeopenai.Reply { return fakeopenai.Reply{Text: `{"deltas": []}`} }}
+	rs := httptest.NewServer(reflector)
+	t.Cleanup(rs.Close)
+	_, err = store.CreateUpstreamDeployment(ctx, pool, "reflector", deployment.Settings{BaseURL: rs.URL + "/v1", Dialect: deployment.DialectOpenAI})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE deployments SET config = config || '{"evolution": {"reflector": "reflector"}}' WHERE name = $1`, policyName)
+	require.NoError(t, err)
+	refl := &activities.GatewayReflector{}
 	for _, q := range []string{flow.TaskQueue, flow.SessionTaskQueue} {
 		w := tworker.New(tc, q, tworker.Options{})
-		register(w, pool, red, engines, tc, dir)
+		register(w, pool, red, engines, refl, tc, dir)
 		require.NoError(t, w.Start())
 		t.Cleanup(w.Stop)
 	}
@@ -118,7 +133,13 @@ func newStack(t *testing.T) *stack {
 	require.NoError(t, store.EnsureTenant(ctx, pool, "acme"))
 	key, err := store.CreateKey(ctx, pool, "acme", "", "test")
 	require.NoError(t, err)
-	return &stack{t: t, pool: pool, tc: tc, policy: policy, engines: engines, base: m, trainer: tr, url: ts.URL, key: key, dir: dir}
+	require.NoError(t, store.EnsureTenant(ctx, pool, "ops"))
+	refl.URL = ts.URL
+	if refl.APIKey, err = store.CreateKey(ctx, pool, "ops", "", "operator"); err != nil {
+		t.Fatal(err)
+	}
+	return &stack{t: t, pool: pool, tc: tc, policy: policy, engines: engines, base: m, trainer: tr, url: ts.URL, key: key, dir: dir,
+		reflector: reflector}
 }
 
 // trainerWorker drives the policy's trainer: a worker on the Tinker queue
@@ -253,7 +274,7 @@ func l2(a, b []float32) float64 {
 }
 
 // register mirrors cmd/flywheel's registrations for the workflow queue.
-func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, tc client.Client, dir string) {
+func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, backend activities.Completer, refl activities.Reflector, tc client.Client, dir string) {
 	wf := func(fn any, name string) { r.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name}) }
 	act := func(fn any, name string) { r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name}) }
 	rules, err := trajectory.NewRules(config.Default().Gateway, map[string]trajectory.Tokenizer{policyName: trainer.Tokenizer{}})
@@ -262,7 +283,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	}
 	session := &activities.Session{DB: pool, Rules: rules}
 	release := &activities.Release{DB: pool, Backend: backend, MaxPrompts: 5, MaxTokens: 16}
-	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red}
+	evolve := &activities.Evolution{DB: pool, Temporal: tc, Redactor: red, Reflector: refl, Backend: backend}
 	training := &activities.Training{DB: pool, CheckpointDir: filepath.Join(dir, "checkpoints"), BatchDir: filepath.Join(dir, "batches")}
 	wf(workflows.SessionWorkflow, flow.SessionWorkflowName)
 	act(session.AssembleTrajectory, flow.ActivityName((*activities.Session).AssembleTrajectory))
@@ -664,6 +685,17 @@ func TestIntegrationEvolutionPlaybookLoop(t *testing.T) {
 		require.Equal(t, http.StatusOK, st)
 	}
 
+	// The reflector reads the corrected sessions and proposes the lesson
+	// they teach, citing them.
+	s.reflector.Script = func(r fakeopenai.Request) fakeopenai.Reply {
+		var cite []string
+		for _, m := range regexp.MustCompile(`\[session ([^\]]+)\]`).FindAllStringSubmatch(r.Messages[1].Content, -1) {
+			cite = append(cite, m[1])
+		}
+		d, _ := json.Marshal(map[string]any{"deltas": []evolution.Delta{
+			{Op: evolution.DeltaAdd, Content: "Asked for the capital of France, answer Paris.", Sessions: cite}}})
+		return fakeopenai.Reply{Text: string(d)}
+	}
 	run, err := s.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "evolution-it", TaskQueue: flow.TaskQueue}, flow.EvolutionWorkflowName,
 		flow.EvolutionInput{Deployment: policyName, Window: time.Hour, Trigger: "test",
 			Thresholds: evolution.Thresholds{MinSessions: n},

@@ -15,7 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai|anthropic] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer JSON | --trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON]
+const deploymentsUsage = `flywheel deployments create NAME --base-url URL [--model SERVED_NAME] [--api-key-env VAR] [--fallbacks M1,M2] [--dialect vllm|sglang|openai|anthropic] [--timeout 30s] [--retries N] [--weight-sync KIND] [--trainer JSON | --trainer-queue Q] [--base-model M] [--tokenizer T] [--gates JSON] [--evolution JSON]
        flywheel deployments update NAME --base-url URL [same flags as create]
        flywheel deployments list
        flywheel deployments show NAME`
@@ -76,6 +76,7 @@ type upstreamFlags struct {
 	sync      deployment.WeightSync
 	gates     string
 	trainer   string
+	evolution string
 }
 
 func (f *upstreamFlags) register(fs *flag.FlagSet) {
@@ -93,6 +94,7 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.trainer, "trainer", "", `what trains this deployment, as JSON (docs/trainers.md), e.g. '{"kind":"tinker","url":"https://tinker.example.com","api_key_env":"TINKER_API_KEY","lora":{"rank":32}}'`)
 	fs.StringVar(&f.up.BaseModel, "base-model", "", "what the weights start from, a hub id or a path the trainer reads (sent to the trainer as base.model)")
 	fs.StringVar(&f.up.Tokenizer, "tokenizer", "", "the base model's tokenizer, where it is not the model's own")
+	fs.StringVar(&f.evolution, "evolution", "", `how the cheap layers learn, as JSON (docs/evolution.md), e.g. '{"reflector":"gpt-strong","daily_tokens":200000}': the deployment whose model reads failed sessions, and its budgets`)
 	fs.StringVar(&f.gates, "gates", "", `this deployment's release policy as JSON, e.g. '{"max_reward_drop": 0.02, "canary_duration": "3m"}': thresholds and phase timings (docs/gates.md lists the keys and defaults); each wins over its release's`)
 }
 
@@ -121,18 +123,32 @@ func (f *upstreamFlags) settings() (deployment.Settings, error) {
 		up.Gates = json.RawMessage(f.gates)
 	}
 	if f.trainer != "" {
-		var tr deployment.Trainer
-		dec := json.NewDecoder(strings.NewReader(f.trainer))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&tr); err != nil {
-			return deployment.Settings{}, fmt.Errorf("--trainer: %w", err)
+		up.Trainer = new(deployment.Trainer)
+		if err := decodeFlag("trainer", f.trainer, up.Trainer); err != nil {
+			return deployment.Settings{}, err
 		}
-		up.Trainer = &tr
+	}
+	if f.evolution != "" {
+		up.Evolution = new(deployment.Evolution)
+		if err := decodeFlag("evolution", f.evolution, up.Evolution); err != nil {
+			return deployment.Settings{}, err
+		}
 	}
 	if err := up.Validate(); err != nil {
 		return deployment.Settings{}, err
 	}
 	return up, nil
+}
+
+// decodeFlag decodes the JSON object of flag --name into v, refusing
+// unknown fields.
+func decodeFlag(name, value string, v any) error {
+	dec := json.NewDecoder(strings.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("--%s: %w", name, err)
+	}
+	return nil
 }
 
 func createDeployment(ctx context.Context, db store.DBTX, name string, up deployment.Settings) error {

@@ -267,7 +267,15 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return serveWorker(ctx, cfg, c, pool, pol, nil, logger)
+	var refl activities.Reflector
+	if cfg.Worker.GatewayURL != "" {
+		key := os.Getenv(cfg.Worker.GatewayKey)
+		if key == "" {
+			return fmt.Errorf("worker: gateway_url is set but $%s holds no operator key for it", cfg.Worker.GatewayKey)
+		}
+		refl = &activities.GatewayReflector{URL: cfg.Worker.GatewayURL, APIKey: key}
+	}
+	return serveWorker(ctx, cfg, c, pool, pol, nil, refl, logger)
 }
 
 // serveWorker registers every workflow and activity on the configured task
@@ -275,7 +283,8 @@ func runWorker(ctx context.Context, args []string) error {
 // (pol not nil) and the trainer queue it also trains them; with swe it
 // also runs SWE rollouts in Docker sandboxes against that gateway. Release
 // gates ask each deployment's own engine over HTTP.
-func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, pol *policy, swe *activities.SWEConfig, logger *slog.Logger) error {
+func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *pgxpool.Pool, pol *policy, swe *activities.SWEConfig,
+	refl activities.Reflector, logger *slog.Logger) error {
 	inv := worker.DetectCompute()
 	worker.LogCompute(logger, inv)
 	host, _ := os.Hostname()
@@ -289,7 +298,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	// trainer in another process (or container) must share.
 	d := worker.Deps{Pool: pool, Host: host, Compute: inv.Compute(), Logger: logger, Rules: rules, Temporal: c,
 		CheckpointDir: filepath.Join(cfg.DataDir, "checkpoints"), BatchDir: filepath.Join(cfg.DataDir, "batches"),
-		RewardMin: cfg.Gateway.RewardMin, RewardMax: cfg.Gateway.RewardMax, Backend: engines}
+		RewardMin: cfg.Gateway.RewardMin, RewardMax: cfg.Gateway.RewardMax, Backend: engines, Reflector: refl}
 	if swe != nil {
 		a, closeSWE, err := activities.NewSWEActivities(ctx, *swe)
 		if err != nil {

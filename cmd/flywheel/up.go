@@ -103,11 +103,14 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	swe := &activities.SWEConfig{GatewayURL: "http://" + ln.Addr().String(), APIKey: key, Model: cfg.Gateway.PolicyModel,
 		DockerHost: cfg.Docker.Host, Logger: logger}
+	// Evolution asks deployments' reflectors through this gateway, as the
+	// development key's tenant, the operator.
+	refl := &activities.GatewayReflector{URL: "http://" + ln.Addr().String(), APIKey: key}
 	// Gates ask the model server; it answers once it holds what the routes
 	// name.
 	g.Go(func() error {
 		return afterReady(ctx, modelReady, func() error {
-			return afterReady(ctx, trainerReady, func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, logger) })
+			return afterReady(ctx, trainerReady, func() error { return serveWorker(ctx, cfg, c, pool, pol, swe, refl, logger) })
 		})
 	})
 	gw, err := newGateway(cfg, pool, c, logger)

@@ -1,0 +1,310 @@
+package activities
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/artefact"
+	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/evolution"
+	"github.com/flywheel-ai/flywheel/flow"
+	"github.com/flywheel-ai/flywheel/gateway"
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/internal/fakeopenai"
+	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/store"
+)
+
+// reflectEnv is a real gateway on a real Postgres, routing the deployment
+// "reflector" to a fake hosted model (the reflector's role) and the
+// evolving deployment "dep" to another (its own engine, which replays
+// failed tool calls); the operator's key belongs to tenant "ops".
+type reflectEnv struct {
+	db               *pgxpool.Pool
+	reflector, agent *fakeopenai.Server
+	e                *Evolution
+}
+
+var sessionTag = regexp.MustCompile(`\[session ([^\]]+)\]`)
+
+func newReflectEnv(t *testing.T, evo deployment.Evolution) *reflectEnv {
+	t.Helper()
+	ctx := context.Background()
+	db := testenv.Pool(t)
+	env := &reflectEnv{db: db, reflector: &fakeopenai.Server{}, agent: &fakeopenai.Server{}}
+	for name, fake := range map[string]*fakeopenai.Server{"reflector": env.reflector, "dep": env.agent} {
+		srv := httptest.NewServer(fake)
+		t.Cleanup(srv.Close)
+		s := deployment.Settings{BaseURL: srv.URL + "/v1", Dialect: deployment.DialectOpenAI}
+		if name == "dep" {
+			s.Evolution = &evo
+		}
+		_, err := store.CreateUpstreamDeployment(ctx, db, name, s)
+		require.NoError(t, err)
+	}
+	cfg := config.Default().Gateway
+	cfg.RateLimitRPS, cfg.UpstreamRetries = 0, 0
+	gw, err := gateway.New(cfg, gateway.Deps{DB: db, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ts := httptest.NewServer(gw.Handler())
+	t.Cleanup(func() { ts.Close(); gw.Close() })
+	require.NoError(t, store.EnsureTenant(ctx, db, "ops"))
+	key, err := store.CreateKey(ctx, db, "ops", "", "operator")
+	require.NoError(t, err)
+	env.e = &Evolution{DB: db, Redactor: newRedactor(t), Reflector: &GatewayReflector{URL: ts.URL, APIKey: key},
+		Backend: &Engines{DB: db}}
+	return env
+}
+
+// seedRewarded writes a one-call session of tenant with the user's
+// question, the answer, and a session reward with its feedback.
+func seedRewarded(t *testing.T, db *pgxpool.Pool, tenant, session, question, answer string, value float64, feedback string, at time.Time) {
+	t.Helper()
+	seedCall(t, db, tenant, session, "dep", 0, []inference.Message{{Role: "user", Content: question}}, answer, at)
+	_, err := db.Exec(context.Background(), `INSERT INTO rewards (tenant_id, session_id, value, final, feedback) VALUES ($1, $2, $3, true, $4)`,
+		tenant, session, value, feedback)
+	require.NoError(t, err)
+}
+
+// TestReflectorProposesPlaybookDeltas: a memory decision asks the
+// reflector, through the gateway, once per tenant with failed sessions;
+// it reads each tenant's redacted sessions and feedback only, and its
+// deltas are curated into the playbook; its calls are the operator's
+// opted-out sessions, and the decision says what it spent.
+func TestReflectorProposesPlaybookDeltas(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector"})
+	ctx := context.Background()
+	seedTenant(t, env.db, "acme", true)
+	seedTenant(t, env.db, "globex", true)
+	now := time.Now()
+	for i := 0; i < 3; i++ {
+		seedRewarded(t, env.db, "acme", fmt.Sprintf("acme-f%d", i), "what's the invoice total for march", "The total is 10.", -1,
+			"wrong: the lookup said 12. mail bob@example.com", now.Add(-20*time.Minute))
+	}
+	seedRewarded(t, env.db, "acme", "acme-ok", "what's the invoice total for may", "The lookup says 7.", 1, "", now.Add(-15*time.Minute))
+	seedRewarded(t, env.db, "globex", "globex-f0", "ship to BLUEBIRD-42", "Shipped.", -1, "the address was never confirmed", now.Add(-10*time.Minute))
+	seedTenant(t, env.db, "initech", true)
+	seedRewarded(t, env.db, "initech", "initech-ok", "hello", "Hi.", 1, "", now.Add(-5*time.Minute))
+
+	env.reflector.Script = func(r fakeopenai.Request) fakeopenai.Reply {
+		user := r.Messages[len(r.Messages)-1].Content
+		var cite []string
+		for _, m := range sessionTag.FindAllStringSubmatch(user, -1) {
+			cite = append(cite, m[1])
+		}
+		lesson := "Confirm the shipping address before shipping."
+		if strings.Contains(user, "invoice") {
+			lesson = "Quote the total the invoice lookup returned; never estimate it."
+		}
+		d, _ := json.Marshal(map[string]any{"deltas": []evolution.Delta{
+			{Op: evolution.DeltaAdd, Content: lesson, Sessions: cite},
+			{Op: evolution.DeltaAdd, Content: "Made up.", Sessions: []string{"sess-not-shown"}},
+		}})
+		return fakeopenai.Reply{Text: string(d)}
+	}
+	out, err := env.e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "k1"})
+	require.NoError(t, err)
+	require.Equal(t, 1, out.Version, out.Reason)
+	require.Equal(t, 2, out.Items)
+	require.Contains(t, out.Reason, "tenant acme: 1 added")
+	require.Contains(t, out.Reason, "cites none of the sessions it was shown")
+
+	reqs := env.reflector.Requests()
+	require.Len(t, reqs, 2, "one reflection per tenant with failed sessions; initech had none")
+	first, second := reqs[0].Messages[1].Content, reqs[1].Messages[1].Content
+	require.Contains(t, first, "[session acme-f0] outcome -1.00", "acme failed most: it goes first")
+	require.Contains(t, first, "[session acme-ok] outcome +1.00", "the reflector sees what went right too")
+	require.Contains(t, first, "feedback: wrong: the lookup said 12.")
+	require.NotContains(t, first, "bob@example.com", "the evidence is redacted before it leaves")
+	require.NotContains(t, first, "globex", "a tenant's reflection reads only its own sessions")
+	require.Contains(t, second, "[session globex-f0]")
+	require.NotContains(t, second, "acme")
+	require.Equal(t, "reflector", reqs[0].Model)
+
+	a, err := store.ArtefactVersion(ctx, env.db, "dep", artefact.LayerPlaybook, "1")
+	require.NoError(t, err)
+	var set artefact.Set
+	require.NoError(t, set.Decode(artefact.LayerPlaybook, a.Content))
+	require.Contains(t, set.System("acme"), "Quote the total the invoice lookup returned")
+	require.NotContains(t, set.System("globex"), "invoice", "tenant B never sees tenant A's items")
+	require.NotContains(t, set.System("acme"), "Made up.")
+	for _, it := range set.Playbook.Items {
+		if it.Tenant == "acme" {
+			require.Equal(t, []string{"acme-f0", "acme-f1", "acme-f2", "acme-ok"}, it.Sessions, "the item cites the sessions it rests on")
+		}
+	}
+
+	// The reflector's calls are recorded as the operator's sessions,
+	// opted out of training, for the reflecting deployment.
+	var n, optedOut int
+	require.NoError(t, env.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE opt_out) FROM sessions
+		WHERE tenant_id = 'ops' AND end_user = $1 AND deployment = 'reflector'`, ReflectorEndUser).Scan(&n, &optedOut))
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, optedOut)
+	var recorded, tokens int
+	require.NoError(t, env.db.QueryRow(ctx, `SELECT count(*), COALESCE(sum(prompt_tokens + completion_tokens), 0) FROM interactions
+		WHERE tenant_id = 'ops' AND deployment = 'reflector'`).Scan(&recorded, &tokens))
+	require.Equal(t, 2, recorded)
+	require.Equal(t, tokens, out.ReflectionTokens, "the decision says what it spent: the tokens the gateway metered")
+	acme, err := store.ReflectionSpent(ctx, env.db, "acme", now)
+	require.NoError(t, err)
+	globex, err := store.ReflectionSpent(ctx, env.db, "globex", now)
+	require.NoError(t, err)
+	require.Equal(t, tokens, acme+globex, "each tenant's reflection is charged to that tenant")
+
+	// Forget removes what a forgotten session taught: acme's item rests
+	// on acme-f0 among others, and goes with it.
+	forgotten := set
+	forgotten.Forget("acme", []string{"acme-f0"})
+	require.NotContains(t, forgotten.System("acme"), "invoice")
+	require.Contains(t, forgotten.System("globex"), "shipping address")
+}
+
+// TestReflectionBudgetHolds: a tenant's daily budget bounds what its
+// reflections may cost before they are sent; a decision that cannot
+// afford one proposes nothing and says why.
+func TestReflectionBudgetHolds(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector", DailyTokens: 1500, DecisionTokens: 1500, MaxTokens: 200})
+	ctx := context.Background()
+	seedTenant(t, env.db, "acme", true)
+	now := time.Now()
+	seedRewarded(t, env.db, "acme", "acme-f0", "what's the invoice total", "10", -1, "wrong", now.Add(-time.Minute))
+	env.reflector.Script = func(r fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"deltas": [{"op": "add", "content": "Check the lookup.", "sessions": ["acme-f0"]}]}`}
+	}
+	out, err := env.e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "b1"})
+	require.NoError(t, err)
+	require.Equal(t, 1, out.Version, out.Reason)
+	spent, err := store.ReflectionSpent(ctx, env.db, "acme", now)
+	require.NoError(t, err)
+	require.Equal(t, out.ReflectionTokens, spent)
+	require.Positive(t, spent)
+
+	// The next reflection's bound no longer fits the day.
+	_, err = env.db.Exec(ctx, `UPDATE reflection_spend SET tokens = 1000 WHERE tenant_id = 'acme'`)
+	require.NoError(t, err)
+	seedRewarded(t, env.db, "acme", "acme-f1", "and for april", "11", -1, "wrong again", now.Add(-time.Minute))
+	out, err = env.e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "b2"})
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "beyond its daily 1500")
+	require.Zero(t, out.ReflectionTokens)
+	require.Len(t, env.reflector.Requests(), 1, "a reflection the budget cannot cover is never sent")
+	spent, err = store.ReflectionSpent(ctx, env.db, "acme", now)
+	require.NoError(t, err)
+	require.Equal(t, 1000, spent, "a refused reservation leaves the day as it was")
+
+	// No reflector named: nothing reads the sessions.
+	_, err = env.db.Exec(ctx, `UPDATE deployments SET config = config - 'evolution' WHERE name = 'dep'`)
+	require.NoError(t, err)
+	out, err = env.e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "b3"})
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "names no reflector")
+}
+
+// TestReflectorRewritesAFailingToolSchema: one tenant's cluster of
+// failing tool calls goes to the reflector with the tool's schema and
+// errors; the rewrite is proposed only when replaying the failed calls on
+// the deployment's engine under it yields arguments the schema accepts
+// and the failed calls did not pass.
+func TestReflectorRewritesAFailingToolSchema(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector"})
+	ctx := context.Background()
+	seedTenant(t, env.db, "acme", true)
+	now := time.Now()
+	lookup := inference.Tool{Name: "lookup_invoice", Description: "Looks up an invoice.",
+		Parameters: json.RawMessage(`{"type":"object","properties":{"month":{"type":"integer","description":"The month."}},"required":["month"]}`)}
+	for i := 0; i < 3; i++ {
+		sid := fmt.Sprintf("tool-%d", i)
+		ask := []inference.Message{{Role: "user", Content: "invoice total for march? my card is 4111 1111 1111 1111"}}
+		call := inference.Message{Role: "assistant", ToolCalls: []inference.ToolCall{{ID: "c1", Name: "lookup_invoice", Arguments: `{"month":"march"}`}}}
+		seedToolCall(t, env.db, "acme", sid, 0, ask, []inference.Tool{lookup}, call, now.Add(-10*time.Minute))
+		seedToolCall(t, env.db, "acme", sid, 1, append(ask, call, inference.Message{Role: "tool", ToolCallID: "c1", Content: "error: month must be a number"}),
+			[]inference.Tool{lookup}, inference.Message{Role: "assistant", Content: "Sorry."}, now.Add(-9*time.Minute))
+	}
+	ev, err := env.e.ComputeEvidence(ctx, flow.EvidenceInput{Deployment: "dep", Window: time.Hour})
+	require.NoError(t, err)
+	require.Len(t, ev.ToolFailures, 1)
+
+	// The deployment's model passes a number once the docs say so.
+	env.agent.Script = func(r fakeopenai.Request) fakeopenai.Reply {
+		args := `{"month":"march"}`
+		if len(r.Tools) > 0 && strings.Contains(string(r.Tools[0]), "number 1-12") {
+			args = `{"month":3}`
+		}
+		return fakeopenai.Reply{Calls: [][2]string{{"lookup_invoice", args}}}
+	}
+	rewrite := `{"description": "Looks up an invoice. month is the month's number 1-12, never its name.", "parameters": {"type":"object","properties":{"month":{"type":"integer","description":"The month as a number 1-12."}},"required":["month"]}}`
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply { return fakeopenai.Reply{Text: rewrite} }
+	in := flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerToolSchema, Target: "lookup_invoice", Tenant: "acme", Evidence: ev, Window: time.Hour, Key: "t1"}
+	out, err := env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 1, out.Version, out.Reason)
+	require.Contains(t, out.Reason, "replayed 3 failed calls of lookup_invoice: 3 valid under the rewrite, 0 under the current schema")
+	asked := env.reflector.Requests()[0].Messages[1].Content
+	require.Contains(t, asked, `arguments {"month":"march"}`)
+	require.Contains(t, asked, "error: month must be a number")
+	require.Contains(t, asked, `"type": "integer"`, "the reflector reads the tool's schema")
+	require.Equal(t, 1, strings.Count(asked, "error: month must be a number"), "the same failure is shown once")
+	a, err := store.ArtefactVersion(ctx, env.db, "dep", artefact.LayerToolSchema, "1")
+	require.NoError(t, err)
+	var set artefact.Set
+	require.NoError(t, set.Decode(artefact.LayerToolSchema, a.Content))
+	o := set.ToolSchema.Tenants["acme"]["lookup_invoice"]
+	require.Contains(t, o.Description, "never its name")
+	require.Equal(t, []string{"tool-0", "tool-1", "tool-2"}, o.Sessions)
+	tools, _ := set.Tools("acme", []inference.Tool{lookup})
+	require.Contains(t, string(tools[0].Parameters), "number 1-12")
+	other, _ := set.Tools("globex", []inference.Tool{lookup})
+	require.Equal(t, lookup, other[0], "the override is acme's alone")
+
+	// A rewrite that does not change what the model passes is not proposed.
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"description": "Looks up one invoice."}`}
+	}
+	in.Key = "t2"
+	out, err = env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "0 valid under the rewrite, 0 under the current schema; the rewrite is not proposed")
+	// Nor one that changes what the tool accepts.
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"description": "x", "parameters": {"type":"object","properties":{"month":{"type":"string"}}}}`}
+	}
+	in.Key = "t3"
+	out, err = env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "beyond their descriptions")
+}
+
+// seedToolCall writes one interaction offering tools whose answer is
+// answer (a tool call, or text).
+func seedToolCall(t *testing.T, db *pgxpool.Pool, tenant, session string, seq int, msgs []inference.Message, tools []inference.Tool, answer inference.Message, at time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	if seq == 0 {
+		_, err := db.Exec(ctx, `INSERT INTO sessions (id, tenant_id, deployment, identity_mode) VALUES ($1, $2, 'dep', 'header')`, session, tenant)
+		require.NoError(t, err)
+	}
+	req, _ := json.Marshal(inference.Request{Model: "dep", Messages: msgs, Tools: tools})
+	resp, _ := json.Marshal(inference.Response{Message: answer})
+	_, err := db.Exec(ctx, `
+INSERT INTO interactions (tenant_id, session_id, seq, completion_id, protocol, deployment, model_version, request, response,
+  prompt_tokens, completion_tokens, status, created_at)
+VALUES ($1, $2, $3, $4, 'openai', 'dep', '', $5, $6, 10, 5, 'ok', $7)`,
+		tenant, session, seq, fmt.Sprintf("c-%s-%d", session, seq), req, resp, at)
+	require.NoError(t, err)
+}
