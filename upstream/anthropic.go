@@ -251,14 +251,34 @@ func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, mode
 		return nil, timedOut(err)
 	}
 	defer resp.Body.Close()
-	out := &Relayed{}
+	out, err := readSSE(resp.Body, model, func() { idle.Reset(a.cfg.Timeout) }, emit)
+	var ie *inference.Error
+	if errors.As(err, &ie) && errors.Is(ie.Err, errStreamBroke) {
+		err = timedOut(err)
+	}
+	return out, err
+}
+
+// errStreamBroke is a stream whose connection failed mid-way.
+var errStreamBroke = errors.New("upstream: stream broke")
+
+// readSSE reads a Messages stream: each event goes to emit, in order (but
+// an error event, which is returned as the error), until message_stop;
+// tick is called on every line. The answer is what arrived, however the
+// stream ended.
+func readSSE(r io.Reader, model string, tick func(), emit func(SSEEvent) error) (*Relayed, error) {
 	var mb messageBuilder
-	sc := bufio.NewScanner(resp.Body)
+	out := &Relayed{}
+	finish := func(err error) (*Relayed, error) {
+		out.Response = mb.response(model)
+		return out, err
+	}
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxSSELine)
 	var ev SSEEvent
 	var data bytes.Buffer
 	for sc.Scan() {
-		idle.Reset(a.cfg.Timeout)
+		tick()
 		line := sc.Bytes()
 		switch {
 		case len(line) == 0:
@@ -272,9 +292,8 @@ func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, mode
 			if err == nil && ev.Name != "error" {
 				err = emit(ev)
 			}
-			out.Response = mb.response(model)
 			if err != nil || done {
-				return out, err
+				return finish(err)
 			}
 			ev = SSEEvent{}
 		case bytes.HasPrefix(line, []byte("event:")):
@@ -286,11 +305,10 @@ func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, mode
 			data.Write(bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
 		}
 	}
-	out.Response = mb.response(model)
 	if err := sc.Err(); err != nil {
-		return out, timedOut(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream broke", Err: err})
+		return finish(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream broke", Err: errors.Join(errStreamBroke, err)})
 	}
-	return out, &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended before message_stop"}
+	return finish(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended before message_stop"})
 }
 
 // post sends one request; a non-2xx answer becomes an *inference.Error in

@@ -245,3 +245,35 @@ func TestAnthropicServesOpenAIClients(t *testing.T) {
 	require.Equal(t, 400, ie.Status)
 	require.Contains(t, ie.Message, "response_format")
 }
+
+// TestAnthropicStreamTimeoutIsBetweenEvents: a stream may last longer
+// than the timeout while events keep coming; a silence of the timeout
+// ends it as a 504.
+func TestAnthropicStreamTimeoutIsBetweenEvents(t *testing.T) {
+	gap := make(chan time.Duration, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		pause := <-gap
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"content\":[]}}\n\n")
+		for range 4 {
+			w.(http.Flusher).Flush()
+			time.Sleep(pause)
+			fmt.Fprint(w, "event: ping\ndata: {\"type\":\"ping\"}\n\n")
+		}
+		fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	a, err := upstream.NewAnthropic(upstream.Config{BaseURL: srv.URL, Model: "m", Timeout: 150 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	call := upstream.MessagesCall{Body: []byte(`{"model":"c","stream":true}`), Stream: true}
+
+	gap <- 60 * time.Millisecond // 4 gaps: longer than the timeout in all
+	_, err = a.Messages(context.Background(), call, func(upstream.SSEEvent) error { return nil })
+	require.NoError(t, err)
+
+	gap <- 400 * time.Millisecond
+	_, err = a.Messages(context.Background(), call, func(upstream.SSEEvent) error { return nil })
+	var ie *inference.Error
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, http.StatusGatewayTimeout, ie.Status)
+}
