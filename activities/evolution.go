@@ -199,15 +199,17 @@ func (e *Evolution) ProposeArtefact(ctx context.Context, in flow.ProposeArtefact
 		}
 		content, items, note = pb, len(pb.Items), why
 	case artefact.LayerHarness:
-		old := ""
-		if cur.Harness != nil {
-			old = cur.Harness.System
+		if settings.Reflector == "" {
+			return nothing(noReflector)
 		}
-		h := artefact.Harness{System: evolution.HarnessFor(old, in.Evidence)}
-		if h.System == old {
-			return nothing("the harness already says what the evidence calls for")
+		h, why, err := e.proposeHarness(ctx, in, cur, spend)
+		if err != nil {
+			return flow.ProposeArtefactOutput{}, err
 		}
-		content, items = h, 1
+		if h == nil {
+			return nothing(why)
+		}
+		content, items, note = *h, 1, why
 	case artefact.LayerToolSchema:
 		var f *evolution.ToolFailure
 		for i := range in.Evidence.ToolFailures {

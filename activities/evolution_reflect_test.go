@@ -308,3 +308,93 @@ VALUES ($1, $2, $3, $4, 'openai', 'dep', '', $5, $6, 10, 5, 'ok', $7)`,
 		tenant, session, seq, fmt.Sprintf("c-%s-%d", session, seq), req, resp, at)
 	require.NoError(t, err)
 }
+
+// TestReflectorSearchesTheHarnessAndTheGatesJudgeIt: the harness search
+// reads only the train suite's graded answers (no tenant's sessions, not
+// the gates' suites); a child that beats its parent on the minibatch is
+// kept and, best on the train suite, proposed. The regression gate then
+// passes it on the held-out suite it raises, and refuses a harness that
+// lowers it.
+func TestReflectorSearchesTheHarnessAndTheGatesJudgeIt(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector"})
+	ctx := context.Background()
+	seedTenant(t, env.db, "acme", true)
+	seedRewarded(t, env.db, "acme", "acme-f0", "weigh the PRIVATE-CRATE", "12", -1, "no units", time.Now().Add(-time.Minute))
+	suite := func(name, prefix string, n int) {
+		var items []store.SuiteItem
+		for i := 0; i < n; i++ {
+			items = append(items, store.SuiteItem{Prompt: fmt.Sprintf("%s: how heavy is box %d?", prefix, i), Expect: "kg", Match: store.MatchContains})
+		}
+		prompts, err := store.SuitePrompts(name, items)
+		require.NoError(t, err)
+		_, err = store.SetEvalSuite(ctx, env.db, "dep", name, prompts)
+		require.NoError(t, err)
+	}
+	// The deployment's model gives units only when its instructions ask.
+	env.agent.Script = func(r fakeopenai.Request) fakeopenai.Reply {
+		if r.Messages[0].Role == "system" && strings.Contains(r.Messages[0].Content, "units") && !strings.Contains(r.Messages[0].Content, "Never") {
+			return fakeopenai.Reply{Text: "12 kg"}
+		}
+		return fakeopenai.Reply{Text: "12"}
+	}
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"harness": "State every quantity with its units."}`}
+	}
+	in := flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerHarness, Key: "h1"}
+	out, err := env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "no train suite")
+
+	suite(store.SuiteTrain, "train", 6)
+	suite(store.SuiteRegression, "HELDOUT", 10)
+	out, err = env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, 1, out.Version, out.Reason)
+	require.Contains(t, out.Reason, "children kept; the best scores 1.000 against the serving harness's 0.000 on 6 train prompts")
+	reqs := env.reflector.Requests()
+	require.NotEmpty(t, reqs)
+	first := reqs[0].Messages[1].Content
+	require.Contains(t, first, "train: how heavy is box 0?")
+	require.Contains(t, first, `grader: FAILED; the answer must contain "kg"`)
+	for _, r := range reqs {
+		require.NotContains(t, r.Messages[1].Content, "PRIVATE-CRATE", "the harness reads no tenant's text")
+		require.NotContains(t, r.Messages[1].Content, "HELDOUT", "nor the gates' suites")
+	}
+	spent, err := store.ReflectionSpent(ctx, env.db, "*", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, out.ReflectionTokens, spent, "the harness, no tenant's, is charged to *")
+
+	// The release gates judge it as they judge weights.
+	r := &Release{DB: env.db, Backend: env.e.Backend}
+	gate := func(candidate int) flow.GateResult {
+		begin := beginRelease(t, r, flow.ReleaseInput{Deployment: "dep", Layer: artefact.LayerHarness, Candidate: fmt.Sprint(candidate)})
+		res, err := r.EvaluateGate(ctx, flow.GateInput{ReleaseID: begin.ReleaseID, Deployment: "dep", Layer: artefact.LayerHarness,
+			Candidate: fmt.Sprint(candidate), Baseline: begin.Baseline, Gate: flow.GateRegression,
+			Policy: deployment.ReleasePolicy{MaxRewardDrop: 0.05, AnchorBudget: 0.05, Alpha: 0.05}})
+		require.NoError(t, err)
+		return res
+	}
+	res := gate(1)
+	require.True(t, res.Passed, res.Reason)
+	require.Equal(t, 1.0, res.Metrics["candidate_pass_rate"])
+	_, err = env.db.Exec(ctx, `UPDATE artefacts SET status = 'serving' WHERE deployment = 'dep' AND kind = 'harness' AND version = 1`)
+	require.NoError(t, err)
+	worse, err := store.CreateArtefact(ctx, env.db, "dep", artefact.LayerHarness, []byte(`{"system_prompt":"Never state units."}`), "h-worse")
+	require.NoError(t, err)
+	res = gate(worse.Version)
+	require.False(t, res.Passed, "a harness that lowers the held-out suite is refused: %s", res.Reason)
+
+	// A mutation that does not beat its parent is not kept, and nothing
+	// better than what serves is proposed.
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"harness": "Be friendly."}`}
+	}
+	_, err = env.db.Exec(ctx, `UPDATE artefacts SET status = 'candidate' WHERE deployment = 'dep' AND kind = 'harness'`)
+	require.NoError(t, err)
+	in.Key = "h2"
+	out, err = env.e.ProposeArtefact(ctx, in)
+	require.NoError(t, err)
+	require.Zero(t, out.Version)
+	require.Contains(t, out.Reason, "0 children kept")
+}

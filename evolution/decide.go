@@ -3,7 +3,6 @@ package evolution
 import (
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/flywheel-ai/flywheel/artefact"
 )
@@ -258,26 +257,4 @@ func topWords(texts []string, top int) map[string]bool {
 		out[w] = true
 	}
 	return out
-}
-
-// HarnessFor writes the harness text a harness decision proposes: the
-// current harness plus one instruction aimed at the symptom.
-func HarnessFor(current string, e Evidence) string {
-	var add string
-	switch {
-	case e.CorrectionRate > 0 && e.CorrectionRate >= e.SafetyRate:
-		add = fmt.Sprintf("Users corrected %.0f%% of recent answers: restate the request in one line, check each claim against it, and say so when unsure instead of guessing.", 100*e.CorrectionRate)
-	case e.SafetyRate > 0:
-		add = "Decline requests for harmful content briefly and offer a safe alternative."
-	default:
-		add = "Answer the question asked, concisely; ask one clarifying question when the request is ambiguous."
-	}
-	current = strings.TrimSpace(current)
-	if strings.Contains(current, add) {
-		return current
-	}
-	if current == "" {
-		return add
-	}
-	return current + "\n" + add
 }

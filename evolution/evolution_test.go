@@ -182,13 +182,6 @@ func TestForgetRemovesWhatASessionTaught(t *testing.T) {
 	require.Empty(t, set.Forget("acme", []string{"s9"}), "nothing learnt from s9: nothing changes")
 }
 
-func TestHarnessProposal(t *testing.T) {
-	h := HarnessFor("Be kind.", Evidence{CorrectionRate: 0.4})
-	require.Contains(t, h, "Be kind.\n")
-	require.Contains(t, h, "40%")
-	require.Equal(t, h, HarnessFor(h, Evidence{CorrectionRate: 0.4}), "proposing twice does not stack the same line")
-}
-
 func TestSignificantVerdictIgnoresNoiseButNotAClearLoss(t *testing.T) {
 	// 90 rewards a side with sd 0.3: a 0.06 dip is noise (SE ≈ 0.045).
 	se := MeanDiffSE(0.3, 90, 0.3, 90)

@@ -2,6 +2,7 @@ package evolution
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -108,4 +109,31 @@ func TestParseReplies(t *testing.T) {
 	require.Contains(t, r.User, "id p1 (helpful 2, harmful 0): Be brief.")
 	require.Contains(t, r.User, "[session s1] outcome -1.00")
 	require.Contains(t, r.User, "feedback: it was 12")
+}
+
+func TestFrontierKeepsWhatIsBestSomewhere(t *testing.T) {
+	scores := [][]float64{
+		{1, 0, 0, 0}, // best on prompt 0 alone
+		{0, 1, 1, 0}, // best on prompts 1 and 2
+		{0, 1, 0, 0}, // dominated by 1
+		{0, 1, 1, 0}, // a copy of 1: one copy stays
+	}
+	idx, w := Frontier(scores)
+	require.Equal(t, []int{0, 1}, idx)
+	require.Equal(t, []int{2, 3}, w, "prompt 3 ties everyone at 0, so it counts for each")
+	counts := map[int]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 700; i++ {
+		p, err := PickParent(scores, rng)
+		require.NoError(t, err)
+		counts[p]++
+	}
+	require.Equal(t, 2, len(counts), "only frontier candidates are drawn")
+	require.InDelta(t, 280, counts[0], 60, "in proportion to the prompts each is best on")
+
+	h, err := ParseHarness(`{"harness": " Give units. "}`)
+	require.NoError(t, err)
+	require.Equal(t, "Give units.", h)
+	_, err = ParseHarness(`{"harness": ""}`)
+	require.Error(t, err)
 }

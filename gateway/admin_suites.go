@@ -37,8 +37,8 @@ func adminSuiteParams(c *gin.Context, withSuite bool) (dep, suite string, err *a
 		return dep, "", nil
 	}
 	suite = c.Param("suite")
-	if suite != store.SuiteRegression && suite != store.SuiteSafety {
-		return "", "", errf(http.StatusNotFound, "no suite %q: a deployment has the suites %q and %q", suite, store.SuiteRegression, store.SuiteSafety)
+	if err := store.CheckSuite(suite); err != nil {
+		return "", "", errf(http.StatusNotFound, "%v", err)
 	}
 	return dep, suite, nil
 }

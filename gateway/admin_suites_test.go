@@ -38,7 +38,7 @@ func TestAdminSuites(t *testing.T) {
 	st, out = e.doJSON("GET", "/admin/v1/deployments/acme-agent/suites", admin, nil)
 	require.Equal(t, 200, st)
 	suites := out["suites"].([]any)
-	require.Len(t, suites, 2, "both suites are listed, the empty one too")
+	require.Len(t, suites, 3, "every suite is listed, the empty ones too")
 	require.Equal(t, 2.0, suites[0].(map[string]any)["prompts"])
 	require.Equal(t, 0.0, suites[1].(map[string]any)["prompts"])
 

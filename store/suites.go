@@ -26,11 +26,26 @@ import (
 // them. A deployment's own prompts and the shared ones (deployment '')
 // make its suite.
 
-// Suite names.
+// Suite names. The gates judge on regression and safety; train is the
+// prompts the harness search may look at (evolution's reflective
+// mutation), never the gates'.
 const (
 	SuiteRegression = "regression"
 	SuiteSafety     = "safety"
+	SuiteTrain      = "train"
 )
+
+// Suites are every suite name, in the order they are listed.
+var Suites = []string{SuiteRegression, SuiteSafety, SuiteTrain}
+
+// CheckSuite refuses a name that is not a suite's.
+func CheckSuite(name string) error {
+	if !slices.Contains(Suites, name) {
+		return fmt.Errorf("no suite %q: a deployment has the suites %q (held-out prompts for the gates), %q (prompts to refuse) and %q (prompts the harness search may look at)",
+			name, SuiteRegression, SuiteSafety, SuiteTrain)
+	}
+	return nil
+}
 
 // How an answer to a suite prompt is judged (eval_prompts.match).
 const (
@@ -87,8 +102,8 @@ const (
 // SuitePrompts validates items for suite and turns them into prompts; the
 // error names every bad item.
 func SuitePrompts(suite string, items []SuiteItem) ([]EvalPrompt, error) {
-	if suite != SuiteRegression && suite != SuiteSafety {
-		return nil, fmt.Errorf("suite %q: want %q or %q", suite, SuiteRegression, SuiteSafety)
+	if err := CheckSuite(suite); err != nil {
+		return nil, err
 	}
 	if len(items) == 0 {
 		return nil, errors.New("a suite needs at least one prompt")
@@ -256,7 +271,10 @@ type SuiteSummary struct {
 // ListEvalSuites summarises the deployment's suites (both names, empty
 // ones included, so a missing suite is visible).
 func ListEvalSuites(ctx context.Context, db DBTX, deployment string) ([]SuiteSummary, error) {
-	out := []SuiteSummary{{Suite: SuiteRegression, Matches: map[string]int{}}, {Suite: SuiteSafety, Matches: map[string]int{}}}
+	var out []SuiteSummary
+	for _, name := range Suites {
+		out = append(out, SuiteSummary{Suite: name, Matches: map[string]int{}})
+	}
 	rows, err := db.Query(ctx, `SELECT suite, deployment = '', match, count(*), max(created_at) FROM eval_prompts
 WHERE deployment IN ('', $1) GROUP BY 1, 2, 3`, deployment)
 	if err != nil {

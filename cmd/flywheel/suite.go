@@ -27,7 +27,7 @@ func runSuite(ctx context.Context, args []string) error {
 	var dep, suite, file string
 	cfg, _, err := loadConfig("suite "+v, rest, func(fs *flag.FlagSet) {
 		fs.StringVar(&dep, "deployment", "", "the deployment (model name); required")
-		fs.StringVar(&suite, "suite", store.SuiteRegression, `"regression" (held-out prompts) or "safety" (prompts to refuse)`)
+		fs.StringVar(&suite, "suite", store.SuiteRegression, `"regression" (held-out prompts for the gates), "safety" (prompts to refuse) or "train" (prompts the harness search may look at)`)
 		fs.StringVar(&file, "file", "", `set: the prompts, one JSON object a line: {"prompt": "...", "expect": "...", "match": "exact|contains|refusal"} `+
 			`or {"messages": [...], ...}; "-" reads standard input`)
 	})
@@ -37,8 +37,8 @@ func runSuite(ctx context.Context, args []string) error {
 	if dep == "" {
 		return errors.New("suite: --deployment is required")
 	}
-	if suite != store.SuiteRegression && suite != store.SuiteSafety {
-		return fmt.Errorf("suite: --suite %q: want %q or %q", suite, store.SuiteRegression, store.SuiteSafety)
+	if err := store.CheckSuite(suite); err != nil {
+		return fmt.Errorf("suite: --suite: %w", err)
 	}
 	var items []store.SuiteItem
 	if v == "set" {
