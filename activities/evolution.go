@@ -62,6 +62,11 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in flow.EvidenceInput) 
 	}
 	now := e.now()
 	from, prevFrom := now.Add(-in.Window), now.Add(-2*in.Window)
+	// What earlier promoted changes did to reward, now that a window has
+	// passed since each.
+	if _, err := store.ReviewDecisions(ctx, e.DB, in.Deployment, in.Window, now); err != nil {
+		return evolution.Evidence{}, err
+	}
 	cur, err := store.SessionWindow(ctx, e.DB, in.Deployment, from, now)
 	if err != nil {
 		return evolution.Evidence{}, err
@@ -96,6 +101,13 @@ func (e *Evolution) ComputeEvidence(ctx context.Context, in flow.EvidenceInput) 
 		}
 		ev.ToolFailures = append(ev.ToolFailures, evolution.ToolFailure{Tenant: t.Tenant, Tool: t.Tool, Calls: t.Calls, Failures: t.Failures,
 			Rate: float64(t.Failures) / float64(t.Calls), Example: example, Sessions: t.Sessions})
+	}
+	tenants, err := store.TenantOutcomes(ctx, e.DB, in.Deployment, from, now)
+	if err != nil {
+		return evolution.Evidence{}, err
+	}
+	for _, t := range tenants {
+		ev.TenantOutcomes = append(ev.TenantOutcomes, evolution.TenantOutcome(t))
 	}
 	recent, err := store.UserPrompts(ctx, e.DB, in.Deployment, from, now, 200)
 	if err != nil {
@@ -146,7 +158,7 @@ func (e *Evolution) RecordDecision(ctx context.Context, in flow.RecordDecisionIn
 	}
 	id, err := store.RecordDecision(ctx, e.DB, store.DecisionRow{
 		Deployment: in.Deployment, Decision: in.Decision.Kind, Evidence: raw, Reason: in.Decision.Reason,
-		WorkflowID: workflowID(ctx),
+		WorkflowID: workflowID(ctx), Tenant: in.Decision.Tenant, Expected: in.Decision.Expected,
 	})
 	if err != nil {
 		return 0, err
@@ -264,6 +276,19 @@ func samePlaybook(a, b artefact.Playbook) bool {
 	x, _ := json.Marshal(a.Items)
 	y, _ := json.Marshal(b.Items)
 	return string(x) == string(y)
+}
+
+// EvolvableDeployments lists the deployments with consented sessions in
+// the window ending now: the ones evolution has evidence to judge.
+func (e *Evolution) EvolvableDeployments(ctx context.Context, window time.Duration) ([]string, error) {
+	now := e.now()
+	return store.ActiveDeployments(ctx, e.DB, now.Add(-window), now)
+}
+
+// RecordDecisionRelease records how the release a decision started ended,
+// so that a later evolution run can measure what the promoted change did.
+func (e *Evolution) RecordDecisionRelease(ctx context.Context, in flow.DecisionReleaseInput) error {
+	return store.SetDecisionRelease(ctx, e.DB, in.DecisionID, in.Status, e.now())
 }
 
 // RequestTraining signals the deployment's TrainingWorkflow to train now,

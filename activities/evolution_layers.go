@@ -73,7 +73,8 @@ func (e *Evolution) proposePlaybook(ctx context.Context, in flow.ProposeArtefact
 	}
 	failed := map[string]int{}
 	for _, s := range all {
-		if s.Outcome < 0 {
+		// A decision about one tenant reads that tenant's sessions only.
+		if s.Outcome < 0 && (in.Tenant == "" || s.Tenant == in.Tenant) {
 			failed[s.Tenant]++
 		}
 	}

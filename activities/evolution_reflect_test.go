@@ -23,6 +23,7 @@ import (
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/internal/fakeopenai"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
+	"github.com/flywheel-ai/flywheel/statusapi"
 	"github.com/flywheel-ai/flywheel/store"
 )
 
@@ -397,4 +398,61 @@ func TestReflectorSearchesTheHarnessAndTheGatesJudgeIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, out.Version)
 	require.Contains(t, out.Reason, "0 children kept")
+}
+
+// TestDecisionsAreHeldToWhatTheyExpected: a decision records its tenant
+// and expectation, then how its release ended; once a window has passed
+// since the promotion, the next evidence measures what the change did to
+// its tenant's reward, and the status shows both, to that tenant only.
+func TestDecisionsAreHeldToWhatTheyExpected(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector"})
+	ctx := context.Background()
+	seedTenant(t, env.db, "acme", true)
+	seedTenant(t, env.db, "globex", true)
+	now := time.Now()
+	for i := 0; i < 3; i++ {
+		seedRewarded(t, env.db, "acme", fmt.Sprintf("before-%d", i), "q", "a", -1, "", now.Add(-80*time.Minute))
+		seedRewarded(t, env.db, "globex", fmt.Sprintf("globex-before-%d", i), "q", "a", 1, "", now.Add(-80*time.Minute))
+		seedRewarded(t, env.db, "acme", fmt.Sprintf("after-%d", i), "q", "a", 1, "", now.Add(-40*time.Minute))
+	}
+	env.e.Now = func() time.Time { return now.Add(-60 * time.Minute) }
+	ev, err := env.e.ComputeEvidence(ctx, flow.EvidenceInput{Deployment: "dep", Window: 30 * time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, []evolution.TenantOutcome{{Tenant: "acme", Sessions: 3, Rewarded: 3, Failed: 3, Mean: -1},
+		{Tenant: "globex", Sessions: 3, Rewarded: 3, Mean: 1}}, ev.TenantOutcomes)
+	d := evolution.Decide(ev, evolution.Thresholds{MinSessions: 6, MinRewarded: 6})
+	require.Equal(t, evolution.DecisionMemory, d.Kind, d.Reason)
+	require.Equal(t, "acme", d.Tenant, "only acme fails")
+	id, err := env.e.RecordDecision(ctx, flow.RecordDecisionInput{Deployment: "dep", Decision: d, Evidence: ev})
+	require.NoError(t, err)
+	_, err = env.db.Exec(ctx, `UPDATE evolution_decisions SET created_at = $2 WHERE id = $1`, id, now.Add(-60*time.Minute))
+	require.NoError(t, err)
+	env.e.Now = func() time.Time { return now.Add(-50 * time.Minute) }
+	require.NoError(t, env.e.RecordDecisionRelease(ctx, flow.DecisionReleaseInput{DecisionID: id, Status: flow.ReleasePromoted}))
+
+	env.e.Now = func() time.Time { return now }
+	_, err = env.e.ComputeEvidence(ctx, flow.EvidenceInput{Deployment: "dep", Window: 30 * time.Minute})
+	require.NoError(t, err)
+	rows, err := store.ListDecisions(ctx, env.db, "dep", 5)
+	require.NoError(t, err)
+	require.Equal(t, "tenant acme's mean session reward rises from -1.000", rows[0].Expected)
+	require.Equal(t, flow.ReleasePromoted, rows[0].ReleaseStatus)
+	require.NotNil(t, rows[0].Outcome, "a window after the promotion, its outcome is measured")
+	o := *rows[0].Outcome
+	require.Equal(t, [4]float64{-1, 1, 3, 3}, [4]float64{o.Before, o.After, float64(o.RewardedBefore), float64(o.RewardedAfter)},
+		"acme's sessions only: globex's rewards are not its change's")
+
+	status := func(tenant string) statusapi.DecisionStatus {
+		st, err := store.LoadStatus(ctx, env.db, store.StatusQuery{TenantID: tenant, Deployment: "dep"})
+		require.NoError(t, err)
+		return st.Deployments[0].Decisions[0]
+	}
+	mine := status("acme")
+	require.Equal(t, rows[0].Expected, mine.Expected)
+	require.Equal(t, rows[0].Outcome, mine.Outcome)
+	theirs := status("globex")
+	require.Nil(t, theirs.Outcome, "another tenant's change is not globex's to see")
+	require.Empty(t, theirs.Expected)
+	require.NotContains(t, theirs.Reason, "acme")
+	require.NotContains(t, string(theirs.Evidence), `"acme"`)
 }

@@ -107,6 +107,7 @@ type WorkerConfig struct {
 // ControlConfig is what `flywheel up` schedules on the control plane.
 type ControlConfig struct {
 	WatchdogEvery time.Duration `yaml:"watchdog_every" help:"how often the watchdog re-measures the serving version of the policy deployment against its anchor and rolls back a significant drop (a Temporal schedule); 0 turns it off (default 1m)"`
+	EvolveEvery   time.Duration `yaml:"evolve_every" help:"how often evolution judges every deployment with traffic (the last interval's sessions are its evidence) and changes one layer if they call for it (a Temporal schedule, first run one interval after start); 0 turns it off (default 1h)"`
 }
 
 // TrainerConfig is the embedded trainer: the Go trainer of the in-process
@@ -178,7 +179,7 @@ func Default() Config {
 			StatusDevTenant: DevTenant,
 		},
 		Worker:      WorkerConfig{TaskQueues: []string{"flywheel", "flywheel-sessions", "flywheel-tinker", "flywheel-sandbox"}, GatewayKey: "FLYWHEEL_OPERATOR_KEY"},
-		Control:     ControlConfig{WatchdogEvery: time.Minute},
+		Control:     ControlConfig{WatchdogEvery: time.Minute, EvolveEvery: time.Hour},
 		Trainer:     TrainerConfig{Listen: "127.0.0.1:8091", IcePopLow: 0.5, IcePopHigh: 2, KPopPhi: 0.05},
 		ModelServer: ModelServerConfig{Listen: "127.0.0.1:8090"},
 		Log:         LogConfig{Level: "info", Format: "text"},
@@ -250,6 +251,9 @@ func (c *Config) Validate() error {
 	}
 	if w := c.Control.WatchdogEvery; w != 0 && (w < time.Second || w > 24*time.Hour) {
 		bad("control-watchdog-every", "want 0 (off) or 1s..24h, got %s", w)
+	}
+	if w := c.Control.EvolveEvery; w != 0 && (w < time.Minute || w > 7*24*time.Hour) {
+		bad("control-evolve-every", "want 0 (off) or 1m..168h, got %s", w)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -81,6 +81,20 @@ type Evidence struct {
 	// sessions ended since it.
 	LastDecision      string `json:"last_decision"`
 	SessionsSinceLast int    `json:"sessions_since_last"`
+	// TenantOutcomes are each tenant's sessions in the window, worst mean
+	// reward first: where a failure lives decides which layer it goes to.
+	TenantOutcomes []TenantOutcome `json:"tenant_outcomes,omitempty"`
+}
+
+// TenantOutcome is one tenant's sessions in the window: how many, how
+// many rewarded, how many failed (outcome below 0), and the mean reward
+// of the rewarded ones.
+type TenantOutcome struct {
+	Tenant   string  `json:"tenant"`
+	Sessions int     `json:"sessions"`
+	Rewarded int     `json:"rewarded"`
+	Failed   int     `json:"failed"`
+	Mean     float64 `json:"mean_reward"`
 }
 
 // ToolFailure is one tenant's failure cluster of one tool: tool names and
@@ -123,6 +137,16 @@ type Thresholds struct {
 	// Cooldown is how many sessions must end after a change before the
 	// next one of the same layer. Default 20.
 	Cooldown int `json:"cooldown"`
+	// RewardFloor is the mean session reward below which a deployment (or
+	// a tenant) is failing whatever its trend: rewarded sessions that
+	// average −0.73 are not healthy. Default 0 (a zero value is the
+	// floor 0; with rewards in [0, 1] set it, e.g. 0.5).
+	RewardFloor float64 `json:"reward_floor"`
+	// MinRewarded is how many rewarded sessions the window needs before
+	// its mean is judged against the floor, and MinTenantRewarded how many
+	// a tenant needs. Defaults 10 and 3.
+	MinRewarded       int `json:"min_rewarded"`
+	MinTenantRewarded int `json:"min_tenant_rewarded"`
 }
 
 // WithDefaults fills zero fields.
@@ -147,16 +171,34 @@ func (t Thresholds) WithDefaults() Thresholds {
 	defi(&t.WeightsMinTenants, 2)
 	defi(&t.WeightsMinSamples, 32)
 	defi(&t.Cooldown, 20)
+	defi(&t.MinRewarded, 10)
+	defi(&t.MinTenantRewarded, 3)
 	return t
 }
 
 // Decision is u* with the reason and, for tool-schema and rollback, the
-// target (a tool name, a version); a tool-schema change is the Tenant's.
+// target (a tool name, a version); a tool-schema or memory change for one
+// tenant is the Tenant's. Expected says what the change should do, which
+// the decision's review later holds it to.
 type Decision struct {
-	Kind   string `json:"decision"`
-	Reason string `json:"reason"`
-	Target string `json:"target,omitempty"`
-	Tenant string `json:"tenant,omitempty"`
+	Kind     string `json:"decision"`
+	Reason   string `json:"reason"`
+	Target   string `json:"target,omitempty"`
+	Tenant   string `json:"tenant,omitempty"`
+	Expected string `json:"expected,omitempty"`
+}
+
+// FailingTenants are the tenants with enough rewarded sessions whose mean
+// reward is below the floor, worst first.
+func FailingTenants(e Evidence, t Thresholds) []TenantOutcome {
+	t = t.WithDefaults()
+	var out []TenantOutcome
+	for _, o := range e.TenantOutcomes {
+		if o.Rewarded >= t.MinTenantRewarded && o.Mean < t.RewardFloor {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // Decide picks one change from the evidence. Cheap, reversible layers come
@@ -184,33 +226,58 @@ func Decide(e Evidence, t Thresholds) Decision {
 	for _, f := range e.ToolFailures {
 		if f.Calls >= t.MinToolCalls && f.Rate >= t.ToolFailureRate {
 			return Decision{Kind: DecisionToolSchema, Target: f.Tool, Tenant: f.Tenant,
-				Reason: fmt.Sprintf("tool %s of tenant %s failed %d of %d calls (%.0f%%)", f.Tool, f.Tenant, f.Failures, f.Calls, 100*f.Rate)}
+				Expected: fmt.Sprintf("fewer than %.0f%% of tenant %s's calls of %s fail", 100*f.Rate, f.Tenant, f.Tool),
+				Reason:   fmt.Sprintf("tool %s of tenant %s failed %d of %d calls (%.0f%%)", f.Tool, f.Tenant, f.Failures, f.Calls, 100*f.Rate)}
 		}
 	}
 	corrected := e.CorrectionRate >= t.CorrectionRate
-	if regressed || corrected {
-		symptom := fmt.Sprintf("correction rate %.0f%%", 100*e.CorrectionRate)
-		if regressed {
+	low := e.RewardedSessions >= t.MinRewarded && e.RewardMean < t.RewardFloor
+	if regressed || corrected || low {
+		var symptom string
+		switch {
+		case regressed:
 			symptom = fmt.Sprintf("mean reward fell by %.3f (%.3f → %.3f)", -e.RewardTrend, e.RewardPrev, e.RewardMean)
+		case low:
+			symptom = fmt.Sprintf("rewarded sessions average %.3f (%d of them), below the floor %.3f", e.RewardMean, e.RewardedSessions, t.RewardFloor)
+		default:
+			symptom = fmt.Sprintf("correction rate %.0f%%", 100*e.CorrectionRate)
 		}
+		rises := fmt.Sprintf("the mean session reward rises from %.3f", e.RewardMean)
 		cheapTried := (e.LastDecision == DecisionMemory || e.LastDecision == DecisionHarness) && e.SessionsSinceLast >= t.Cooldown
 		widespread := e.FailingTenants >= t.WeightsMinTenants
 		if cheapTried && widespread && e.QueuedSamples >= t.WeightsMinSamples {
-			return Decision{Kind: DecisionWeights, Reason: fmt.Sprintf("%s persists across %d tenants after a %s change; %d samples queued",
+			return Decision{Kind: DecisionWeights, Expected: rises, Reason: fmt.Sprintf("%s persists across %d tenants after a %s change; %d samples queued",
 				symptom, e.FailingTenants, e.LastDecision, e.QueuedSamples)}
-		}
-		if e.LastDecision == DecisionMemory && e.SessionsSinceLast >= t.Cooldown {
-			return Decision{Kind: DecisionHarness, Reason: symptom + "; the playbook change did not fix it"}
 		}
 		if (e.LastDecision == DecisionMemory || e.LastDecision == DecisionHarness) && e.SessionsSinceLast < t.Cooldown {
 			return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("%s, but the %s change has only seen %d of %d sessions", symptom, e.LastDecision, e.SessionsSinceLast, t.Cooldown)}
 		}
-		return Decision{Kind: DecisionMemory, Reason: symptom + "; lessons from the failed sessions go into the playbook first"}
+		failing := FailingTenants(e, t)
+		if len(failing) == 1 && len(e.TenantOutcomes) > 1 && e.LastDecision != DecisionMemory {
+			// A failure only one tenant has is that tenant's to learn.
+			f := failing[0]
+			return Decision{Kind: DecisionMemory, Tenant: f.Tenant,
+				Expected: fmt.Sprintf("tenant %s's mean session reward rises from %.3f", f.Tenant, f.Mean),
+				Reason: fmt.Sprintf("%s; only tenant %s fails (%d of %d rewarded sessions failed, mean %.3f): lessons from its sessions go into its playbook",
+					symptom, f.Tenant, f.Failed, f.Rewarded, f.Mean)}
+		}
+		if e.LastDecision == DecisionMemory && e.SessionsSinceLast >= t.Cooldown {
+			return Decision{Kind: DecisionHarness, Expected: rises, Reason: symptom + "; the playbook change did not fix it"}
+		}
+		if len(failing) >= 2 {
+			// One shared across tenants is the harness's, which every
+			// tenant reads.
+			return Decision{Kind: DecisionHarness, Expected: rises,
+				Reason: fmt.Sprintf("%s; %d tenants fail alike: the shared harness changes", symptom, len(failing))}
+		}
+		return Decision{Kind: DecisionMemory, Expected: rises, Reason: symptom + "; lessons from the failed sessions go into the playbook first"}
 	}
 	if e.Drift >= t.Drift && e.LastDecision != DecisionMemory {
-		return Decision{Kind: DecisionMemory, Reason: fmt.Sprintf("prompts drifted (%.2f ≥ %.2f); refresh the playbook", e.Drift, t.Drift)}
+		return Decision{Kind: DecisionMemory, Expected: "the playbook follows the new topics without lowering reward",
+			Reason: fmt.Sprintf("prompts drifted (%.2f ≥ %.2f); refresh the playbook", e.Drift, t.Drift)}
 	}
-	return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("healthy: mean reward %.3f (trend %+.3f), corrections %.0f%%", e.RewardMean, e.RewardTrend, 100*e.CorrectionRate)}
+	return Decision{Kind: DecisionNoOp, Reason: fmt.Sprintf("healthy: rewarded sessions average %.3f (%d of them, floor %.3f), trend %+.3f, corrections %.0f%%",
+		e.RewardMean, e.RewardedSessions, t.RewardFloor, e.RewardTrend, 100*e.CorrectionRate)}
 }
 
 // Drift is 1 − the Jaccard overlap of the vocabularies of two prompt sets

@@ -137,3 +137,44 @@ func TestFrontierKeepsWhatIsBestSomewhere(t *testing.T) {
 	_, err = ParseHarness(`{"harness": ""}`)
 	require.Error(t, err)
 }
+
+func TestDecideRoutesFailuresByWhereTheyLive(t *testing.T) {
+	th := Thresholds{MinSessions: 10}
+	healthy := Evidence{Sessions: 40, RewardedSessions: 40, RewardMean: 0.4, PrevSamples: 40, RewardPrev: 0.4}
+	require.Equal(t, DecisionNoOp, Decide(healthy, th).Kind)
+	require.Contains(t, Decide(healthy, th).Reason, "rewarded sessions average 0.400 (40 of them, floor 0.000)")
+
+	// No trend and no corrections, but the rewarded sessions average −0.73:
+	// not healthy.
+	low := healthy
+	low.RewardMean, low.RewardPrev = -0.73, -0.73
+	d := Decide(low, th)
+	require.Equal(t, DecisionMemory, d.Kind, d.Reason)
+	require.Contains(t, d.Reason, "rewarded sessions average -0.730 (40 of them), below the floor 0.000")
+	require.Equal(t, "the mean session reward rises from -0.730", d.Expected)
+	require.Equal(t, DecisionNoOp, Decide(low, Thresholds{MinSessions: 10, RewardFloor: -1}).Kind, "the floor is the operator's")
+
+	// Only one tenant fails: its memory changes.
+	one := low
+	one.TenantOutcomes = []TenantOutcome{{Tenant: "acme", Sessions: 10, Rewarded: 10, Failed: 9, Mean: -0.9}, {Tenant: "globex", Sessions: 30, Rewarded: 30, Mean: 0.5},
+		{Tenant: "initech", Sessions: 2, Rewarded: 2, Failed: 2, Mean: -1}} // too few to judge
+	d = Decide(one, th)
+	require.Equal(t, DecisionMemory, d.Kind)
+	require.Equal(t, "acme", d.Tenant)
+	require.Contains(t, d.Reason, "only tenant acme fails")
+	require.Equal(t, "tenant acme's mean session reward rises from -0.900", d.Expected)
+
+	// The same failure across tenants: the shared harness.
+	shared := one
+	shared.TenantOutcomes[1].Mean, shared.TenantOutcomes[1].Failed = -0.6, 20
+	d = Decide(shared, th)
+	require.Equal(t, DecisionHarness, d.Kind, d.Reason)
+	require.Empty(t, d.Tenant)
+	require.Contains(t, d.Reason, "2 tenants fail alike")
+
+	// It persists after the cheap layers, across tenants, with samples
+	// queued: weights.
+	persists := shared
+	persists.LastDecision, persists.SessionsSinceLast, persists.FailingTenants, persists.QueuedSamples = DecisionHarness, 50, 2, 64
+	require.Equal(t, DecisionWeights, Decide(persists, th).Kind)
+}

@@ -16,8 +16,31 @@ const (
 // Activity names EvolutionWorkflow runs (activities.Evolution implements them).
 const ()
 
-// EvolutionScheduleID is the schedule that runs a deployment's evolution.
+// EvolutionScheduleID is the schedule that runs a deployment's evolution,
+// and the id of the runs the sweep starts for it.
 func EvolutionScheduleID(deployment string) string { return "evolution-" + deployment }
+
+// The sweep: one schedule that evolves every deployment with traffic.
+const (
+	EvolutionSweepWorkflowName = "EvolutionSweepWorkflow"
+	EvolutionSweepScheduleID   = "evolution-sweep"
+)
+
+// EvolutionSweepInput is what each deployment's evolution gets.
+type EvolutionSweepInput struct {
+	// Window is the evidence window, and how recent a deployment's
+	// sessions must be for it to be evolved. Default 1h.
+	Window     time.Duration
+	Thresholds evolution.Thresholds
+	Release    deployment.ReleasePolicy
+	Training   TrainingPolicy
+}
+
+// EvolutionSweepResult says which deployments' evolutions the sweep
+// started, and which it skipped because their last one still runs.
+type EvolutionSweepResult struct {
+	Started, Skipped []string
+}
 
 // EvolutionInput runs one decision for a deployment.
 type EvolutionInput struct {
@@ -74,6 +97,12 @@ type ProposeArtefactOutput struct {
 	Reason string
 	// ReflectionTokens is what asking the reflector cost.
 	ReflectionTokens int `json:",omitempty"`
+}
+
+// DecisionReleaseInput records how the release a decision started ended.
+type DecisionReleaseInput struct {
+	DecisionID int64
+	Status     string
 }
 
 // RequestTrainingInput asks the deployment's TrainingWorkflow to train now.

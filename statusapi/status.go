@@ -142,6 +142,23 @@ type DecisionStatus struct {
 	Reason    string          `json:"reason"`
 	Evidence  json.RawMessage `json:"evidence"`
 	CreatedAt time.Time       `json:"created_at"`
+	// Expected is what the decision expects its change to do, Release how
+	// the release it started ended, and Outcome what the promoted change
+	// did to reward, once a window of traffic has passed.
+	Expected string           `json:"expected,omitempty"`
+	Release  string           `json:"release,omitempty"`
+	Outcome  *DecisionOutcome `json:"outcome,omitempty"`
+}
+
+// DecisionOutcome is what a promoted change did to reward: the mean
+// session reward of its scope (the tenant's sessions, or all) in the
+// window before the decision and in the window after the promotion.
+type DecisionOutcome struct {
+	Before         float64   `json:"before"`
+	After          float64   `json:"after"`
+	RewardedBefore int       `json:"rewarded_before"`
+	RewardedAfter  int       `json:"rewarded_after"`
+	MeasuredAt     time.Time `json:"measured_at"`
 }
 
 // TrainingRunStatus is one training step of the deployment.

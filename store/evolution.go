@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
 // WindowStats summarises a deployment's sessions active in [from, to).
@@ -204,6 +206,27 @@ type DecisionRow struct {
 	Reason     string
 	WorkflowID string
 	CreatedAt  time.Time
+	// Tenant is whose change it was ("": the deployment's).
+	Tenant string
+	// Expected says what the decision expects its change to do.
+	Expected string
+	// ReleaseStatus is how the release it started ended ("": none yet),
+	// PromotedAt when it was promoted, and Outcome what it did to reward.
+	ReleaseStatus string
+	PromotedAt    *time.Time
+	Outcome       *DecisionOutcome
+}
+
+// DecisionOutcome is what a promoted change did to reward.
+type DecisionOutcome = statusapi.DecisionOutcome
+
+const decisionCols = `id, deployment, decision, evidence, reason, workflow_id, created_at, tenant_id, expected, release_status, promoted_at, outcome`
+
+func scanDecision(r pgx.Row) (DecisionRow, error) {
+	var d DecisionRow
+	err := r.Scan(&d.ID, &d.Deployment, &d.Decision, &d.Evidence, &d.Reason, &d.WorkflowID, &d.CreatedAt,
+		&d.Tenant, &d.Expected, &d.ReleaseStatus, &d.PromotedAt, &d.Outcome)
+	return d, err
 }
 
 // RecordDecision stores a decision with its evidence; the workflow id makes
@@ -211,9 +234,9 @@ type DecisionRow struct {
 func RecordDecision(ctx context.Context, db DBTX, d DecisionRow) (int64, error) {
 	var id int64
 	err := db.QueryRow(ctx, `
-INSERT INTO evolution_decisions (deployment, decision, evidence, reason, workflow_id) VALUES ($1, $2, $3, $4, $5)
+INSERT INTO evolution_decisions (deployment, decision, evidence, reason, workflow_id, tenant_id, expected) VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (workflow_id) WHERE workflow_id <> '' DO UPDATE SET workflow_id = EXCLUDED.workflow_id
-RETURNING id`, d.Deployment, d.Decision, d.Evidence, d.Reason, d.WorkflowID).Scan(&id)
+RETURNING id`, d.Deployment, d.Decision, d.Evidence, d.Reason, d.WorkflowID, d.Tenant, d.Expected).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record %s decision for %s: %w", d.Decision, d.Deployment, err)
 	}
@@ -222,11 +245,9 @@ RETURNING id`, d.Deployment, d.Decision, d.Evidence, d.Reason, d.WorkflowID).Sca
 
 // LastDecision is the deployment's latest decision before t, if any.
 func LastDecision(ctx context.Context, db DBTX, deployment string, before time.Time) (DecisionRow, error) {
-	var d DecisionRow
-	err := db.QueryRow(ctx, `
-SELECT id, deployment, decision, evidence, reason, workflow_id, created_at FROM evolution_decisions
-WHERE deployment = $1 AND created_at < $2 AND decision <> 'noop' ORDER BY created_at DESC, id DESC LIMIT 1`, deployment, before).
-		Scan(&d.ID, &d.Deployment, &d.Decision, &d.Evidence, &d.Reason, &d.WorkflowID, &d.CreatedAt)
+	d, err := scanDecision(db.QueryRow(ctx, `
+SELECT `+decisionCols+` FROM evolution_decisions
+WHERE deployment = $1 AND created_at < $2 AND decision <> 'noop' ORDER BY created_at DESC, id DESC LIMIT 1`, deployment, before))
 	if err != nil {
 		return DecisionRow{}, notFound(err)
 	}
@@ -236,15 +257,99 @@ WHERE deployment = $1 AND created_at < $2 AND decision <> 'noop' ORDER BY create
 // ListDecisions lists a deployment's decisions, newest first.
 func ListDecisions(ctx context.Context, db DBTX, deployment string, limit int) ([]DecisionRow, error) {
 	rows, err := db.Query(ctx, `
-SELECT id, deployment, decision, evidence, reason, workflow_id, created_at FROM evolution_decisions
+SELECT `+decisionCols+` FROM evolution_decisions
 WHERE deployment = $1 ORDER BY created_at DESC, id DESC LIMIT $2`, deployment, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list decisions of %s: %w", deployment, err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DecisionRow, error) {
-		var d DecisionRow
-		err := r.Scan(&d.ID, &d.Deployment, &d.Decision, &d.Evidence, &d.Reason, &d.WorkflowID, &d.CreatedAt)
-		return d, err
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DecisionRow, error) { return scanDecision(r) })
+}
+
+// SetDecisionRelease records how the release a decision started ended,
+// and when it was promoted.
+func SetDecisionRelease(ctx context.Context, db DBTX, id int64, status string, at time.Time) error {
+	_, err := db.Exec(ctx, `UPDATE evolution_decisions SET release_status = $2,
+		promoted_at = CASE WHEN $2 = 'promoted' THEN coalesce(promoted_at, $3) END WHERE id = $1`, id, status, at)
+	if err != nil {
+		return fmt.Errorf("record the release of decision %d: %w", id, err)
+	}
+	return nil
+}
+
+// ReviewDecisions measures, for the deployment's promoted decisions whose
+// outcome is not yet known and whose promotion is at least window old,
+// what the change did: the mean reward of the scope's rewarded sessions
+// in the window before the decision and in the window after the
+// promotion. It returns how many it measured.
+func ReviewDecisions(ctx context.Context, db DBTX, deployment string, window time.Duration, now time.Time) (int, error) {
+	tag, err := db.Exec(ctx, `
+WITH due AS (
+    SELECT id, tenant_id, created_at, promoted_at FROM evolution_decisions
+    WHERE deployment = $1 AND promoted_at IS NOT NULL AND outcome IS NULL AND promoted_at + $2::interval <= $3
+), sides AS (
+    SELECT d.id, s.after, `+outcomeSQL+` AS outcome
+    FROM due d
+    CROSS JOIN LATERAL (
+        SELECT DISTINCT i.tenant_id, i.session_id, i.created_at >= d.promoted_at AS after FROM interactions i
+        WHERE i.deployment = $1 AND (d.tenant_id = '' OR i.tenant_id = d.tenant_id)
+          AND ((i.created_at >= d.created_at - $2::interval AND i.created_at < d.created_at)
+            OR (i.created_at >= d.promoted_at AND i.created_at < d.promoted_at + $2::interval))) s
+), measured AS (
+    SELECT d.id,
+        jsonb_build_object(
+            'before', coalesce(avg(x.outcome) FILTER (WHERE NOT x.after), 0),
+            'after', coalesce(avg(x.outcome) FILTER (WHERE x.after), 0),
+            'rewarded_before', count(x.outcome) FILTER (WHERE NOT x.after),
+            'rewarded_after', count(x.outcome) FILTER (WHERE x.after),
+            'measured_at', $3::timestamptz) AS outcome
+    FROM due d LEFT JOIN sides x ON x.id = d.id GROUP BY d.id
+)
+UPDATE evolution_decisions e SET outcome = m.outcome FROM measured m WHERE e.id = m.id`,
+		deployment, window.String(), now)
+	if err != nil {
+		return 0, fmt.Errorf("review decisions of %s: %w", deployment, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// ActiveDeployments lists the deployments with consented interactions in
+// [from, to), by name.
+func ActiveDeployments(ctx context.Context, db DBTX, from, to time.Time) ([]string, error) {
+	rows, err := db.Query(ctx, `
+SELECT DISTINCT i.deployment FROM interactions i
+WHERE i.created_at >= $1 AND i.created_at < $2 AND `+consentedSQL+` ORDER BY 1`, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("active deployments: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// TenantOutcome is one tenant's sessions of a deployment in a window.
+type TenantOutcome struct {
+	Tenant   string  `json:"tenant"`
+	Sessions int     `json:"sessions"`
+	Rewarded int     `json:"rewarded"`
+	Failed   int     `json:"failed"`
+	Mean     float64 `json:"mean_reward"`
+}
+
+// TenantOutcomes summarises each tenant's consented sessions of a
+// deployment active in [from, to), worst mean reward first.
+func TenantOutcomes(ctx context.Context, db DBTX, deployment string, from, to time.Time) ([]TenantOutcome, error) {
+	rows, err := db.Query(ctx, `
+WITH s AS (
+    SELECT DISTINCT i.tenant_id, i.session_id FROM interactions i
+    WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND `+consentedSQL+`
+), o AS (SELECT s.tenant_id, `+outcomeSQL+` AS outcome FROM s)
+SELECT tenant_id, count(*), count(outcome), count(*) FILTER (WHERE outcome < 0), coalesce(avg(outcome), 0)
+FROM o GROUP BY tenant_id ORDER BY coalesce(avg(outcome), 0), tenant_id`, deployment, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("tenant outcomes of %s: %w", deployment, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TenantOutcome, error) {
+		var t TenantOutcome
+		err := r.Scan(&t.Tenant, &t.Sessions, &t.Rewarded, &t.Failed, &t.Mean)
+		return t, err
 	})
 }
 

@@ -21,11 +21,14 @@ func decisionsOf(ctx context.Context, db DBTX, deployment, tenantID string, limi
 		if err != nil {
 			return nil, fmt.Errorf("decision %d: %w", r.ID, err)
 		}
-		reason := r.Reason
+		d := statusapi.DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: r.Reason, Evidence: ev, CreatedAt: r.CreatedAt,
+			Expected: r.Expected, Release: r.ReleaseStatus, Outcome: r.Outcome}
 		if theirs {
-			reason = "a tool of another tenant failed often: its description changes for that tenant only"
+			// Another tenant's change: what failed and what it did are
+			// theirs.
+			d.Reason, d.Expected, d.Outcome = "another tenant's sessions failed: its own "+r.Decision+" changes, for it alone", "", nil
 		}
-		out[i] = statusapi.DecisionStatus{ID: r.ID, Decision: r.Decision, Reason: reason, Evidence: ev, CreatedAt: r.CreatedAt}
+		out[i] = d
 	}
 	return out, nil
 }
@@ -52,6 +55,15 @@ func scrubEvidence(raw json.RawMessage, tenantID string) (json.RawMessage, bool,
 			}
 		}
 		ev["tool_failures"] = mine
+	}
+	if outcomes, ok := ev["tenant_outcomes"].([]any); ok {
+		mine := []any{}
+		for _, o := range outcomes {
+			if m, ok := o.(map[string]any); ok && m["tenant"] == tenantID {
+				mine = append(mine, m)
+			}
+		}
+		ev["tenant_outcomes"] = mine
 	}
 	theirs := false
 	if t, ok := ev["tenant"].(string); ok && t != tenantID {

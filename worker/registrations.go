@@ -76,7 +76,9 @@ func Registrations(d Deps) map[string]Registrar {
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: flow.TrainingWorkflowName})
 			register(r, training.CheckBatch, training.ClaimBatch, training.PrepareBatch, training.RegisterCheckpoint, training.FailTrainingRun)
 			r.RegisterWorkflowWithOptions(workflows.EvolutionWorkflow, workflow.RegisterOptions{Name: flow.EvolutionWorkflowName})
-			register(r, evolve.ComputeEvidence, evolve.RecordDecision, evolve.ProposeArtefact, evolve.RequestTraining, evolve.RollbackVersion)
+			r.RegisterWorkflowWithOptions(workflows.EvolutionSweepWorkflow, workflow.RegisterOptions{Name: flow.EvolutionSweepWorkflowName})
+			register(r, evolve.ComputeEvidence, evolve.RecordDecision, evolve.ProposeArtefact, evolve.RecordDecisionRelease,
+				evolve.RequestTraining, evolve.RollbackVersion, evolve.EvolvableDeployments)
 			r.RegisterWorkflowWithOptions(workflows.ForgetWorkflow, workflow.RegisterOptions{Name: flow.ForgetWorkflowName})
 			register(r, forget.RetireForgotten)
 		},

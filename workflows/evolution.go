@@ -132,5 +132,14 @@ func releaseArtefact(ctx, actx workflow.Context, in flow.EvolutionInput, res *fl
 		return fmt.Errorf("release %s: %w", id, err)
 	}
 	res.Release = rel.State.Status
+	// Histories from before decisions recorded their release replay
+	// without this step.
+	if workflow.GetVersion(ctx, "decision-release", workflow.DefaultVersion, 1) == 1 {
+		if err := workflow.ExecuteActivity(actx, aEvolution.RecordDecisionRelease, flow.DecisionReleaseInput{
+			DecisionID: res.DecisionID, Status: rel.State.Status,
+		}).Get(ctx, nil); err != nil {
+			return fmt.Errorf("record the release of decision %d: %w", res.DecisionID, err)
+		}
+	}
 	return nil
 }

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
@@ -20,6 +21,7 @@ type evolutionActs struct {
 	version   int
 	trainings []flow.RequestTrainingInput
 	rollbacks []flow.RollbackInput
+	releases  []flow.DecisionReleaseInput
 	release   *releaseActs
 }
 
@@ -41,6 +43,10 @@ func newEvolutionEnv(t *testing.T, ev evolution.Evidence) (*testsuite.TestWorkfl
 		}
 		return flow.ProposeArtefactOutput{Version: a.version, Items: 2}, nil
 	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.ProposeArtefact)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.DecisionReleaseInput) error {
+		a.releases = append(a.releases, in)
+		return nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.RecordDecisionRelease)})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.RequestTrainingInput) error {
 		a.trainings = append(a.trainings, in)
 		return nil
@@ -79,6 +85,7 @@ func TestEvolutionMemoryDecisionReleasesAPlaybook(t *testing.T) {
 	require.Equal(t, flow.ReleasePromoted, res.Release)
 	require.Equal(t, artefact.LayerPlaybook, acts.release.finished[0].Layer)
 	require.Equal(t, testPolicy.CanaryChecks, acts.release.calls[flow.GateCanary], "an artefact passes the live canary too")
+	require.Equal(t, []flow.DecisionReleaseInput{{DecisionID: 11, Status: flow.ReleasePromoted}}, acts.releases, "the decision records how its release ended")
 }
 
 func TestEvolutionToolSchemaAndNothingToPropose(t *testing.T) {
@@ -130,4 +137,26 @@ func TestEvolutionNoOpAndDryRun(t *testing.T) {
 	require.Equal(t, evolution.DecisionMemory, res.Decision.Kind)
 	require.Equal(t, "dry run", res.Action)
 	require.Empty(t, acts.proposed)
+}
+
+// TestEvolutionSweepEvolvesEveryDeploymentWithTraffic: the sweep starts
+// one evolution per deployment the activity lists, under the
+// deployment's own id, with the sweep's window and policy.
+func TestEvolutionSweepEvolvesEveryDeploymentWithTraffic(t *testing.T) {
+	env, acts := newEvolutionEnv(t, base)
+	env.RegisterWorkflowWithOptions(EvolutionSweepWorkflow, workflowRegisterOptions(flow.EvolutionSweepWorkflowName))
+	var window time.Duration
+	env.RegisterActivityWithOptions(func(ctx context.Context, w time.Duration) ([]string, error) {
+		window = w
+		return []string{"dep", "support-agent"}, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aEvolution.EvolvableDeployments)})
+	env.ExecuteWorkflow(EvolutionSweepWorkflow, flow.EvolutionSweepInput{Window: 30 * time.Minute, Release: testPolicy})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var res flow.EvolutionSweepResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	require.Equal(t, []string{"dep", "support-agent"}, res.Started)
+	require.Equal(t, 30*time.Minute, window)
+	require.Len(t, acts.recorded, 2, "each deployment got its own decision")
+	require.Equal(t, "schedule", acts.recorded[0].Trigger)
 }

@@ -309,6 +309,7 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(evolve.ProposeArtefact, flow.ActivityName((*activities.Evolution).ProposeArtefact))
 	act(evolve.RequestTraining, flow.ActivityName((*activities.Evolution).RequestTraining))
 	act(evolve.RollbackVersion, flow.ActivityName((*activities.Evolution).RollbackVersion))
+	act(evolve.RecordDecisionRelease, flow.ActivityName((*activities.Evolution).RecordDecisionRelease))
 	forget := &activities.Forget{DB: pool}
 	wf(workflows.ForgetWorkflow, flow.ForgetWorkflowName)
 	act(forget.RetireForgotten, flow.ActivityName((*activities.Forget).RetireForgotten))

@@ -207,6 +207,9 @@ func announceUp(ctx context.Context, c client.Client, cfg config.Config, demo bo
 	if err := scheduleWatchdog(ctx, c, cfg.Gateway.PolicyModel, cfg.Control.WatchdogEvery, release); err != nil {
 		return err
 	}
+	if err := scheduleEvolution(ctx, c, cfg.Control.EvolveEvery, release); err != nil {
+		return err
+	}
 	gw := lns.gateway.Addr()
 	fmt.Printf("\nFlywheel is up (%s)\n"+
 		"  gateway      http://%s   (OpenAI/Anthropic base_url: http://%s/v1)\n"+
@@ -236,30 +239,46 @@ func startTraining(ctx context.Context, c client.Client, deployment string, poli
 }
 
 // scheduleWatchdog makes the deployment's watchdog schedule run every
-// every with policy's thresholds (creating it, or updating the one an
-// earlier `flywheel up` made); every 0 removes it.
+// every with policy's thresholds; every 0 removes it.
 func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, every time.Duration, policy deployment.ReleasePolicy) error {
-	id := flow.WatchdogScheduleID(deployment)
+	return upsertSchedule(ctx, c, flow.WatchdogScheduleID(deployment), every, time.Time{}, &client.ScheduleWorkflowAction{
+		ID: "watchdog-" + deployment, Workflow: flow.WatchdogWorkflowName, TaskQueue: flow.TaskQueue,
+		Args:                     []any{flow.WatchdogInput{Deployment: deployment, Policy: policy}},
+		WorkflowExecutionTimeout: 15 * time.Minute,
+	})
+}
+
+// scheduleEvolution makes the evolution sweep run every every, its first
+// run one interval from now (a fresh start has no window of evidence
+// yet), each deployment's evolution with policy as its release policy
+// (a deployment's own gates win); every 0 removes it.
+func scheduleEvolution(ctx context.Context, c client.Client, every time.Duration, policy deployment.ReleasePolicy) error {
+	return upsertSchedule(ctx, c, flow.EvolutionSweepScheduleID, every, time.Now().Add(every), &client.ScheduleWorkflowAction{
+		ID: flow.EvolutionSweepScheduleID, Workflow: flow.EvolutionSweepWorkflowName, TaskQueue: flow.TaskQueue,
+		Args:                     []any{flow.EvolutionSweepInput{Window: every, Release: policy}},
+		WorkflowExecutionTimeout: 15 * time.Minute,
+	})
+}
+
+// upsertSchedule makes schedule id run action every every, from startAt
+// (zero: now), creating it or updating the one an earlier `flywheel up`
+// made, and never two runs at once; every 0 removes it.
+func upsertSchedule(ctx context.Context, c client.Client, id string, every time.Duration, startAt time.Time, action *client.ScheduleWorkflowAction) error {
 	h := c.ScheduleClient().GetHandle(ctx, id)
 	if every <= 0 {
 		var missing *serviceerror.NotFound
 		if err := h.Delete(ctx); err != nil && !errors.As(err, &missing) {
-			return fmt.Errorf("remove watchdog schedule %s: %w", id, err)
+			return fmt.Errorf("remove schedule %s: %w", id, err)
 		}
 		return nil
 	}
-	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: every}}}
-	action := &client.ScheduleWorkflowAction{
-		ID: "watchdog-" + deployment, Workflow: flow.WatchdogWorkflowName, TaskQueue: flow.TaskQueue,
-		Args:                     []any{flow.WatchdogInput{Deployment: deployment, Policy: policy}},
-		WorkflowExecutionTimeout: 15 * time.Minute,
-	}
+	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: every}}, StartAt: startAt}
 	_, err := c.ScheduleClient().Create(ctx, client.ScheduleOptions{ID: id, Spec: spec, Action: action, Overlap: enumspb.SCHEDULE_OVERLAP_POLICY_SKIP})
 	if err == nil {
 		return nil
 	}
 	if !errors.Is(err, temporal.ErrScheduleAlreadyRunning) {
-		return fmt.Errorf("create watchdog schedule %s: %w", id, err)
+		return fmt.Errorf("create schedule %s: %w", id, err)
 	}
 	err = h.Update(ctx, client.ScheduleUpdateOptions{DoUpdate: func(in client.ScheduleUpdateInput) (*client.ScheduleUpdate, error) {
 		s := in.Description.Schedule
@@ -270,7 +289,7 @@ func scheduleWatchdog(ctx context.Context, c client.Client, deployment string, e
 		return &client.ScheduleUpdate{Schedule: &s}, nil
 	}})
 	if err != nil {
-		return fmt.Errorf("update watchdog schedule %s: %w", id, err)
+		return fmt.Errorf("update schedule %s: %w", id, err)
 	}
 	return nil
 }

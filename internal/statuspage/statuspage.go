@@ -209,8 +209,14 @@ var pageTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"metrics":  fmtMetrics,
 	"some":     fmtSome,
 	"evidence": fmtEvidence,
-	"pct":      func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
-	"pctp":     func(f *float64) string { return fmt.Sprintf("%.0f%%", 100**f) },
+	"outcome": func(o *statusapi.DecisionOutcome) string {
+		if o == nil {
+			return ""
+		}
+		return fmt.Sprintf("mean reward %.3f → %.3f (%d → %d rewarded sessions)", o.Before, o.After, o.RewardedBefore, o.RewardedAfter)
+	},
+	"pct":  func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
+	"pctp": func(f *float64) string { return fmt.Sprintf("%.0f%%", 100**f) },
 	"clock": func(t time.Time) string {
 		return t.UTC().Format("01-02 15:04:05")
 	},
@@ -289,8 +295,8 @@ Every release is judged against it as well as against the serving version, and t
 {{end}}</table>{{else}}<p class="small">No releases yet.</p>{{end}}
 
 <h3>Evolution decisions</h3>
-{{if .Decisions}}<table><tr><th>time</th><th>decision</th><th>reason</th><th>evidence</th></tr>
-{{range .Decisions}}<tr><td>{{clock .CreatedAt}}</td><td><b>{{.Decision}}</b></td><td>{{.Reason}}</td><td class="small">{{evidence .Evidence}}</td></tr>
+{{if .Decisions}}<table><tr><th>time</th><th>decision</th><th>reason</th><th>expected</th><th>release</th><th>what it did</th><th>evidence</th></tr>
+{{range .Decisions}}<tr><td>{{clock .CreatedAt}}</td><td><b>{{.Decision}}</b></td><td>{{.Reason}}</td><td>{{.Expected}}</td><td>{{.Release}}</td><td>{{outcome .Outcome}}</td><td class="small">{{evidence .Evidence}}</td></tr>
 {{end}}</table>{{else}}<p class="small">No decisions yet.</p>{{end}}
 
 <h3>Training runs</h3>
