@@ -268,11 +268,11 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	var refl activities.Reflector
-	if cfg.Worker.GatewayURL != "" {
-		key := os.Getenv(cfg.Worker.GatewayKey)
-		if key == "" {
-			return fmt.Errorf("worker: gateway_url is set but $%s holds no operator key for it", cfg.Worker.GatewayKey)
-		}
+	switch key := os.Getenv(cfg.Worker.GatewayKey); {
+	case cfg.Worker.GatewayURL == "":
+	case key == "":
+		logger.Warn(msgNoOperatorKey, "gateway_url", cfg.Worker.GatewayURL, "key_env", cfg.Worker.GatewayKey)
+	default:
 		refl = &activities.GatewayReflector{URL: cfg.Worker.GatewayURL, APIKey: key}
 	}
 	return serveWorker(ctx, cfg, c, pool, pol, nil, refl, logger)
@@ -325,4 +325,7 @@ func serveWorker(ctx context.Context, cfg config.Config, c client.Client, pool *
 	return worker.Run(ctx, c, queues, logger)
 }
 
-const msgSWECloseFailed = "removing this worker's sandboxes failed"
+const (
+	msgSWECloseFailed = "removing this worker's sandboxes failed"
+	msgNoOperatorKey  = "no operator key for the gateway: evolution's reflector is off on this worker, so the cheap layers propose nothing"
+)

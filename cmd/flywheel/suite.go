@@ -15,7 +15,7 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-const suiteUsage = "flywheel suite set|show|list|delete --deployment D [--suite regression|safety] [--file FILE.jsonl]"
+const suiteUsage = "flywheel suite set|show|list|delete --deployment D [--suite regression|safety|train] [--file FILE.jsonl]"
 
 // runSuite manages a deployment's evaluation suites, as the admin API's
 // /admin/v1/deployments/{name}/suites does.
