@@ -35,6 +35,7 @@ type reflectEnv struct {
 	db               *pgxpool.Pool
 	reflector, agent *fakeopenai.Server
 	e                *Evolution
+	gateway          string
 }
 
 var sessionTag = regexp.MustCompile(`\[session ([^\]]+)\]`)
@@ -65,6 +66,7 @@ func newReflectEnv(t *testing.T, evo deployment.Evolution) *reflectEnv {
 	require.NoError(t, err)
 	env.e = &Evolution{DB: db, Redactor: newRedactor(t), Reflector: &GatewayReflector{URL: ts.URL, APIKey: key},
 		Backend: &Engines{DB: db}}
+	env.gateway = ts.URL
 	return env
 }
 
@@ -455,4 +457,42 @@ func TestDecisionsAreHeldToWhatTheyExpected(t *testing.T) {
 	require.Empty(t, theirs.Expected)
 	require.NotContains(t, theirs.Reason, "acme")
 	require.NotContains(t, string(theirs.Evidence), `"acme"`)
+}
+
+// TestHostedStepsFeedTheCheapLayers: a hosted model's steps carry no
+// token ids, yet what the gateway captured of them (the text, the reward
+// and its feedback) is what the reflector reads.
+func TestHostedStepsFeedTheCheapLayers(t *testing.T) {
+	env := newReflectEnv(t, deployment.Evolution{Reflector: "reflector"})
+	ctx := context.Background()
+	require.NoError(t, store.EnsureTenant(ctx, env.db, "acme"))
+	key, err := store.CreateKey(ctx, env.db, "acme", "", "agent")
+	require.NoError(t, err)
+	env.agent.Script = func(fakeopenai.Request) fakeopenai.Reply { return fakeopenai.Reply{Text: "The total is 10."} }
+	agent := &GatewayReflector{URL: env.gateway}
+	post := func(path string, body any) {
+		t.Helper()
+		require.NoError(t, agent.post(ctx, path, key, body, nil), path)
+	}
+	// Sessions named by the client, in the base URL's path form.
+	for i := 0; i < 2; i++ {
+		sid := fmt.Sprintf("hosted-%d", i)
+		post("/s/"+sid+"/v1/chat/completions", map[string]any{"model": "dep",
+			"messages": []map[string]string{{"role": "user", "content": "what's the invoice total for march"}}})
+		post("/v1/sessions/"+sid+"/reward", map[string]any{"value": -1, "feedback": "the lookup said 12, not 10"})
+	}
+	var ids int
+	require.NoError(t, env.db.QueryRow(ctx, `SELECT count(*) FROM interactions WHERE deployment = 'dep' AND tenant_id = 'acme'
+		AND coalesce(cardinality(completion_token_ids), 0) = 0`).Scan(&ids))
+	require.Equal(t, 2, ids, "the hosted model's steps were captured without token ids")
+
+	env.reflector.Script = func(fakeopenai.Request) fakeopenai.Reply {
+		return fakeopenai.Reply{Text: `{"deltas": [{"op": "add", "content": "Quote the looked-up total.", "sessions": ["hosted-0", "hosted-1"]}]}`}
+	}
+	out, err := env.e.ProposeArtefact(ctx, flow.ProposeArtefactInput{Deployment: "dep", Kind: artefact.LayerPlaybook, Window: time.Hour, Key: "hosted"})
+	require.NoError(t, err)
+	require.Equal(t, 1, out.Version, out.Reason)
+	asked := env.reflector.Requests()[0].Messages[1].Content
+	require.Contains(t, asked, "[session hosted-0] outcome -1.00\nuser: what's the invoice total for march\nagent: The total is 10.")
+	require.Contains(t, asked, "feedback: the lookup said 12, not 10")
 }

@@ -60,6 +60,10 @@ type BenchResult struct {
 	// alive at the peak (held plus warm).
 	ReadyConcurrent int `json:"ready_concurrent"`
 	MaxLive         int `json:"max_live"`
+	// Recycled releases went back to the pool reset, Removed did not (no
+	// room in its queue, or the reset failed).
+	Recycled int `json:"recycled"`
+	Removed  int `json:"removed"`
 	// ResetP50MS returns a used sandbox to clean (Sandbox.Reset); ResetSpeedup
 	// is CreateP50MS over it.
 	ResetP50MS   float64 `json:"reset_p50_ms"`
@@ -222,12 +226,13 @@ func benchReady(ctx context.Context, m *Manager, img Image, cfg BenchConfig, res
 		return fmt.Errorf("bench ready: %w", err)
 	}
 	res.ReadyP50MS, res.ReadyP99MS, res.ReadySamples = pct(lat, 50), pct(lat, 99), len(lat)
-	res.ReadyConcurrent, res.MaxLive = cfg.Concurrent, maxLive
+	st := m.PoolStats(img)
+	res.ReadyConcurrent, res.MaxLive, res.Recycled, res.Removed = cfg.Concurrent, maxLive, st.Recycled, st.Removed
 	if res.CreateP50MS > 0 {
 		res.ReadyVsCreate = res.ReadyP50MS / res.CreateP50MS
 	}
-	fmt.Fprintf(cfg.Progress, "ready (%d rollouts in flight, pool of %d refilling): p50 %.0f ms, p99 %.0f ms over %d = %.2fx a quiet create; %d sandboxes alive at the peak\n",
-		cfg.Concurrent, cfg.PoolSize, res.ReadyP50MS, res.ReadyP99MS, len(lat), res.ReadyVsCreate, maxLive)
+	fmt.Fprintf(cfg.Progress, "ready (%d rollouts in flight, pool of %d refilling, released sandboxes reset and recycled): p50 %.0f ms, p99 %.0f ms over %d = %.2fx a quiet create; %d sandboxes alive at the peak; %d releases recycled, %d removed\n",
+		cfg.Concurrent, cfg.PoolSize, res.ReadyP50MS, res.ReadyP99MS, len(lat), res.ReadyVsCreate, maxLive, st.Recycled, st.Removed)
 	return nil
 }
 

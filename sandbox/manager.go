@@ -387,11 +387,20 @@ func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
 // ErrNotFound is returned for a sandbox id that does not exist (any more).
 var ErrNotFound = errors.New("sandbox not found")
 
-// Release removes the sandbox's container. Sandboxes are never reused: a
-// released one may hold anything its last user left behind.
+// Release gives a sandbox up. One Acquire took from a pool is reset
+// (Reset: nothing its user left behind survives) and goes back to the
+// pool's ready queue when it has room; any other, and one the reset could
+// not make clean, is removed.
 func (m *Manager) Release(ctx context.Context, sb *Sandbox) error {
 	if sb == nil {
 		return nil
+	}
+	if p := sb.pool; p != nil {
+		// Held from a pool: reset and back in its queue, if it has room.
+		sb.pool = nil
+		if m.recycle(ctx, p, sb) {
+			return nil
+		}
 	}
 	m.mu.Lock()
 	delete(m.live, sb.ID)

@@ -3,13 +3,18 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
 
-// pool keeps up to size started sandboxes of one image ready, so Acquire is
-// a channel receive instead of a ~1 s create+start. Refills run in the
-// background through the manager's bounded provisioning slots.
+// pool keeps started sandboxes of one image ready, so Acquire is a
+// channel receive instead of a ~1 s create+start. It keeps ahead of
+// demand: a released sandbox is reset (tens of milliseconds) and goes back
+// to the ready queue, which holds up to as many as were ever held at once
+// (at least size), so under steady load rollouts take recycled sandboxes;
+// creates top the queue up to size in the background through the
+// manager's bounded provisioning slots.
 type pool struct {
 	img   Image
 	size  int
@@ -20,7 +25,16 @@ type pool struct {
 	inflight int
 	lastErr  error
 	backoff  time.Duration
+	// held is how many of its sandboxes are acquired now, peak the most
+	// ever at once: how many the ready queue keeps when they come back.
+	held, peak int
+	// recycled and removed count releases that went back to the queue and
+	// those that did not (no room, or the reset failed).
+	recycled, removed int
 }
+
+// maxPoolReady bounds a pool's ready queue, whatever its peak.
+const maxPoolReady = 256
 
 // StartPool keeps size warm sandboxes of img. Calling it again for the same
 // image changes nothing. Pools stop with Close.
@@ -36,16 +50,22 @@ func (m *Manager) StartPool(img Image, size int) error {
 	if _, ok := m.pools[img.Ref]; ok {
 		return nil
 	}
-	p := &pool{img: img, size: size, ready: make(chan *Sandbox, size), wake: make(chan struct{}, 1)}
+	if size > maxPoolReady {
+		return fmt.Errorf("sandbox pool: size %d is over %d", size, maxPoolReady)
+	}
+	p := &pool{img: img, size: size, ready: make(chan *Sandbox, maxPoolReady), wake: make(chan struct{}, 1)}
 	m.pools[img.Ref] = p
 	m.wg.Go(func() { m.refillLoop(p) })
 	p.poke()
 	return nil
 }
 
-// PoolStats says how full a pool is.
+// PoolStats says how full a pool is, how many of its sandboxes are held
+// (and the most at once), and how many releases were recycled or removed.
 type PoolStats struct {
 	Ready, Provisioning, Size int
+	Held, Peak                int
+	Recycled, Removed         int
 	LastError                 error
 }
 
@@ -59,7 +79,8 @@ func (m *Manager) PoolStats(img Image) PoolStats {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Ready: len(p.ready), Provisioning: p.inflight, Size: p.size, LastError: p.lastErr}
+	return PoolStats{Ready: len(p.ready), Provisioning: p.inflight, Size: p.size, Held: p.held, Peak: p.peak,
+		Recycled: p.recycled, Removed: p.removed, LastError: p.lastErr}
 }
 
 // Acquire returns a started sandbox of img: a warm one when its pool has
@@ -74,6 +95,7 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 			select {
 			case sb := <-p.ready:
 				if sb.alive() {
+					p.take(sb)
 					return sb, nil
 				}
 				m.log.Warn("discarding dead warm sandbox", "container", short(sb.ID))
@@ -87,7 +109,52 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 			break
 		}
 	}
-	return m.Create(ctx, img)
+	sb, err := m.Create(ctx, img)
+	if err == nil && p != nil {
+		p.take(sb)
+	}
+	return sb, err
+}
+
+// take marks sb as held from p.
+func (p *pool) take(sb *Sandbox) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sb.pool = p
+	p.held++
+	p.peak = max(p.peak, p.held)
+}
+
+// recycle resets a released sandbox of p and puts it back in the ready
+// queue when the queue has room for it (it keeps as many as were held at
+// once); false when it did not, and the caller removes it.
+func (m *Manager) recycle(ctx context.Context, p *pool, sb *Sandbox) bool {
+	p.mu.Lock()
+	p.held--
+	room := len(p.ready)+p.inflight < max(p.size, p.peak)
+	p.mu.Unlock()
+	ok := room && m.ctx.Err() == nil && sb.alive()
+	if ok {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := sb.Reset(rctx)
+		cancel()
+		if err != nil {
+			m.log.Warn("reset of a released sandbox failed; removing it", "container", short(sb.ID), "error", err)
+			ok = false
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ok {
+		select {
+		case p.ready <- sb:
+			p.recycled++
+			return true
+		default:
+		}
+	}
+	p.removed++
+	return false
 }
 
 func (p *pool) poke() {

@@ -178,3 +178,59 @@ func TestWarmPoolNeverHandsOutADeadSandbox(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond)
 }
+
+// TestReleasedSandboxesAreRecycledClean: a sandbox acquired from a pool
+// goes back to it on release, reset, while the pool holds fewer than were
+// ever held at once; the next rollout that gets it sees nothing of the
+// last one: no file in any writable place, no process, no message queue,
+// /workspace as the image has it.
+func TestReleasedSandboxesAreRecycledClean(t *testing.T) {
+	cli := dockerClient(t)
+	img := baseImage(t, cli)
+	m := newManager(t, cli, sandbox.Config{ProvisionConcurrency: 2})
+	require.NoError(t, m.StartPool(img, 1))
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 1 }, time.Minute, 50*time.Millisecond)
+	ctx := context.Background()
+	a, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	b, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	require.Equal(t, 2, m.PoolStats(img).Peak)
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 1 }, time.Minute, 50*time.Millisecond)
+
+	before := string(run(t, a, "ls -la /workspace; cat /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem").Stdout)
+	require.Equal(t, 0, run(t, a, "for d in /workspace /tmp /var/tmp /home/sandbox /dev/shm /dev/mqueue; do echo secret > $d/secret-of-a; done; "+
+		"mkdir -p /workspace/deep/er && echo x > /workspace/deep/er/f && chmod -R a-w /workspace/deep; "+
+		"setsid sleep 600 >/dev/null 2>&1 &").ExitCode)
+	require.NoError(t, m.Release(ctx, a))
+	st := m.PoolStats(img)
+	require.Equal(t, 1, st.Recycled, "held twice at once, the pool keeps two: a goes back")
+	require.Equal(t, 2, st.Ready)
+
+	first, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	second, err := m.Acquire(ctx, img)
+	require.NoError(t, err)
+	again := first
+	if second.ID == a.ID {
+		again = second
+	}
+	require.Equal(t, a.ID, again.ID, "the released container serves again")
+	res := run(t, again, "cat /workspace/secret-of-a /tmp/secret-of-a /var/tmp/secret-of-a /home/sandbox/secret-of-a /dev/shm/secret-of-a /dev/mqueue/secret-of-a 2>/dev/null; "+
+		"ls /workspace/deep 2>/dev/null; ps -o args | grep -c '^sleep 600'")
+	require.Equal(t, "0\n", string(res.Stdout), "no file and no process of the last rollout survives")
+	require.Equal(t, before, string(run(t, again, "ls -la /workspace; cat /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem").Stdout),
+		"/workspace and the IPC namespace are as the image gave them")
+
+	// Three were held at once: the queue keeps three, and a release
+	// beyond them is removed.
+	require.Equal(t, 3, m.PoolStats(img).Peak)
+	for _, sb := range []*sandbox.Sandbox{b, first, second} {
+		require.NoError(t, m.Release(ctx, sb))
+	}
+	st = m.PoolStats(img)
+	require.Equal(t, [2]int{3, 1}, [2]int{st.Recycled, st.Removed})
+	require.Eventually(t, func() bool { return m.PoolStats(img).Ready == 3 }, time.Minute, 50*time.Millisecond)
+	_, err = cli.ContainerInspect(ctx, second.ID, client.ContainerInspectOptions{})
+	require.Error(t, err, "the release the queue had no room for is removed")
+}

@@ -26,6 +26,9 @@ type Sandbox struct {
 
 	m    *Manager
 	conn *agentConn // nil when the image has no agent
+	// pool is the pool Acquire took it from (nil: created directly);
+	// Release resets such a sandbox and returns it there.
+	pool *pool
 }
 
 // ExecRequest is one shell command.

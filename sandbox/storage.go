@@ -123,12 +123,14 @@ func (sb *Sandbox) unpackWorkspace(ctx context.Context, tree []byte) error {
 
 // Reset returns a used sandbox to the state Create gives, without a new
 // container: every process but init and the agent is killed, every writable
-// mount is emptied and checked empty, and /workspace is unpacked again from
-// the image. The root filesystem is read-only, so these mounts are all a
-// previous user could have changed on disk. Kernel state outside them (SysV
-// IPC objects, cgroup counters) is not reset, so a reset sandbox belongs to
-// the same rollout (a retry, the next attempt of the same agent), never to
-// another one: Release still removes, the pool never reuses.
+// mount is emptied and checked empty (POSIX shared memory and message
+// queues live in two of them), the private IPC namespace is checked free
+// of SysV objects, and /workspace is unpacked again from the image. The
+// root filesystem is read-only, so these mounts are all a previous user
+// could have changed on disk. A sandbox the reset cannot make clean (a
+// SysV object busybox cannot remove, a file that will not go) fails it,
+// and Release removes it instead of reusing it. What stays is the
+// container's cgroup counters (its peak memory, say): numbers, not data.
 func (sb *Sandbox) Reset(ctx context.Context) error {
 	if _, err := sb.KillStrays(ctx); err != nil {
 		return fmt.Errorf("reset %s: %w", short(sb.ID), err)
@@ -140,7 +142,8 @@ func (sb *Sandbox) Reset(ctx context.Context) error {
 	dirs := strings.Join(writableDirs, " ")
 	// chmod first: a directory the user made read-only cannot be emptied.
 	wipe := "chmod -R u+rwX " + dirs + " 2>/dev/null; find " + dirs + " -mindepth 1 -maxdepth 1 -exec rm -rf {} +; " +
-		"left=$(find " + dirs + " -mindepth 1 | head -n 5); test -z \"$left\" || { echo \"left behind: $left\" >&2; exit 1; }"
+		"left=$(find " + dirs + " -mindepth 1 | head -n 5); test -z \"$left\" || { echo \"left behind: $left\" >&2; exit 1; }; " +
+		"for f in shm msg sem; do test $(wc -l < /proc/sysvipc/$f) -le 1 || { echo \"SysV $f objects left\" >&2; exit 1; }; done"
 	res, err := sb.Exec(ctx, ExecRequest{Cmd: wipe, Dir: "/", Timeout: time.Minute})
 	if err != nil {
 		return fmt.Errorf("reset %s: %w", short(sb.ID), err)
