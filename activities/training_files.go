@@ -41,7 +41,7 @@ func rowOf(s store.RunSample) parquetbatch.Row {
 // the completion's tokens trained as the row's loss mask says.
 func sampleOf(r parquetbatch.Row) trainer.Sample {
 	n := len(r.PromptIDs) + len(r.CompletionIDs)
-	out := trainer.Sample{GroupID: r.GroupID, TaskID: r.TaskID, Reward: r.Reward,
+	out := trainer.Sample{GroupID: r.GroupID, TaskID: r.TaskID, SessionID: r.SessionID, Reward: r.Reward,
 		TokenIDs: make([]int, 0, n), LossMask: make([]uint8, n), Logprobs: make([]float32, n), Versions: make([]int64, n)}
 	a := r.Advantage // the control plane's estimator set it
 	out.Advantage = &a

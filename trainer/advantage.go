@@ -191,10 +191,11 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 			continue
 		}
 		rs := make([]float64, len(idx))
+		sessions := make([]string, len(idx))
 		for j, i := range idx {
-			rs[j] = samples[i].Reward
+			rs[j], sessions[j] = samples[i].Reward, samples[i].SessionID
 		}
-		adv := groupAdvantages(rs, cfg.Estimator)
+		adv := sessionAdvantages(rs, sessions, cfg.Estimator)
 		if cfg.PerfectAdvantage > 0 && allAtLeast(rs, 1) {
 			for j := range adv {
 				adv[j] = cfg.PerfectAdvantage
@@ -215,6 +216,73 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 		}
 	}
 	return st, nil
+}
+
+// sessionAdvantages applies the estimator to a group whose samples are
+// the steps of whole sessions: the baseline compares sessions, each
+// counted once (its score is the mean of its steps' returns), and each
+// step's advantage is its own return against it. A group of single-step
+// sessions (or samples of no session) is groupAdvantages itself; with a
+// discount of 1 every step of a session gets the session's advantage.
+func sessionAdvantages(rs []float64, sessions []string, estimator string) []float64 {
+	order, sum, n := []string{}, map[string]float64{}, map[string]int{}
+	for j, s := range sessions {
+		if s == "" {
+			s = fmt.Sprintf("\x00step-%d", j)
+			sessions[j] = s
+		}
+		if n[s] == 0 {
+			order = append(order, s)
+		}
+		sum[s] += rs[j]
+		n[s]++
+	}
+	if len(order) == len(rs) {
+		return groupAdvantages(rs, estimator)
+	}
+	scores := make([]float64, len(order))
+	for k, s := range order {
+		scores[k] = sum[s] / float64(n[s])
+	}
+	out := make([]float64, len(rs))
+	scale := estimatorScale(scores, estimator)
+	if scale == 0 {
+		return out // the sessions scored alike: no signal
+	}
+	base := groupAdvantages(scores, estimator)
+	index := map[string]int{}
+	for k, s := range order {
+		index[s] = k
+	}
+	for j := range rs {
+		k := index[sessions[j]]
+		// base[k] = (score_k − b_k)/σ; the step's own return replaces the
+		// session's score: (r_j − b_k)/σ = base[k] + (r_j − score_k)/σ.
+		out[j] = base[k] + (rs[j]-scores[k])/scale
+	}
+	return out
+}
+
+// estimatorScale is what the estimator divides a reward's distance from
+// its baseline by: the group's standard deviation for the default, 1 for
+// the others; 0 when the rewards are all equal (no signal).
+func estimatorScale(rs []float64, estimator string) float64 {
+	var mean, ss float64
+	for _, r := range rs {
+		mean += r
+	}
+	mean /= float64(len(rs))
+	for _, r := range rs {
+		ss += (r - mean) * (r - mean)
+	}
+	std := math.Sqrt(ss / float64(len(rs)))
+	switch {
+	case std < 1e-8:
+		return 0
+	case estimator == AdvLeaveOneOut || estimator == AdvMean:
+		return 1
+	}
+	return std
 }
 
 // groupAdvantages applies one estimator to a group's rewards.

@@ -26,6 +26,9 @@ type Sample struct {
 	GroupID string `json:"group_id,omitempty"`
 	// TaskID keys the running baseline for singleton groups.
 	TaskID string `json:"task_id,omitempty"`
+	// SessionID is the session the sample is a step of: a group compares
+	// whole sessions, each counted once however many steps it took.
+	SessionID string `json:"session_id,omitempty"`
 	// TokenIDs is the whole sequence: prompt, completions, tool results.
 	TokenIDs []int `json:"token_ids"`
 	// LossMask[i] is 1 where token i was produced by the policy and trains.
