@@ -271,6 +271,12 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err := s.fetch(ctx, &meta); err != nil {
 		return tinkerMeta{}, err
 	}
+	// The version's directory holds the sampler weights now; the service's
+	// copy is never read again. Its training state stays: a later step may
+	// start from this version.
+	if err := s.c.DeleteCheckpoint(ctx, sampler); err != nil {
+		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler, "error", err)
+	}
 	_ = s.c.UnloadModel(ctx, model) // its states are saved; freeing it is a courtesy
 	return meta, nil
 }
@@ -315,3 +321,5 @@ func (s *tinkerStep) baseState() (string, error) {
 	}
 	return meta.State, nil
 }
+
+const msgSamplerNotDeleted = "the trainer's copy of the sampler weights was not deleted; the version's directory holds them"

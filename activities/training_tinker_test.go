@@ -148,6 +148,20 @@ func TestTinkerStepSendsTheBatchAsDatums(t *testing.T) {
 		_, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err, f)
 	}
+	// The service keeps v1's training state, for the next step to start
+	// from, and no longer its sampler weights: the directory holds them.
+	var meta struct {
+		Model string `json:"model_id"`
+		State string `json:"state"`
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tinker.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &meta))
+	cps, err := tinker.New(svc.url, "").Checkpoints(ctx, meta.Model)
+	require.NoError(t, err)
+	require.Len(t, cps, 1)
+	require.Equal(t, meta.State, cps[0].TinkerPath)
+	require.Len(t, svc.bodies(tinker.PathTrainingRuns+"/"+meta.Model+"/checkpoints/sampler_weights/v1"), 1, "deleted by its kind and name")
 
 	// The next step loads v1's state into a new model first.
 	next := tinkerInput(t, svc, deployment.LossImportanceSampling, 8, "dep@v2", "dep@v1", out.Checkpoint.URI)

@@ -435,6 +435,30 @@ func (c *Client) SaveWeightsForSampler(ctx context.Context, model, name string, 
 	return out.Path, err
 }
 
+// DeleteCheckpoint deletes the checkpoint at a tinker:// path, as
+// Tinker's DELETE /api/v1/training_runs/{run}/checkpoints/{kind}/{name}: a
+// training state (…/weights/<name>) or sampler weights (…/sampler_weights/
+// <name>, or SkyRL's …/<name>). One already gone is not an error.
+func (c *Client) DeleteCheckpoint(ctx context.Context, path string) error {
+	p, err := ParsePath(path)
+	if err != nil {
+		return err
+	}
+	kind := p.Kind
+	if kind == "" {
+		kind = KindSamplerWeights
+	}
+	if kind != KindWeights && kind != KindSamplerWeights {
+		return fmt.Errorf("%q names no checkpoint: its kind is neither %s nor %s", path, KindWeights, KindSamplerWeights)
+	}
+	err = c.call(ctx, http.MethodDelete, PathTrainingRuns+"/"+url.PathEscape(p.Model)+"/checkpoints/"+kind+"/"+url.PathEscape(p.Name), nil, nil)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return nil
+	}
+	return err
+}
+
 // Checkpoints lists a model's finished checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, model string) ([]Checkpoint, error) {
 	var out ListCheckpointsResponse

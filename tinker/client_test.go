@@ -92,6 +92,21 @@ func TestClientTrainsAndSaves(t *testing.T) {
 		_, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err, name)
 	}
+
+	// Deleting: the sampler weights by their SkyRL path (no kind), the
+	// state by its; twice is not an error; a path of no kind is refused.
+	require.NoError(t, c.DeleteCheckpoint(ctx, sampler))
+	require.NoError(t, c.DeleteCheckpoint(ctx, sampler), "already gone")
+	cps, err = c.Checkpoints(ctx, model)
+	require.NoError(t, err)
+	require.Len(t, cps, 1)
+	require.Equal(t, state, cps[0].TinkerPath, "the training state stays")
+	require.Error(t, c.DownloadSampler(ctx, model, "v1", t.TempDir()))
+	require.NoError(t, c.DeleteCheckpoint(ctx, state))
+	cps, err = c.Checkpoints(ctx, model)
+	require.NoError(t, err)
+	require.Empty(t, cps)
+	require.ErrorContains(t, c.DeleteCheckpoint(ctx, "tinker://"+model+"/other/v1"), "names no checkpoint")
 }
 
 // TestClientErrorsNameTheRequest checks what will not change on a retry:

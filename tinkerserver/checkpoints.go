@@ -319,6 +319,46 @@ func pathIDs(c *gin.Context, names ...string) bool {
 	return true
 }
 
+// deleteCheckpoint is Tinker's DELETE /training_runs/{run}/checkpoints/
+// {kind}/{name}: the checkpoint's file goes (a download already reading
+// it finishes); one being written is 425, one not there 404. The route's
+// third segment is the kind (gin names it as the archive route's).
+func (s *Server) deleteCheckpoint(c *gin.Context) {
+	if !pathIDs(c, "model", "name") {
+		return
+	}
+	var kind string
+	switch c.Param("checkpoint") {
+	case weightsDir:
+		kind = tinker.CheckpointTraining
+	case samplerDir:
+		kind = tinker.CheckpointSampler
+	default:
+		badCheckpointID(c)
+		return
+	}
+	k := ckKey{c.Param("model"), kind, c.Param("name")}
+	if status, detail := s.store.ready(k); status != 0 {
+		abort(c, status, detail)
+		return
+	}
+	if err := os.Remove(s.store.path(k)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			abort(c, http.StatusNotFound, fmt.Sprintf("Checkpoint not found: %s/%s", k.model, k.name))
+			return
+		}
+		abort(c, http.StatusInternalServerError, "delete checkpoint: "+err.Error())
+		return
+	}
+	c.Status(http.StatusNoContent)
+}
+
+// badCheckpointID answers a delete that names no kind, as SkyRL does.
+func badCheckpointID(c *gin.Context) {
+	abort(c, http.StatusBadRequest, "Invalid checkpoint identifier. Expected format 'weights/<name>' (training weights) "+
+		"or 'sampler_weights/<name>' (sampler weights), where <name> is a single path segment.")
+}
+
 func (s *Server) listCheckpoints(c *gin.Context) {
 	if !pathIDs(c, "model") {
 		return

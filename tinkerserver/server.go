@@ -223,6 +223,8 @@ func (s *Server) routes() {
 	api.GET(tinker.PathTrainingRuns+"/:model/checkpoints", s.listCheckpoints)
 	api.GET(tinker.PathTrainingRuns+"/:model/checkpoints/:checkpoint/archive", s.archive)
 	api.GET(tinker.PathTrainingRuns+"/:model/checkpoints/:checkpoint/download", s.download)
+	api.DELETE(tinker.PathTrainingRuns+"/:model/checkpoints/:checkpoint/:name", s.deleteCheckpoint)
+	api.DELETE(tinker.PathTrainingRuns+"/:model/checkpoints/:checkpoint", badCheckpointID)
 	s.engine = e
 }
 

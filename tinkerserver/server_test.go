@@ -611,3 +611,38 @@ func untar(t *testing.T, r io.Reader, dir string) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, h.Name), data, 0o644))
 	}
 }
+
+// TestDeleteCheckpoint: Tinker's DELETE of a checkpoint by kind and name,
+// as SkyRL answers it: 204 and the file gone, 404 when it is not there, 400
+// for an id of no kind.
+func TestDeleteCheckpoint(t *testing.T) {
+	h := newHarness(t, Config{})
+	m := h.model(h.session(), tinker.LoraConfig{Rank: 2})
+	h.train(m, 1)
+	h.must(tinker.PathSaveWeights, tinker.SaveWeightsRequest{ModelID: m, Path: "v1"}, nil)
+	h.must(tinker.PathSaveWeightsForSampler, tinker.SaveWeightsForSamplerRequest{ModelID: m, Path: "v1"}, nil)
+	base := tinker.PathTrainingRuns + "/" + m + "/checkpoints/"
+	count := func() int {
+		var out struct {
+			Checkpoints []tinker.Checkpoint `json:"checkpoints"`
+		}
+		status, body := h.do(http.MethodGet, tinker.PathTrainingRuns+"/"+m+"/checkpoints", nil, &out)
+		require.Equal(t, http.StatusOK, status, string(body))
+		return len(out.Checkpoints)
+	}
+	require.Equal(t, 2, count())
+	status, body := h.do(http.MethodDelete, base+"sampler_weights/v1", nil, nil)
+	require.Equal(t, http.StatusNoContent, status, string(body))
+	require.Equal(t, 1, count())
+	status, _ = h.do(http.MethodGet, base+"v1/download", nil, nil)
+	require.Equal(t, http.StatusNotFound, status)
+	status, _ = h.do(http.MethodDelete, base+"sampler_weights/v1", nil, nil)
+	require.Equal(t, http.StatusNotFound, status)
+	status, body = h.do(http.MethodDelete, base+"v1", nil, nil)
+	require.Equal(t, http.StatusBadRequest, status, string(body))
+	status, _ = h.do(http.MethodDelete, base+"other/v1", nil, nil)
+	require.Equal(t, http.StatusBadRequest, status)
+	status, _ = h.do(http.MethodDelete, base+"weights/v1", nil, nil)
+	require.Equal(t, http.StatusNoContent, status)
+	require.Zero(t, count())
+}

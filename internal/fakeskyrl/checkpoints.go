@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -122,6 +123,52 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteCheckpoint is delete_checkpoint: the path names the kind
+// ("weights/<name>" or "sampler_weights/<name>"; a bare id, or one of
+// another kind, is 400 unless the checkpoint_type query names it), then
+// 404 unknown, 425 pending, else the row and its artefact go: 204.
+func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
+	if !pathIDs(w, r, "model_id") {
+		return
+	}
+	path := r.PathValue("checkpoint_path")
+	typ := r.URL.Query().Get("checkpoint_type")
+	id := path
+	if kind, name, ok := strings.Cut(path, "/"); ok && !strings.Contains(name, "/") {
+		switch kind {
+		case "weights":
+			typ, id = checkpointTraining, name
+		case "sampler_weights":
+			typ, id = checkpointSampler, name
+		}
+	}
+	if (typ != checkpointTraining && typ != checkpointSampler) || id == "" || strings.Contains(id, "/") {
+		writeDetail(w, http.StatusBadRequest, "Invalid checkpoint identifier. Expected format 'weights/<name>' (training weights) "+
+			"or 'sampler_weights/<name>' (sampler weights), where <name> is a single path segment.")
+		return
+	}
+	key := checkpointKey{modelID: r.PathValue("model_id"), id: id, typ: typ}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ck, ok := s.checkpoints[key]
+	switch {
+	case !ok:
+		writeDetail(w, http.StatusNotFound, fmt.Sprintf("Checkpoint not found: %s/%s", key.modelID, key.id))
+		return
+	case ck.status == checkpointPending:
+		writeDetail(w, http.StatusTooEarly, "Checkpoint is still being created")
+		return
+	}
+	delete(s.checkpoints, key)
+	for i, k := range s.checkpointOrder {
+		if k == key {
+			s.checkpointOrder = append(s.checkpointOrder[:i], s.checkpointOrder[i+1:]...)
+			break
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // checkpointArchive redirects to the sampler archive's download, as the

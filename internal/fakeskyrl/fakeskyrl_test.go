@@ -550,3 +550,16 @@ func TestFirstAdamStepMovesEachWeightByTheLearningRate(t *testing.T) {
 	require.Zero(t, p.gradCount)
 	require.Equal(t, make([]float64, 4), p.gradSum)
 }
+
+// TestDeleteNeedsTheKind: delete_checkpoint takes "weights/<name>" or
+// "sampler_weights/<name>" (or the type as a query); a bare id is 400,
+// an unknown one 404.
+func TestDeleteNeedsTheKind(t *testing.T) {
+	h := start(t, Config{})
+	base := "/api/v1/training_runs/m1/checkpoints/"
+	a := h.do(http.MethodDelete, base+"v1", nil)
+	require.Equal(t, http.StatusBadRequest, a.status)
+	require.Contains(t, a.detail(t), "Invalid checkpoint identifier")
+	require.Equal(t, http.StatusNotFound, h.do(http.MethodDelete, base+"weights/v1", nil).status)
+	require.Equal(t, http.StatusNotFound, h.do(http.MethodDelete, base+"v1?checkpoint_type=sampler", nil).status)
+}

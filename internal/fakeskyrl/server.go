@@ -33,6 +33,7 @@ const (
 	RouteCheckpoints           = "/api/v1/training_runs/{model_id}/checkpoints"
 	RouteCheckpointArchive     = "/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id}/archive"
 	RouteCheckpointDownload    = "/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id}/download"
+	RouteCheckpointDelete      = "/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_path...}"
 )
 
 // Defaults of Config.
@@ -162,6 +163,7 @@ func (s *Server) Handler() http.Handler {
 	handle("GET", RouteCheckpoints, s.listCheckpoints)
 	handle("GET", RouteCheckpointArchive, s.checkpointArchive)
 	handle("GET", RouteCheckpointDownload, s.checkpointDownload)
+	handle("DELETE", RouteCheckpointDelete, s.deleteCheckpoint)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
