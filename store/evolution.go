@@ -132,13 +132,6 @@ ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// Correction is a negatively rewarded answer with what the user said next,
-// and the tenant's session it was given in.
-type Correction struct {
-	TenantID, SessionID      string
-	Prompt, Answer, FollowUp string
-}
-
 // consentedSQL holds for an interaction i whose session may be used: the
 // rule SessionForAssembly applies (the session's opt-out wins, then the end
 // user's, then the tenant default). Evidence that feeds an artefact (a
@@ -147,40 +140,6 @@ type Correction struct {
 const consentedSQL = `EXISTS (SELECT 1 FROM sessions cs JOIN tenants ct ON ct.id = cs.tenant_id
   LEFT JOIN end_user_consent cc ON cc.tenant_id = cs.tenant_id AND cc.end_user = cs.end_user AND cs.end_user <> ''
   WHERE cs.id = i.session_id AND cs.tenant_id = i.tenant_id AND NOT cs.opt_out AND coalesce(NOT cc.opt_out, ct.train_by_default))`
-
-// Corrections lists up to limit negatively rewarded interactions of a
-// deployment in [from, to) with the prompt, the answer and the user's next
-// message in the session (the correction), newest first. The prompt is
-// the last user message of the conversation up to the interaction, found
-// in the newest turn of the session that brought one (a turn stored as a
-// suffix holds only its new messages); the follow-up is the next turn's.
-func Corrections(ctx context.Context, db DBTX, deployment string, from, to time.Time, limit int) ([]Correction, error) {
-	rows, err := db.Query(ctx, `
-SELECT i.tenant_id, i.session_id,
-  COALESCE((SELECT m->>'content' FROM interactions p,
-              jsonb_array_elements(CASE WHEN jsonb_typeof(p.request->'messages') = 'array' THEN p.request->'messages' END) WITH ORDINALITY AS x(m, n)
-            WHERE p.tenant_id = i.tenant_id AND p.session_id = i.session_id AND p.seq <= i.seq AND m->>'role' = 'user'
-            ORDER BY p.seq DESC, n DESC LIMIT 1), ''),
-  COALESCE(i.response->'message'->>'content', ''),
-  COALESCE((SELECT (SELECT m->>'content' FROM jsonb_array_elements(nx.request->'messages') WITH ORDINALITY AS x(m, n)
-                    WHERE m->>'role' = 'user' ORDER BY n DESC LIMIT 1)
-            FROM interactions nx WHERE nx.tenant_id = i.tenant_id AND nx.session_id = i.session_id AND nx.seq = i.seq + 1), '')
-FROM interactions i
-WHERE i.deployment = $1 AND i.created_at >= $2 AND i.created_at < $3 AND jsonb_typeof(i.request->'messages') = 'array'
-  AND `+consentedSQL+`
-  AND (EXISTS (SELECT 1 FROM rewards r WHERE r.interaction_id = i.id AND (r.value < 0 OR r.source = 'correction'))
-       OR (i.seq = (SELECT max(seq) FROM interactions l WHERE l.tenant_id = i.tenant_id AND l.session_id = i.session_id)
-           AND EXISTS (SELECT 1 FROM rewards r WHERE r.tenant_id = i.tenant_id AND r.session_id = i.session_id AND r.interaction_id IS NULL AND r.value < 0)))
-ORDER BY i.created_at DESC LIMIT $4`, deployment, from, to, limit)
-	if err != nil {
-		return nil, fmt.Errorf("corrections of %s: %w", deployment, err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Correction, error) {
-		var c Correction
-		err := r.Scan(&c.TenantID, &c.SessionID, &c.Prompt, &c.Answer, &c.FollowUp)
-		return c, err
-	})
-}
 
 // LastPromotion is the promoted weights release of the serving version.
 func LastPromotion(ctx context.Context, db DBTX, deployment, serving string) (previous string, at time.Time, err error) {
