@@ -31,6 +31,7 @@ const (
 	DialectSGLang Dialect = "sglang"
 	// DialectOpenAI is plain OpenAI Chat Completions: no ids, so its
 	// samples never train (for servers that reject unknown parameters).
+	// With Settings.Responses the server is relayed the Responses API too.
 	DialectOpenAI Dialect = "openai"
 	// DialectAnthropic is Anthropic's Messages API (api.anthropic.com, or
 	// any server of that dialect): the gateway relays an Anthropic client's
@@ -60,6 +61,12 @@ type Settings struct {
 	// token ids, so no training) or "anthropic" (Anthropic's Messages API;
 	// no ids either). See Dialect.
 	Dialect Dialect `json:"dialect,omitempty"`
+	// Responses says the server also speaks OpenAI's Responses API
+	// (POST {base_url}/responses, as api.openai.com does): a Responses
+	// client's body is relayed to it unchanged but for the model name,
+	// not converted to Chat Completions, and its stored responses are
+	// read and deleted there. Only for the openai dialect (default false).
+	Responses bool `json:"responses,omitempty"`
 	// VLLM is the older spelling of the dialect: false is "openai", true
 	// "vllm". It is kept so stored configs still read; a config may set
 	// both only where they agree.
@@ -162,6 +169,9 @@ func (c Settings) Validate() error {
 	}
 	if c.Dialect == DialectAnthropic && c.WeightSync != nil {
 		return fmt.Errorf("weight_sync: a server of the %s dialect holds weights no trainer here can change", DialectAnthropic)
+	}
+	if c.Responses && c.ServerDialect() != DialectOpenAI {
+		return fmt.Errorf("responses: true needs dialect %q (a server such as api.openai.com); dialect %q is served through the paths the gateway converts to", DialectOpenAI, c.ServerDialect())
 	}
 	if c.Dialect != "" && c.VLLM != nil && *c.VLLM != (c.Dialect == DialectVLLM) {
 		return fmt.Errorf("vllm %t contradicts dialect %q: set dialect alone", *c.VLLM, c.Dialect)

@@ -85,6 +85,7 @@ func (f *upstreamFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.up.APIKeyEnv, "api-key-env", "", "environment variable holding the server's API key")
 	fs.StringVar(&f.fallbacks, "fallbacks", "", "comma-separated models on the same server to try when this one fails")
 	fs.StringVar(&f.dialect, "dialect", "", "the server's dialect, how its token ids are asked for: vllm (return_token_ids), sglang (native /generate) or openai (none; its samples do not train); or anthropic: Anthropic's Messages API, --base-url https://api.anthropic.com, Anthropic clients' bodies relayed (no ids either). Default: sglang with --weight-sync sglang_disk, else vllm")
+	fs.BoolVar(&f.up.Responses, "responses", false, "with --dialect openai: the server speaks the Responses API too (api.openai.com), so a Responses client's body is relayed to its /responses, not converted to Chat Completions")
 	fs.BoolVar(&f.vllm, "vllm", true, "older spelling: --vllm=false is --dialect openai")
 	fs.DurationVar(&f.timeout, "timeout", 0, "bound on one attempt (default: gateway.upstream_timeout)")
 	fs.IntVar(&f.retries, "retries", -1, "retries after the first attempt (default: gateway.upstream_retries)")
