@@ -112,7 +112,20 @@ func (r *Request) WantLogprobs() bool {
 
 // Decode parses and checks a request body. Its errors name the field and
 // are the client's fault (400).
-func Decode(body []byte) (*Request, error) {
+func Decode(body []byte) (*Request, error) { return decode(body, false) }
+
+// DecodeRelayed parses a body the gateway relays to a server of the
+// Responses API itself, which judges what it takes: hosted tools, images,
+// files, item references and any include are let through, and the request
+// reads what the neutral request can hold (an image or file part as its
+// placeholder, "[input_image]"; an item of a kind it does not speak, such
+// as a hosted tool's call, left out). What the gateway itself refuses
+// (background mode, conversations, stored prompts) stays refused: it
+// could not capture the answer, or the state lives outside the tenant's
+// reach.
+func DecodeRelayed(body []byte) (*Request, error) { return decode(body, true) }
+
+func decode(body []byte, relayed bool) (*Request, error) {
 	var r Request
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, fmt.Errorf("invalid JSON body: %v", err)
@@ -147,8 +160,8 @@ func Decode(body []byte) (*Request, error) {
 		return nil, fmt.Errorf("truncation: want auto or disabled, got %q", r.Truncation)
 	}
 	for _, inc := range r.Include {
-		switch inc {
-		case IncludeLogprobs, "reasoning.encrypted_content":
+		switch {
+		case relayed, inc == IncludeLogprobs, inc == "reasoning.encrypted_content":
 		default:
 			return nil, fmt.Errorf("include: %q is not supported (only %q)", inc, IncludeLogprobs)
 		}
@@ -163,6 +176,9 @@ func Decode(body []byte) (*Request, error) {
 	}
 	if len(r.Tools) > MaxTools {
 		return nil, fmt.Errorf("tools: at most %d", MaxTools)
+	}
+	if relayed {
+		return relayedRequest(&r)
 	}
 	for i, t := range r.Tools {
 		if t.Type != "function" {
