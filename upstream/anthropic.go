@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/inference"
-	"github.com/flywheel-ai/flywheel/protocol"
 	"github.com/flywheel-ai/flywheel/protocol/anthropic"
 )
 
@@ -36,9 +34,6 @@ type Anthropic struct {
 // anthropicVersion is sent where the client named none (count_tokens
 // from a client that omits it is refused by the gateway before this).
 const anthropicVersion = "2023-06-01"
-
-// maxSSELine bounds one line of a relayed stream.
-const maxSSELine = 16 << 20
 
 // NewAnthropic checks cfg (its BaseURL is the API's root, such as
 // https://api.anthropic.com; a trailing /v1 is dropped) and returns the
@@ -65,24 +60,6 @@ type MessagesCall struct {
 	Header http.Header
 	// Stream is the body's stream flag.
 	Stream bool
-}
-
-// SSEEvent is one server-sent event of a relayed stream, as the server
-// sent it.
-type SSEEvent struct {
-	Name string
-	Data []byte
-	// delta is the event's increment for a client of another protocol
-	// (nil: none).
-	delta *inference.Delta
-}
-
-// Relayed is a relayed call's answer.
-type Relayed struct {
-	// Body is a non-streamed answer as the server sent it.
-	Body []byte
-	// Response is what capture records of the answer.
-	Response *inference.Response
 }
 
 // Complete implements inference.Backend for the OpenAI protocols: the
@@ -137,43 +114,17 @@ func neutralBody(req *inference.Request, stream bool) ([]byte, error) {
 // event, which is returned as the error. Retries and fallbacks happen only
 // before the first event was emitted.
 func (a *Anthropic) Messages(ctx context.Context, call MessagesCall, emit func(SSEEvent) error) (*Relayed, error) {
-	start := time.Now()
-	var out *Relayed
-	var err error
-	for _, model := range a.models {
-		emitted := false
-		var body []byte
-		if body, err = withModel(call.Body, model); err != nil {
-			return nil, err
-		}
-		err = retryLoop(ctx, a.cfg, func(ctx context.Context) error {
+	return relayModels(ctx, a.cfg, a.models, call.Body, call.Stream, emit,
+		func(ctx context.Context, body []byte, model string, emit func(SSEEvent) error) (*Relayed, error) {
 			if !call.Stream {
-				actx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-				defer cancel()
-				out, err = a.complete(actx, body, call.Header, model)
-				return err
+				return a.complete(ctx, body, call.Header, model)
 			}
-			out, err = a.stream(ctx, body, call.Header, model, func(ev SSEEvent) error {
-				emitted = true
-				return emit(ev)
+			return relayStream(ctx, a.cfg.Timeout, func(ctx context.Context) (*http.Response, error) {
+				return a.post(ctx, "/v1/messages", body, call.Header)
+			}, func(r io.Reader, tick func()) (*Relayed, error) {
+				return readSSE(r, model, tick, emit)
 			})
-			if err != nil && emitted {
-				return noRetry{err}
-			}
-			return err
 		})
-		var nr noRetry
-		if errors.As(err, &nr) {
-			err = nr.err
-		}
-		if err == nil || emitted || !Retryable(err) {
-			break
-		}
-	}
-	if out != nil && out.Response != nil {
-		out.Response.Latency = time.Since(start)
-	}
-	return out, err
 }
 
 // CountTokens relays POST /v1/messages/count_tokens and returns the
@@ -201,15 +152,6 @@ func (a *Anthropic) CountTokens(ctx context.Context, call MessagesCall) ([]byte,
 	return out, err
 }
 
-func withModel(body []byte, model string) ([]byte, error) {
-	name, _ := json.Marshal(model)
-	out, err := protocol.SetField(body, "model", name)
-	if err != nil {
-		return nil, &inference.Error{Status: http.StatusBadRequest, Message: "body: " + err.Error()}
-	}
-	return out, nil
-}
-
 func (a *Anthropic) complete(ctx context.Context, body []byte, h http.Header, model string) (*Relayed, error) {
 	resp, err := a.post(ctx, "/v1/messages", body, h)
 	if err != nil {
@@ -229,86 +171,24 @@ func (a *Anthropic) complete(ctx context.Context, body []byte, h http.Header, mo
 	return &Relayed{Body: raw, Response: mb.response(model)}, nil
 }
 
-// errIdle ends a stream whose server said nothing for the timeout.
-var errIdle = errors.New("upstream: no event within the timeout")
-
-// stream relays one streamed answer. The timeout bounds the wait for the
-// headers and each gap between events, not the whole answer: a long
-// answer streams for as long as it takes.
-func (a *Anthropic) stream(ctx context.Context, body []byte, h http.Header, model string, emit func(SSEEvent) error) (*Relayed, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	idle := time.AfterFunc(a.cfg.Timeout, func() { cancel(errIdle) })
-	defer idle.Stop()
-	timedOut := func(err error) error {
-		if errors.Is(context.Cause(ctx), errIdle) {
-			return &inference.Error{Status: http.StatusGatewayTimeout, Message: "upstream timed out", Err: errIdle}
-		}
-		return err
-	}
-	resp, err := a.post(ctx, "/v1/messages", body, h)
-	if err != nil {
-		return nil, timedOut(err)
-	}
-	defer resp.Body.Close()
-	out, err := readSSE(resp.Body, model, func() { idle.Reset(a.cfg.Timeout) }, emit)
-	var ie *inference.Error
-	if errors.As(err, &ie) && errors.Is(ie.Err, errStreamBroke) {
-		err = timedOut(err)
-	}
-	return out, err
-}
-
-// errStreamBroke is a stream whose connection failed mid-way.
-var errStreamBroke = errors.New("upstream: stream broke")
-
 // readSSE reads a Messages stream: each event goes to emit, in order (but
 // an error event, which is returned as the error), until message_stop;
 // tick is called on every line. The answer is what arrived, however the
 // stream ended.
 func readSSE(r io.Reader, model string, tick func(), emit func(SSEEvent) error) (*Relayed, error) {
 	var mb messageBuilder
-	out := &Relayed{}
-	finish := func(err error) (*Relayed, error) {
-		out.Response = mb.response(model)
-		return out, err
-	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), maxSSELine)
-	var ev SSEEvent
-	var data bytes.Buffer
-	for sc.Scan() {
-		tick()
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0:
-			if data.Len() == 0 {
-				continue
-			}
-			ev.Data = append([]byte(nil), data.Bytes()...)
-			data.Reset()
-			done, err := mb.event(&ev)
-			ev.delta = mb.delta
-			if err == nil && ev.Name != "error" {
-				err = emit(ev)
-			}
-			if err != nil || done {
-				return finish(err)
-			}
-			ev = SSEEvent{}
-		case bytes.HasPrefix(line, []byte("event:")):
-			ev.Name = string(bytes.TrimSpace(line[len("event:"):]))
-		case bytes.HasPrefix(line, []byte("data:")):
-			if data.Len() > 0 {
-				data.WriteByte('\n')
-			}
-			data.Write(bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
+	err := scanSSE(r, tick, func(ev SSEEvent) (bool, error) {
+		done, err := mb.event(&ev)
+		ev.delta = mb.delta
+		if err == nil && ev.Name != "error" {
+			err = emit(ev)
 		}
+		return done, err
+	})
+	if errors.Is(err, errStreamEnded) {
+		err = &inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended before message_stop"}
 	}
-	if err := sc.Err(); err != nil {
-		return finish(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream broke", Err: errors.Join(errStreamBroke, err)})
-	}
-	return finish(&inference.Error{Status: http.StatusBadGateway, Message: "upstream stream ended before message_stop"})
+	return &Relayed{Response: mb.response(model)}, err
 }
 
 // post sends one request; a non-2xx answer becomes an *inference.Error in

@@ -10,7 +10,8 @@ import (
 
 // ForDeployment builds the backend a deployment's settings describe for
 // deployment name: its model (default: name), then its fallbacks in order;
-// an *Anthropic for the anthropic dialect.
+// an *Anthropic for the anthropic dialect, a *ResponsesRelay for a
+// server that speaks the Responses API.
 // timeout and retries apply where the settings do not say.
 func ForDeployment(c deployment.Settings, name string, timeout time.Duration, retries int) (inference.Backend, error) {
 	if err := c.Validate(); err != nil {
@@ -30,14 +31,23 @@ func ForDeployment(c deployment.Settings, name string, timeout time.Duration, re
 	if c.ServerDialect() == deployment.DialectAnthropic {
 		return NewAnthropic(config(c.Primary(name)), c.Fallbacks)
 	}
-	mk := func(model string) (*Backend, error) { return New(config(model)) }
-	primary, err := mk(c.Primary(name))
+	chat, err := chatBackend(c, name, config)
+	if err != nil || !c.Responses {
+		return chat, err
+	}
+	return NewResponsesRelay(chat, config(c.Primary(name)), c.Fallbacks)
+}
+
+// chatBackend is the Chat Completions backend of the settings: the
+// primary model, then its fallbacks.
+func chatBackend(c deployment.Settings, name string, config func(model string) Config) (inference.Backend, error) {
+	primary, err := New(config(c.Primary(name)))
 	if err != nil || len(c.Fallbacks) == 0 {
 		return primary, err
 	}
 	chain := Fallback{primary}
 	for _, fb := range c.Fallbacks {
-		alt, err := mk(fb)
+		alt, err := New(config(fb))
 		if err != nil {
 			return nil, err
 		}

@@ -8,7 +8,8 @@
 // attempt with a timeout and retries 429 / 5xx / connection failures with
 // jittered exponential backoff, honouring Retry-After. A server of
 // Anthropic's Messages dialect gets an Anthropic client's body relayed
-// instead (anthropic.go). It must not know about the gateway's HTTP
+// instead (anthropic.go), and an OpenAI server that speaks the Responses
+// API a Responses client's (responses.go). It must not know about the gateway's HTTP
 // handlers or Postgres.
 package upstream
 
