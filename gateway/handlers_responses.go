@@ -20,16 +20,21 @@ import (
 // another (previous_response_id) continues its conversation and its
 // session. The response is stored for GET and chaining unless the client
 // sent store: false; a 2xx means both the interaction and the stored
-// response are committed.
+// response are committed. A deployment whose server speaks the API itself
+// has the body relayed (relay_responses.go).
 func (s *Server) createResponse(c *gin.Context) {
 	body, err := readBody(c)
 	if err != nil {
 		abort(c, err)
 		return
 	}
-	wire, err := responses.Decode(body)
+	wire, relay, err := s.decodeResponses(c, body)
 	if err != nil {
 		abort(c, errf(http.StatusBadRequest, "%v", err))
+		return
+	}
+	if relay {
+		s.relayResponse(c, wire, body)
 		return
 	}
 	var history []inference.Message
@@ -206,9 +211,14 @@ func (s *Server) storedResponse(c *gin.Context, id string) (json.RawMessage, err
 	return body, err
 }
 
-// getResponse is GET /v1/responses/{id}.
+// getResponse is GET /v1/responses/{id}: the gateway's stored response,
+// or one a relaying deployment's server holds, read there.
 func (s *Server) getResponse(c *gin.Context) {
-	body, err := s.storedResponse(c, c.Param("id"))
+	id := c.Param("id")
+	body, err := s.storedResponse(c, id)
+	if notFound(err) {
+		body, err = s.atServer(c, id, responsesRelay.Get)
+	}
 	if err != nil {
 		abort(c, err)
 		return
@@ -218,14 +228,22 @@ func (s *Server) getResponse(c *gin.Context) {
 
 // deleteResponse is DELETE /v1/responses/{id}. The captured interaction
 // stays (forget removes it); the response can no longer be read or
-// continued.
+// continued. One a relaying deployment's server holds is deleted there.
 func (s *Server) deleteResponse(c *gin.Context) {
 	id := c.Param("id")
-	if _, err := s.storedResponse(c, id); err != nil {
+	_, err := s.storedResponse(c, id)
+	if notFound(err) {
+		var answer []byte
+		if answer, err = s.atServer(c, id, responsesRelay.Delete); err == nil {
+			c.Data(http.StatusOK, "application/json; charset=utf-8", answer)
+			return
+		}
+	}
+	if err != nil {
 		abort(c, err)
 		return
 	}
-	err := store.DeleteResponse(c.Request.Context(), s.deps.DB, principalOf(c).TenantID, id)
+	err = store.DeleteResponse(c.Request.Context(), s.deps.DB, principalOf(c).TenantID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		err = noStoredResponse(id)
 	}

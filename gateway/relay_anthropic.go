@@ -70,11 +70,7 @@ func relayHeaders(c *gin.Context) http.Header {
 // the request as decoded (the artefacts applied the same way) and the
 // answer as read.
 func (s *Server) relayMessages(c *gin.Context, cl *call, relay anthropicRelay, body []byte, stream bool) {
-	changed := make([]string, 0, len(cl.toolVersions))
-	for name := range cl.toolVersions {
-		changed = append(changed, name)
-	}
-	body, err := withArtefacts(body, cl.target.system, cl.req.Tools, changed)
+	body, err := withArtefacts(body, cl.target.system, cl.req.Tools, changedTools(cl))
 	if err != nil {
 		abort(c, err)
 		return
@@ -99,6 +95,16 @@ func (s *Server) relayMessages(c *gin.Context, cl *call, relay anthropicRelay, b
 		return
 	}
 	c.Data(http.StatusOK, "application/json", answer)
+}
+
+// changedTools names the tools whose schema the call's tool-schema
+// artefact overrides.
+func changedTools(cl *call) []string {
+	changed := make([]string, 0, len(cl.toolVersions))
+	for name := range cl.toolVersions {
+		changed = append(changed, name)
+	}
+	return changed
 }
 
 // relayStream passes the server's events to the client as they arrive,
