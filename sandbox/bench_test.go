@@ -33,5 +33,7 @@ func TestBenchRuns(t *testing.T) {
 	require.Equal(t, 2, res.Forks)
 	require.Positive(t, res.ExecAgentP50MS)
 	require.Positive(t, res.ExecDockerP50MS)
-	require.Contains(t, progress.String(), "ready (3 rollouts in flight, pool of 2 refilling)")
+	require.Contains(t, progress.String(), "ready (3 rollouts in flight, pool of 2 refilling, released sandboxes reset and recycled)")
+	require.Equal(t, 6, res.Recycled+res.Removed, "every release is recycled or removed")
+	require.Positive(t, res.Recycled, "three held at once: the queue keeps three")
 }

@@ -25,8 +25,9 @@ type pool struct {
 	inflight int
 	lastErr  error
 	backoff  time.Duration
-	// held is how many of its sandboxes are acquired now, peak the most
-	// ever at once: how many the ready queue keeps when they come back.
+	// held is how many of its sandboxes are acquired or being acquired
+	// now, peak the most ever at once: how many the ready queue keeps
+	// when they come back.
 	held, peak int
 	// recycled and removed count releases that went back to the queue and
 	// those that did not (no room, or the reset failed).
@@ -91,11 +92,18 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 	m.mu.Unlock()
 	if p != nil {
 		defer p.poke()
+		// Demand counts from the request, not from the hand-over: a
+		// request that waits for a create is demand the queue should
+		// have met.
+		p.mu.Lock()
+		p.held++
+		p.peak = max(p.peak, p.held)
+		p.mu.Unlock()
 		for {
 			select {
 			case sb := <-p.ready:
 				if sb.alive() {
-					p.take(sb)
+					sb.pool = p
 					return sb, nil
 				}
 				m.log.Warn("discarding dead warm sandbox", "container", short(sb.ID))
@@ -110,19 +118,16 @@ func (m *Manager) Acquire(ctx context.Context, img Image) (*Sandbox, error) {
 		}
 	}
 	sb, err := m.Create(ctx, img)
-	if err == nil && p != nil {
-		p.take(sb)
+	if p != nil {
+		if err != nil {
+			p.mu.Lock()
+			p.held--
+			p.mu.Unlock()
+		} else {
+			sb.pool = p
+		}
 	}
 	return sb, err
-}
-
-// take marks sb as held from p.
-func (p *pool) take(sb *Sandbox) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	sb.pool = p
-	p.held++
-	p.peak = max(p.peak, p.held)
 }
 
 // recycle resets a released sandbox of p and puts it back in the ready
