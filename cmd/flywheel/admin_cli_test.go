@@ -184,9 +184,20 @@ func TestDeploymentsCLI(t *testing.T) {
 	require.Equal(t, deployment.DialectSGLang, c.Dialect)
 	require.Nil(t, c.VLLM)
 
+	_, err = stdout(t, func() error {
+		return run(ctx, append([]string{"deployments", "update", "qwen", "--base-url", "https://api.openai.com/v1", "--dialect", "openai", "--responses"}, db...))
+	})
+	require.NoError(t, err)
+	d, err = store.GetDeployment(ctx, pool, "qwen")
+	require.NoError(t, err)
+	c, err = deployment.Parse(d.Config)
+	require.NoError(t, err)
+	require.True(t, c.Responses, "--responses: the server speaks the Responses API")
+
 	for _, bad := range [][]string{
 		{"deployments", "create", "qwen", "--base-url", "http://x/v1"},
 		{"deployments", "create", "other", "--base-url", "http://x/v1", "--dialect", "tgi"},
+		{"deployments", "create", "other", "--base-url", "http://x/v1", "--responses"},
 		{"deployments", "create", "other"},
 		{"deployments", "create", "other", "--base-url", "nowhere"},
 		{"deployments", "create", "other", "--base-url", "http://x/v1", "--weight-sync", "nccl"},
