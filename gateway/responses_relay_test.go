@@ -166,7 +166,7 @@ func TestResponsesDeploymentErrors(t *testing.T) {
 		{fakeresponses.Failure{Status: 500, Type: "server_error", Message: "The server had an error"}, 500, "server_error", "", "The server had an error"},
 		{fakeresponses.Failure{Status: 503, Type: "server_error", Message: "overloaded"}, 503, "service_unavailable", "", "overloaded"},
 	} {
-		fake.Failures = []fakeresponses.Failure{tc.fail}
+		fake.Fail(tc.fail)
 		st, hdr, raw := e.do("POST", "/v1/responses", e.keyA, body)
 		require.Equal(t, tc.status, st, string(raw))
 		require.Equal(t, tc.retryAfter, hdr.Get("Retry-After"), tc.fail.Message)
@@ -179,7 +179,7 @@ func TestResponsesDeploymentErrors(t *testing.T) {
 	}
 
 	c := e.openai(e.keyA)
-	fake.Failures = []fakeresponses.Failure{{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "2"}}
+	fake.Fail(fakeresponses.Failure{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "2"})
 	_, err := c.Responses.New(context.Background(), responses.ResponseNewParams{Model: "gpt",
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}})
 	var apiErr *openai.Error
@@ -198,12 +198,12 @@ func TestResponsesDeploymentErrors(t *testing.T) {
 	require.Contains(t, out["error"].(map[string]any)["message"], "answered by the gateway")
 	require.Len(t, fake.Requests(), calls, "an id the server does not hold is not sent on")
 
-	fake.Failures = []fakeresponses.Failure{{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "3"}}
+	fake.Fail(fakeresponses.Failure{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "3"})
 	st, hdr, raw := e.do("POST", "/v1/responses", e.keyA, `{"model":"gpt","input":"x","stream":true}`)
 	require.Equal(t, 429, st, "a stream refused before its first event is an HTTP error")
 	require.Equal(t, "3", hdr.Get("Retry-After"), string(raw))
 
-	for name, set := range map[string]func(){"cut": func() { fake.CutAfter = 5 }, "error event": func() { fake.CutAfter, fake.ErrorAfter = 0, 5 }} {
+	for name, set := range map[string]func(){"cut": func() { fake.Break(5, 0) }, "error event": func() { fake.Break(0, 5) }} {
 		set()
 		st, _, raw := e.do("POST", "/v1/responses", e.keyA, `{"model":"gpt","input":"hello world","stream":true}`)
 		require.Equal(t, 200, st, name)

@@ -85,9 +85,8 @@ func TestResponsesRelaysTheBody(t *testing.T) {
 // model; a refused deployment key is the gateway's 502; a stream that
 // started is neither retried nor moved on.
 func TestResponsesErrorsAndFallbacks(t *testing.T) {
-	fake := &fakeresponses.Fake{Key: "sk-right"}
 	t.Setenv("FLYWHEEL_TEST_WRONG_KEY", "sk-wrong")
-	srv := httptest.NewServer(fake)
+	srv := httptest.NewServer(&fakeresponses.Fake{Key: "sk-right"})
 	t.Cleanup(srv.Close)
 	b, err := upstream.ForDeployment(deployment.Settings{BaseURL: srv.URL + "/v1", Dialect: deployment.DialectOpenAI, Responses: true,
 		APIKeyEnv: "FLYWHEEL_TEST_WRONG_KEY"}, "gpt", 5*time.Second, 0)
@@ -98,14 +97,14 @@ func TestResponsesErrorsAndFallbacks(t *testing.T) {
 	require.Equal(t, 502, ie.Status)
 	require.Contains(t, ie.Message, "deployment's credentials")
 
-	fake.Key = ""
+	fake := &fakeresponses.Fake{}
 	r := newResponsesRelay(t, fake, 0, "gpt-5-nano")
-	fake.Failures = []fakeresponses.Failure{{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "1"}}
+	fake.Fail(fakeresponses.Failure{Status: 429, Type: "rate_limit_error", Message: "slow down", RetryAfter: "1"})
 	out, err := r.Create(context.Background(), []byte(`{"model":"gpt","input":"x"}`), false, nil)
 	require.NoError(t, err)
 	require.Equal(t, "gpt-5-nano-2025-01-01", out.Response.ModelVersion, "the fallback answered")
 
-	fake.CutAfter = 3
+	fake.Break(3, 0)
 	calls := len(fake.Requests())
 	_, err = r.Create(context.Background(), []byte(`{"model":"gpt","input":"x","stream":true}`), true, func(upstream.SSEEvent) error { return nil })
 	require.True(t, errors.As(err, &ie) && ie.Status == 502, "%v", err)

@@ -69,7 +69,8 @@ type Request struct {
 	Body         []byte
 }
 
-// Fake is the fake API. Set its fields before serving.
+// Fake is the fake API. Set its fields before serving; while it serves,
+// change its failures with Fail and Break.
 type Fake struct {
 	// Key is the bearer token it accepts ("": any).
 	Key string
@@ -99,6 +100,25 @@ type stored struct {
 	conversation []json.RawMessage
 }
 
+// Fail queues failures for the next POST /v1/responses calls, one each,
+// in order (as Failures, but safe while the fake serves).
+func (f *Fake) Fail(failures ...Failure) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Failures = append(f.Failures, failures...)
+}
+
+// Break sets CutAfter and ErrorAfter for the next streams (safe while the
+// fake serves).
+func (f *Fake) Break(cutAfter, errorAfter int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.CutAfter, f.ErrorAfter = cutAfter, errorAfter
+}
+
+// faults are a request's stream faults, read when it arrived.
+type faults struct{ cutAfter, errorAfter int }
+
 // Requests are the requests received, in order.
 func (f *Fake) Requests() []Request {
 	f.mu.Lock()
@@ -124,8 +144,9 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail = &f.Failures[0]
 		f.Failures = f.Failures[1:]
 	}
+	key, output, broken := f.Key, f.Output, faults{f.CutAfter, f.ErrorAfter}
 	f.mu.Unlock()
-	if f.Key != "" && r.Header.Get("Authorization") != "Bearer "+f.Key {
+	if key != "" && r.Header.Get("Authorization") != "Bearer "+key {
 		f.fail(w, Failure{Status: 401, Type: "invalid_request_error", Code: "invalid_api_key", Message: "Incorrect API key provided."})
 		return
 	}
@@ -136,7 +157,7 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.fail(w, *fail)
 			return
 		}
-		f.create(w, body)
+		f.create(w, body, output, broken)
 	case isOne && (r.Method == http.MethodGet || r.Method == http.MethodDelete):
 		f.mu.Lock()
 		s, ok := f.stored[id]
@@ -158,7 +179,7 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // create answers POST /v1/responses.
-func (f *Fake) create(w http.ResponseWriter, body []byte) {
+func (f *Fake) create(w http.ResponseWriter, body []byte, output []map[string]any, broken faults) {
 	var req struct {
 		Model              string          `json:"model"`
 		Input              json.RawMessage `json:"input"`
@@ -195,7 +216,6 @@ func (f *Fake) create(w http.ResponseWriter, body []byte) {
 		conversation = append(conversation, prev.conversation...)
 	}
 	conversation = append(conversation, input...)
-	output := f.Output
 	if output == nil {
 		text := "echo: " + lastUserText(conversation)
 		if n := userTurns(conversation); n > 1 {
@@ -258,7 +278,7 @@ func (f *Fake) create(w http.ResponseWriter, body []byte) {
 		writeJSON(w, 200, resp)
 		return
 	}
-	f.stream(w, resp, out)
+	f.stream(w, resp, out, broken)
 }
 
 func itemPrefix(kind any) string {
@@ -272,7 +292,7 @@ func itemPrefix(kind any) string {
 }
 
 // stream writes resp as the Responses API's stream events.
-func (f *Fake) stream(w http.ResponseWriter, resp map[string]any, output []map[string]any) {
+func (f *Fake) stream(w http.ResponseWriter, resp map[string]any, output []map[string]any, broken faults) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(200)
@@ -280,10 +300,10 @@ func (f *Fake) stream(w http.ResponseWriter, resp map[string]any, output []map[s
 	seq := 0
 	// send writes one event; false ends the stream (cut or failed).
 	send := func(name string, ev map[string]any) bool {
-		if f.CutAfter > 0 && seq == f.CutAfter {
+		if broken.cutAfter > 0 && seq == broken.cutAfter {
 			panic(http.ErrAbortHandler) // drops the connection mid-stream
 		}
-		if f.ErrorAfter > 0 && seq == f.ErrorAfter {
+		if broken.errorAfter > 0 && seq == broken.errorAfter {
 			name, ev = "error", map[string]any{"code": "server_error", "message": "The server had an error while processing your request.", "param": nil}
 		}
 		ev["type"], ev["sequence_number"] = name, seq
