@@ -157,9 +157,6 @@ func (s *Server) relayResponseStream(c *gin.Context, cl *call, relay responsesRe
 	}
 }
 
-// maxResponseID bounds the id a server gives a response.
-const maxResponseID = 128
-
 // adoptResponseID makes the server's id for the response the call's
 // completion id: the id the client saw and will name. A stream that broke
 // before the server named it keeps the gateway's.
@@ -167,7 +164,7 @@ func adoptResponseID(cl *call, id string) error {
 	if id == "" {
 		return nil
 	}
-	if len(id) > maxResponseID || !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r <= ' ' }) {
+	if len(id) > responses.MaxResponseID || !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r <= ' ' }) {
 		return errf(http.StatusBadGateway, "upstream sent a response id the gateway cannot keep")
 	}
 	cl.completionID = id

@@ -26,13 +26,14 @@ import (
 
 // Limits on what one request may carry.
 const (
-	MaxItems          = 10000
-	MaxTools          = 512
-	MaxTopLogprobs    = 20
-	maxMetadataKeys   = 16
-	maxMetadataKey    = 64
-	maxMetadataValue  = 512
-	maxResponseIDSize = 128
+	MaxItems         = 10000
+	MaxTools         = 512
+	MaxTopLogprobs   = 20
+	maxMetadataKeys  = 16
+	maxMetadataKey   = 64
+	maxMetadataValue = 512
+	// MaxResponseID bounds a response id, the client's or a server's.
+	MaxResponseID = 128
 )
 
 // IncludeLogprobs is the include value that asks for output text logprobs.
@@ -142,7 +143,7 @@ func decode(body []byte, relayed bool) (*Request, error) {
 	if isSet(r.Prompt) {
 		return nil, fmt.Errorf("prompt: stored prompt templates are not supported; send instructions and input")
 	}
-	if r.PreviousResponseID != "" && (len(r.PreviousResponseID) > maxResponseIDSize || !utf8.ValidString(r.PreviousResponseID)) {
+	if r.PreviousResponseID != "" && (len(r.PreviousResponseID) > MaxResponseID || !utf8.ValidString(r.PreviousResponseID)) {
 		return nil, fmt.Errorf("previous_response_id: not a response id")
 	}
 	if err := inference.CheckSampling(r.Temperature, r.TopP); err != nil {
