@@ -180,7 +180,7 @@ func TestAnthropicDeploymentErrors(t *testing.T) {
 	require.Equal(t, 529, apiErr.StatusCode)
 	require.Contains(t, apiErr.RawJSON(), `"overloaded_error"`)
 
-	for name, set := range map[string]func(){"cut": func() { fake.CutAfter = 4 }, "error event": func() { fake.CutAfter, fake.ErrorAfter = 0, 4 }} {
+	for name, set := range map[string]func(){"cut": func() { fake.Break(4, 0) }, "error event": func() { fake.Break(0, 4) }} {
 		set()
 		stream := strings.Replace(body, `"max_tokens":9,`, `"max_tokens":9,"stream":true,`, 1)
 		st, _, raw := e.do("POST", "/v1/messages", e.keyA, stream, "anthropic-version", "2023-06-01")

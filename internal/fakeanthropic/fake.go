@@ -77,6 +77,14 @@ type Fake struct {
 	ids      atomic.Int64
 }
 
+// Break sets CutAfter and ErrorAfter for the next streams (safe while the
+// fake serves; a request reads them when it arrives).
+func (f *Fake) Break(cutAfter, errorAfter int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.CutAfter, f.ErrorAfter = cutAfter, errorAfter
+}
+
 // Requests are the requests received, in order.
 func (f *Fake) Requests() []Request {
 	f.mu.Lock()
@@ -90,6 +98,7 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.requests = append(f.requests, Request{Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
 	var fail *Failure
+	cutAfter, errorAfter := f.CutAfter, f.ErrorAfter
 	if r.URL.Path == "/v1/messages" && len(f.Failures) > 0 {
 		fail = &f.Failures[0]
 		f.Failures = f.Failures[1:]
@@ -155,11 +164,11 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, msg)
 		return
 	}
-	f.stream(w, msg, content)
+	f.stream(w, msg, content, cutAfter, errorAfter)
 }
 
 // stream writes msg as Anthropic's stream events.
-func (f *Fake) stream(w http.ResponseWriter, msg map[string]any, content []map[string]any) {
+func (f *Fake) stream(w http.ResponseWriter, msg map[string]any, content []map[string]any, cutAfter, errorAfter int) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(200)
@@ -167,10 +176,10 @@ func (f *Fake) stream(w http.ResponseWriter, msg map[string]any, content []map[s
 	sent := 0
 	// send writes one event; false ends the stream (cut or failed).
 	send := func(name string, data any) bool {
-		if f.CutAfter > 0 && sent == f.CutAfter {
+		if cutAfter > 0 && sent == cutAfter {
 			panic(http.ErrAbortHandler) // drops the connection mid-stream
 		}
-		if f.ErrorAfter > 0 && sent == f.ErrorAfter {
+		if errorAfter > 0 && sent == errorAfter {
 			name, data = "error", errorBody(Failure{Type: "overloaded_error", Message: "Overloaded"})
 		}
 		raw, _ := json.Marshal(data)
