@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/flywheel-ai/flywheel/inference"
 )
 
 // SetField returns the JSON object obj with the value of its top-level
@@ -73,4 +75,58 @@ func fieldSpan(obj []byte, key string) (start, end, closing int, err error) {
 		return 0, 0, 0, errors.New("want one JSON object")
 	}
 	return start, end, closing, nil
+}
+
+// OverrideTools gives the relayed body's tools named in changed the
+// description and schema they have in tools (a tool-schema artefact's
+// overrides, as artefact.Set.Tools returned them), every other byte as
+// sent. schemaField is where the dialect keeps a tool's schema
+// ("input_schema", "parameters"); onlyType, when set, is the "type" a
+// tool must have to change.
+func OverrideTools(body []byte, tools []inference.Tool, changed []string, schemaField, onlyType string) ([]byte, error) {
+	if len(changed) == 0 {
+		return body, nil
+	}
+	raw, err := Field(body, "tools")
+	if err != nil || raw == nil {
+		return body, err
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fmt.Errorf("tools: %w", err)
+	}
+	byName := map[string]inference.Tool{}
+	for _, t := range tools {
+		byName[t.Name] = t
+	}
+	isChanged := map[string]bool{}
+	for _, name := range changed {
+		isChanged[name] = true
+	}
+	out := []byte{'['}
+	for i, item := range items {
+		var head struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal(item, &head); err != nil {
+			return nil, fmt.Errorf("tools[%d]: %w", i, err)
+		}
+		if t, ok := byName[head.Name]; ok && isChanged[head.Name] && (onlyType == "" || head.Type == onlyType) {
+			desc, _ := json.Marshal(t.Description)
+			if item, err = SetField(item, "description", desc); err != nil {
+				return nil, fmt.Errorf("tools[%d]: %w", i, err)
+			}
+			if len(t.Parameters) > 0 {
+				if item, err = SetField(item, schemaField, t.Parameters); err != nil {
+					return nil, fmt.Errorf("tools[%d]: %w", i, err)
+				}
+			}
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, item...)
+	}
+	return SetField(body, "tools", append(out, ']'))
 }

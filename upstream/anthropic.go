@@ -210,22 +210,15 @@ func (a *Anthropic) post(ctx context.Context, path string, body []byte, h http.H
 	if a.cfg.APIKey != "" {
 		req.Header.Set("x-api-key", a.cfg.APIKey)
 	}
-	resp, err := a.cfg.Client.Do(req)
-	if err != nil {
-		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
-	}
-	if resp.StatusCode/100 == 2 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	var e anthropicErrorBody
-	_ = json.Unmarshal(raw, &e)
-	ie := anthropicError(resp.StatusCode, e.Error.Type, e.Error.Message)
-	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
-		ie.RetryAfter = time.Duration(secs) * time.Second
-	}
-	return nil, ie
+	return send(a.cfg.Client, req, func(status int, raw []byte, h http.Header) error {
+		var e anthropicErrorBody
+		_ = json.Unmarshal(raw, &e)
+		ie := anthropicError(status, e.Error.Type, e.Error.Message)
+		if secs, err := strconv.Atoi(h.Get("Retry-After")); err == nil && secs > 0 {
+			ie.RetryAfter = time.Duration(secs) * time.Second
+		}
+		return ie
+	})
 }
 
 // anthropicErrorBody is Anthropic's error JSON (a response body, or an

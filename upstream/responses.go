@@ -196,16 +196,9 @@ func (r *ResponsesRelay) do(ctx context.Context, method, path string, body []byt
 	if r.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
 	}
-	resp, err := r.cfg.Client.Do(req)
-	if err != nil {
-		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
-	}
-	if resp.StatusCode/100 == 2 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return nil, openAIError(resp.StatusCode, raw, resp.Header)
+	return send(r.cfg.Client, req, func(status int, raw []byte, h http.Header) error {
+		return openAIError(status, raw, h)
+	})
 }
 
 // openAIError is an OpenAI server's error as the gateway answers it: its

@@ -33,7 +33,34 @@ func (b *Backend) postTo(ctx context.Context, url string, body []byte) (*http.Re
 	if b.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+b.cfg.APIKey)
 	}
-	resp, err := b.cfg.Client.Do(req)
+	return send(b.cfg.Client, req, func(status int, msg []byte, h http.Header) error {
+		e := &inference.Error{Status: status, Message: upstreamMessage(msg, status), Err: statusError(status)}
+		if s := h.Get("Retry-After"); s != "" {
+			if secs, err := strconv.Atoi(s); err == nil {
+				e.RetryAfter = time.Duration(secs) * time.Second
+			}
+		}
+		switch {
+		case status == http.StatusTooManyRequests:
+		case status >= 500:
+			e.Status = http.StatusBadGateway
+			if status == http.StatusServiceUnavailable {
+				e.Status = http.StatusServiceUnavailable
+			}
+		case status == http.StatusBadRequest || status == http.StatusUnprocessableEntity:
+			e.Status = http.StatusBadRequest
+		default:
+			e.Status = http.StatusBadGateway
+		}
+		return e
+	})
+}
+
+// send does req: a 2xx answer is returned for the caller to read; a
+// connection that failed is a 502; any other answer's first 4 KiB go to
+// failed, which maps them to the error the dialect's clients expect.
+func send(c *http.Client, req *http.Request, failed func(status int, body []byte, h http.Header) error) (*http.Response, error) {
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, &inference.Error{Status: http.StatusBadGateway, Message: "upstream unreachable", Err: err}
 	}
@@ -41,26 +68,8 @@ func (b *Backend) postTo(ctx context.Context, url string, body []byte) (*http.Re
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	e := &inference.Error{Status: resp.StatusCode, Message: upstreamMessage(msg, resp.StatusCode), Err: statusError(resp.StatusCode)}
-	if s := resp.Header.Get("Retry-After"); s != "" {
-		if secs, err := strconv.Atoi(s); err == nil {
-			e.RetryAfter = time.Duration(secs) * time.Second
-		}
-	}
-	switch {
-	case resp.StatusCode == http.StatusTooManyRequests:
-	case resp.StatusCode >= 500:
-		e.Status = http.StatusBadGateway
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			e.Status = http.StatusServiceUnavailable
-		}
-	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
-		e.Status = http.StatusBadRequest
-	default:
-		e.Status = http.StatusBadGateway
-	}
-	return nil, e
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return nil, failed(resp.StatusCode, raw, resp.Header)
 }
 
 // statusError is the status the upstream answered, kept under the one

@@ -53,50 +53,7 @@ func InjectSystem(body []byte, system string) ([]byte, error) {
 
 // OverrideTools gives the body's tools named in changed the description
 // and input schema they have in tools (a tool-schema artefact's overrides,
-// as artefact.Set.Tools returned them).
+// as artefact.Set.Tools returned them), every other byte as sent.
 func OverrideTools(body []byte, tools []inference.Tool, changed []string) ([]byte, error) {
-	if len(changed) == 0 {
-		return body, nil
-	}
-	raw, err := protocol.Field(body, "tools")
-	if err != nil || raw == nil {
-		return body, err
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, fmt.Errorf("tools: %w", err)
-	}
-	byName := map[string]inference.Tool{}
-	for _, t := range tools {
-		byName[t.Name] = t
-	}
-	isChanged := map[string]bool{}
-	for _, name := range changed {
-		isChanged[name] = true
-	}
-	out := []byte{'['}
-	for i, item := range items {
-		var head struct {
-			Name string `json:"name"`
-		}
-		if err := json.Unmarshal(item, &head); err != nil {
-			return nil, fmt.Errorf("tools.%d: %w", i, err)
-		}
-		if t, ok := byName[head.Name]; ok && isChanged[head.Name] {
-			desc, _ := json.Marshal(t.Description)
-			if item, err = protocol.SetField(item, "description", desc); err != nil {
-				return nil, fmt.Errorf("tools.%d: %w", i, err)
-			}
-			if len(t.Parameters) > 0 {
-				if item, err = protocol.SetField(item, "input_schema", t.Parameters); err != nil {
-					return nil, fmt.Errorf("tools.%d: %w", i, err)
-				}
-			}
-		}
-		if i > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, item...)
-	}
-	return protocol.SetField(body, "tools", append(out, ']'))
+	return protocol.OverrideTools(body, tools, changed, "input_schema", "")
 }
