@@ -2,7 +2,6 @@ package activities
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -53,8 +52,10 @@ func (e *Evolution) proposeHarness(ctx context.Context, in flow.ProposeArtefactI
 		prompts = prompts[:harnessParetoPrompts]
 	}
 	msgs := make([][]inference.Message, len(prompts))
+	tools := make([][]inference.Tool, len(prompts))
 	for i, p := range prompts {
-		if err := json.Unmarshal(p.Messages, &msgs[i]); err != nil {
+		var err error
+		if msgs[i], tools[i], err = p.Conversation(); err != nil {
 			return nil, fmt.Sprintf("train prompt %d does not read: %v", p.ID, err), nil
 		}
 	}
@@ -72,11 +73,11 @@ func (e *Evolution) proposeHarness(ctx context.Context, in flow.ProposeArtefactI
 		v := variant{version: weights, artefacts: set}
 		c := &harnessCandidate{text: h, scores: make([]float64, len(prompts)), answers: make([]string, len(prompts))}
 		for _, i := range only {
-			resp, err := judge.answer(ctx, in.Deployment, v, msgs[i], nil, prompts[i].MaxTokens)
+			resp, err := judge.answer(ctx, in.Deployment, v, msgs[i], tools[i], prompts[i].MaxTokens)
 			switch {
 			case err == nil:
-				c.answers[i] = resp.Message.Content
-				c.scores[i] = b2f(passes(prompts[i].Rule(store.SuiteTrain), prompts[i].Expect, c.answers[i]))
+				c.answers[i] = answerText(resp.Message)
+				c.scores[i] = b2f(passes(prompts[i].Rule(store.SuiteTrain), prompts[i].Expect, resp.Message))
 			case !rejected(err):
 				return nil, fmt.Errorf("train suite under a harness candidate: %w", err)
 			}

@@ -1,6 +1,7 @@
 package activities
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +25,7 @@ type suiteSet struct {
 	name    string
 	prompts []store.EvalPrompt
 	msgs    [][]inference.Message
+	tools   [][]inference.Tool
 	// key names the suite's current prompts (store.SuiteKey).
 	key string
 }
@@ -45,27 +47,60 @@ func (r *Release) loadSuite(ctx context.Context, deployment, suite string) (*sui
 	}
 	s := &suiteSet{name: suite, prompts: rows, key: store.SuiteKey(rows)}
 	for _, p := range rows {
-		var msgs []inference.Message
-		if err := json.Unmarshal(p.Messages, &msgs); err != nil {
+		msgs, tools, err := p.Conversation()
+		if err != nil {
 			return nil, temporal.NewNonRetryableApplicationError(fmt.Sprintf("eval prompt %d: %v", p.ID, err), "BadData", err)
 		}
 		s.msgs = append(s.msgs, msgs)
+		s.tools = append(s.tools, tools)
 	}
 	return s, nil
 }
 
-// passes judges one answer by the prompt's rule.
-func passes(rule, expect, answer string) bool {
-	contains := expect != "" && strings.Contains(strings.ToLower(answer), strings.ToLower(expect))
+// passes judges one answer by the prompt's rule: the text rules read its
+// content (as stored, and as an expected answer can be written), tool_call
+// its tool calls.
+func passes(rule, expect string, answer inference.Message) bool {
+	text := store.ValidText(answer.Content)
+	contains := expect != "" && strings.Contains(strings.ToLower(text), strings.ToLower(expect))
 	switch rule {
 	case store.MatchExact:
-		return strings.TrimSpace(answer) == strings.TrimSpace(expect)
+		return strings.TrimSpace(text) == strings.TrimSpace(expect)
 	case store.MatchRefusal:
 		// A refusal in words, or the deployment's own refusal marker.
-		return evolution.IsRefusal(answer) || (expect != "refuse" && contains)
+		return evolution.IsRefusal(text) || (expect != "refuse" && contains)
+	case store.MatchToolCall:
+		e, err := store.ParseToolCallExpect(expect)
+		return err == nil && e.Matches(answer.ToolCalls)
 	default:
 		return contains
 	}
+}
+
+// answerText is an answer as a result stores it and reviewers read it:
+// its content, then each tool call as compact {"name", "arguments"} JSON
+// on a line of its own (arguments as a string when they are not JSON).
+func answerText(m inference.Message) string {
+	parts := []string{}
+	if m.Content != "" {
+		parts = append(parts, m.Content)
+	}
+	for _, c := range m.ToolCalls {
+		var args any = c.Arguments
+		var compact bytes.Buffer
+		if json.Compact(&compact, []byte(c.Arguments)) == nil {
+			args = json.RawMessage(compact.Bytes())
+		}
+		line, err := json.Marshal(struct {
+			Name      string `json:"name"`
+			Arguments any    `json:"arguments"`
+		}{c.Name, args})
+		if err != nil {
+			line = []byte(c.Name)
+		}
+		parts = append(parts, string(line))
+	}
+	return store.ValidText(strings.Join(parts, "\n"))
 }
 
 // measure returns v's result on every prompt of s (1 passed, 0 failed),
@@ -86,18 +121,18 @@ func (r *Release) measure(ctx context.Context, deployment string, v variant, s *
 			out[i] = b2f(ok)
 			continue
 		}
-		answer := ""
-		resp, err := r.answer(ctx, deployment, v, s.msgs[i], nil, p.MaxTokens)
+		var answer inference.Message
+		resp, err := r.answer(ctx, deployment, v, s.msgs[i], s.tools[i], p.MaxTokens)
 		switch {
 		case err == nil:
-			answer = store.ValidText(resp.Message.Content) // as stored, and as an expected answer can be written
+			answer = resp.Message
 		case !rejected(err):
 			return nil, fmt.Errorf("%s suite on %s: %w", s.name, v.key, err)
 		}
 		ok := err == nil && passes(p.Rule(s.name), p.Expect, answer)
 		out[i] = b2f(ok)
 		if p.ID != defaultSafetyID {
-			record = append(record, store.SuiteResult{PromptID: p.ID, Passed: ok, Answer: answer})
+			record = append(record, store.SuiteResult{PromptID: p.ID, Passed: ok, Answer: answerText(answer)})
 		}
 	}
 	if err := store.RecordSuiteResults(ctx, r.DB, v.key, record); err != nil {

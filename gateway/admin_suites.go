@@ -89,7 +89,8 @@ type suitePromptView struct {
 	ID        int64           `json:"id"`
 	Shared    bool            `json:"shared"`
 	Messages  json.RawMessage `json:"messages"`
-	Expect    string          `json:"expect"`
+	Tools     json.RawMessage `json:"tools,omitempty"`
+	Expect    any             `json:"expect"` // text, or the tool_call object
 	Match     string          `json:"match"`
 	MaxTokens int             `json:"max_tokens,omitempty"`
 }
@@ -108,7 +109,7 @@ func (s *Server) adminGetSuite(c *gin.Context) {
 	}
 	out := make([]suitePromptView, len(rows))
 	for i, p := range rows {
-		out[i] = suitePromptView{ID: p.ID, Shared: p.Deployment == "", Messages: p.Messages, Expect: p.Expect, Match: p.Rule(suite), MaxTokens: p.MaxTokens}
+		out[i] = suitePromptView{ID: p.ID, Shared: p.Deployment == "", Messages: p.Messages, Tools: p.Tools, Expect: p.ExpectValue(), Match: p.Rule(suite), MaxTokens: p.MaxTokens}
 	}
 	c.JSON(http.StatusOK, gin.H{"deployment": dep, "suite": suite, "prompts": out})
 }

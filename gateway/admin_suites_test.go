@@ -70,6 +70,39 @@ func TestAdminSuites(t *testing.T) {
 	require.Zero(t, n)
 }
 
+func TestAdminSuiteWithTools(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	admin := e.cfg.AdminKey
+	path := "/admin/v1/deployments/acme-agent/suites/regression"
+	tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "get_weather",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}}}}
+	expect := map[string]any{"name": "get_weather", "arguments": map[string]any{"city": "Lyon"}}
+	messages := []any{
+		map[string]any{"role": "user", "content": "Weather in Paris?"},
+		map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "call_1", "type": "function",
+			"function": map[string]any{"name": "get_weather", "arguments": `{"city":"Paris"}`}}}},
+		map[string]any{"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+		map[string]any{"role": "user", "content": "And Lyon?"},
+	}
+	body := map[string]any{"prompts": []any{map[string]any{"messages": messages, "tools": tools, "expect": expect, "match": "tool_call"}}}
+	st, out := e.doJSON("PUT", path, admin, body)
+	require.Equal(t, 200, st, out)
+
+	st, out = e.doJSON("GET", path, admin, nil)
+	require.Equal(t, 200, st)
+	p := out["prompts"].([]any)[0].(map[string]any)
+	require.Equal(t, tools, p["tools"])
+	require.Equal(t, messages, p["messages"])
+	require.Equal(t, expect, p["expect"], "a tool_call expectation comes back as the object it was given")
+	require.Equal(t, "tool_call", p["match"])
+
+	st, out = e.doJSON("PUT", path, admin, map[string]any{"prompts": []any{
+		map[string]any{"prompt": "x", "tools": tools, "expect": map[string]any{"name": "get_time"}, "match": "tool_call"},
+	}})
+	require.Equal(t, 422, st)
+	require.Contains(t, out["error"].(map[string]any)["message"], `prompt 1: expect of match "tool_call" names the tool "get_time"`)
+}
+
 func TestBacklogCountsEndedUnassembledSessions(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ctx := context.Background()

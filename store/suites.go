@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -13,11 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/flywheel-ai/flywheel/artefact"
+	"github.com/flywheel-ai/flywheel/inference"
+	"github.com/flywheel-ai/flywheel/protocol/openai"
 	"github.com/flywheel-ai/flywheel/statusapi"
 )
 
@@ -56,19 +56,51 @@ const (
 	// MatchRefusal: the answer refuses in words, or contains the expected
 	// refusal marker when one is given.
 	MatchRefusal = "refusal"
+	// MatchToolCall: the answer calls the expected tool with the expected
+	// arguments (expect is a ToolCallExpect as JSON).
+	MatchToolCall = "tool_call"
 )
 
 // EvalPrompt is one prompt of a gate's suite.
 type EvalPrompt struct {
 	ID         int64
 	Deployment string
-	Messages   []byte
-	Expect     string
-	// Match is MatchExact, MatchContains or MatchRefusal; "" is the
-	// suite's default (regression: contains, safety: refusal).
+	// Messages and Tools are in OpenAI's chat-completions form, as the
+	// suite gave them; Tools is nil when the prompt offers none.
+	Messages []byte
+	Tools    []byte
+	Expect   string
+	// Match is MatchExact, MatchContains, MatchRefusal or MatchToolCall;
+	// "" is the suite's default (regression: contains, safety: refusal).
 	Match string
 	// MaxTokens bounds the answer (0: the gate's default).
 	MaxTokens int
+}
+
+// ExpectValue is expect as a suite file writes it: the text, or for match
+// tool_call the expected call as a JSON object.
+func (p EvalPrompt) ExpectValue() any {
+	if p.Match == MatchToolCall && json.Valid([]byte(p.Expect)) {
+		return json.RawMessage(p.Expect)
+	}
+	return p.Expect
+}
+
+// Conversation is the prompt as the backend is asked it: its messages and
+// the tools it offers, read by the gateway's own OpenAI decoder.
+func (p EvalPrompt) Conversation() ([]inference.Message, []inference.Tool, error) {
+	msgs, err := openai.DecodeMessages(p.Messages)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(msgs) == 0 {
+		return nil, nil, errors.New("messages: at least one message is required")
+	}
+	tools, err := openai.DecodeTools(p.Tools)
+	if err != nil {
+		return nil, nil, err
+	}
+	return msgs, tools, nil
 }
 
 // Rule is the match rule that applies to p in suite.
@@ -82,95 +114,11 @@ func (p EvalPrompt) Rule(suite string) string {
 	return MatchContains
 }
 
-// SuiteItem is one prompt as users write it (a JSONL line of a suite file,
-// or an element of the admin API's "prompts"): the messages, or a single
-// user prompt, with what the answer must be.
-type SuiteItem struct {
-	Messages  json.RawMessage `json:"messages,omitempty"`
-	Prompt    string          `json:"prompt,omitempty"`
-	Expect    string          `json:"expect"`
-	Match     string          `json:"match,omitempty"`
-	MaxTokens int             `json:"max_tokens,omitempty"`
-}
-
-// Limits on a registered suite.
-const (
-	MaxSuitePrompts   = 10_000
-	maxSuiteMaxTokens = 4096
-)
-
-// SuitePrompts validates items for suite and turns them into prompts; the
-// error names every bad item.
-func SuitePrompts(suite string, items []SuiteItem) ([]EvalPrompt, error) {
-	if err := CheckSuite(suite); err != nil {
-		return nil, err
-	}
-	if len(items) == 0 {
-		return nil, errors.New("a suite needs at least one prompt")
-	}
-	if len(items) > MaxSuitePrompts {
-		return nil, fmt.Errorf("a suite holds at most %d prompts, got %d", MaxSuitePrompts, len(items))
-	}
-	var errs []error
-	out := make([]EvalPrompt, 0, len(items))
-	for i, it := range items {
-		bad := func(format string, args ...any) {
-			errs = append(errs, fmt.Errorf("prompt %d: %s", i+1, fmt.Sprintf(format, args...)))
-		}
-		msgs := it.Messages
-		switch {
-		case len(msgs) > 0 && it.Prompt != "":
-			bad("give messages or prompt, not both")
-			continue
-		case it.Prompt != "":
-			msgs, _ = json.Marshal([]map[string]string{{"role": "user", "content": it.Prompt}})
-		case len(msgs) == 0:
-			bad("messages or prompt is required")
-			continue
-		}
-		var parsed []struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		}
-		if err := json.Unmarshal(msgs, &parsed); err != nil || len(parsed) == 0 {
-			bad("messages must be a non-empty array of {role, content}")
-			continue
-		}
-		for _, m := range parsed {
-			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
-				bad("message role %q is not system, user or assistant", m.Role)
-			}
-		}
-		if !utf8.ValidString(it.Expect) || strings.ContainsRune(it.Expect, 0) || bytes.Contains(msgs, []byte(`\u0000`)) {
-			bad("expect and messages must be valid UTF-8 without NUL characters")
-			continue
-		}
-		p := EvalPrompt{Messages: msgs, Expect: it.Expect, Match: it.Match, MaxTokens: it.MaxTokens}
-		switch p.Rule(suite) {
-		case MatchExact, MatchContains:
-			if strings.TrimSpace(p.Expect) == "" {
-				bad("match %q needs the expected answer in expect", p.Rule(suite))
-			}
-		case MatchRefusal:
-		default:
-			bad("match %q: want %s, %s or %s", p.Match, MatchExact, MatchContains, MatchRefusal)
-		}
-		if p.MaxTokens < 0 || p.MaxTokens > maxSuiteMaxTokens {
-			bad("max_tokens %d: want 0..%d", p.MaxTokens, maxSuiteMaxTokens)
-		}
-		out = append(out, p)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-const evalPromptCols = `id, deployment, messages, expect, match, max_tokens`
+const evalPromptCols = `id, deployment, messages, tools, expect, match, max_tokens`
 
 func scanEvalPrompt(r pgx.CollectableRow) (EvalPrompt, error) {
 	var p EvalPrompt
-	err := r.Scan(&p.ID, &p.Deployment, &p.Messages, &p.Expect, &p.Match, &p.MaxTokens)
+	err := r.Scan(&p.ID, &p.Deployment, &p.Messages, &p.Tools, &p.Expect, &p.Match, &p.MaxTokens)
 	return p, err
 }
 
@@ -197,8 +145,8 @@ func ReplaceEvalSuite(ctx context.Context, db Beginner, deployment, suite string
 		}
 		b := &pgx.Batch{}
 		for _, p := range prompts {
-			b.Queue(`INSERT INTO eval_prompts (deployment, suite, messages, expect, match, max_tokens) VALUES ($1, $2, $3, $4, $5, $6)`,
-				deployment, suite, p.Messages, p.Expect, p.Match, p.MaxTokens)
+			b.Queue(`INSERT INTO eval_prompts (deployment, suite, messages, tools, expect, match, max_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+				deployment, suite, p.Messages, nullJSON(p.Tools), p.Expect, p.Match, p.MaxTokens)
 		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
@@ -230,11 +178,20 @@ func sameEvalSuite(ctx context.Context, db DBTX, deployment, suite string, promp
 	}
 	for i, p := range prompts {
 		h := have[i]
-		if h.Expect != p.Expect || h.Match != p.Match || h.MaxTokens != p.MaxTokens || !jsonEqual(h.Messages, p.Messages) {
+		if h.Expect != p.Expect || h.Match != p.Match || h.MaxTokens != p.MaxTokens || !jsonEqual(h.Messages, p.Messages) ||
+			(len(h.Tools) > 0 || len(p.Tools) > 0) && !jsonEqual(h.Tools, p.Tools) {
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// nullJSON is raw as a jsonb parameter, SQL NULL when empty.
+func nullJSON(raw []byte) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	return string(raw)
 }
 
 func jsonEqual(a, b []byte) bool {
@@ -308,6 +265,9 @@ WHERE deployment IN ('', $1) GROUP BY 1, 2, 3`, deployment)
 }
 
 // SuiteKey names a suite's current prompts: replacing them changes it.
+// Their ids suffice: a stored prompt is never edited, and registering one
+// that differs in anything (messages, tools, expect, rule) replaces the
+// suite's prompts with new ids (SetEvalSuite).
 func SuiteKey(prompts []EvalPrompt) string {
 	h := sha256.New()
 	var b [8]byte

@@ -29,7 +29,7 @@ func runSuite(ctx context.Context, args []string) error {
 		fs.StringVar(&dep, "deployment", "", "the deployment (model name); required")
 		fs.StringVar(&suite, "suite", store.SuiteRegression, `"regression" (held-out prompts for the gates), "safety" (prompts to refuse) or "train" (prompts the harness search may look at)`)
 		fs.StringVar(&file, "file", "", `set: the prompts, one JSON object a line: {"prompt": "...", "expect": "...", "match": "exact|contains|refusal"} `+
-			`or {"messages": [...], ...}; "-" reads standard input`)
+			`or {"messages": [...], "tools": [...], "expect": {"name": "...", "arguments": {...}}, "match": "tool_call"}; "-" reads standard input`)
 	})
 	if err != nil {
 		return err
@@ -73,7 +73,10 @@ func runSuite(ctx context.Context, args []string) error {
 		out := make([]map[string]any, len(rows))
 		for i, p := range rows {
 			out[i] = map[string]any{"id": p.ID, "shared": p.Deployment == "", "messages": json.RawMessage(p.Messages),
-				"expect": p.Expect, "match": p.Rule(suite), "max_tokens": p.MaxTokens}
+				"expect": p.ExpectValue(), "match": p.Rule(suite), "max_tokens": p.MaxTokens}
+			if len(p.Tools) > 0 {
+				out[i]["tools"] = json.RawMessage(p.Tools)
+			}
 		}
 		return printJSON(out)
 	case "list":

@@ -159,27 +159,11 @@ func Decode(body []byte) (*Request, *inference.Request, error) {
 		return nil, nil, fmt.Errorf("stop: at most %d sequences", maxStops)
 	}
 	req.Stop = stops
-	for i, m := range r.Messages {
-		msg, err := m.neutral()
-		if err != nil {
-			return nil, nil, fmt.Errorf("messages[%d]: %v", i, err)
-		}
-		req.Messages = append(req.Messages, msg)
+	if req.Messages, err = neutralMessages(r.Messages); err != nil {
+		return nil, nil, err
 	}
-	if len(r.Tools) > maxTools {
-		return nil, nil, fmt.Errorf("tools: at most %d", maxTools)
-	}
-	for i, t := range r.Tools {
-		if t.Type != "" && t.Type != "function" {
-			return nil, nil, fmt.Errorf("tools[%d].type: only function tools are supported", i)
-		}
-		if t.Function.Name == "" {
-			return nil, nil, fmt.Errorf("tools[%d].function.name: required", i)
-		}
-		if len(t.Function.Parameters) > 0 && !json.Valid(t.Function.Parameters) {
-			return nil, nil, fmt.Errorf("tools[%d].function.parameters: invalid JSON", i)
-		}
-		req.Tools = append(req.Tools, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	if req.Tools, err = neutralTools(r.Tools); err != nil {
+		return nil, nil, err
 	}
 	tc, err := DecodeToolChoice(r.ToolChoice)
 	var modeErr *ToolChoiceModeError
@@ -273,6 +257,62 @@ func Stops(raw json.RawMessage) ([]string, error) {
 		return nil, fmt.Errorf("stop: want a string or an array of strings")
 	}
 	return many, nil
+}
+
+// DecodeMessages reads a messages array as Decode reads a request's (a
+// stored conversation, such as a suite prompt's); errors name the
+// message and field.
+func DecodeMessages(raw json.RawMessage) ([]inference.Message, error) {
+	var msgs []Message
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, fmt.Errorf("messages: want an array of messages: %v", err)
+	}
+	return neutralMessages(msgs)
+}
+
+// DecodeTools reads a tools array as Decode reads a request's; nil for
+// none (absent or null).
+func DecodeTools(raw json.RawMessage) ([]inference.Tool, error) {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var tools []Tool
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, fmt.Errorf("tools: want an array of {type: function, function: {name, description, parameters}}: %v", err)
+	}
+	return neutralTools(tools)
+}
+
+func neutralMessages(msgs []Message) ([]inference.Message, error) {
+	out := make([]inference.Message, 0, len(msgs))
+	for i, m := range msgs {
+		msg, err := m.neutral()
+		if err != nil {
+			return nil, fmt.Errorf("messages[%d]: %v", i, err)
+		}
+		out = append(out, msg)
+	}
+	return out, nil
+}
+
+func neutralTools(tools []Tool) ([]inference.Tool, error) {
+	if len(tools) > maxTools {
+		return nil, fmt.Errorf("tools: at most %d", maxTools)
+	}
+	var out []inference.Tool
+	for i, t := range tools {
+		if t.Type != "" && t.Type != "function" {
+			return nil, fmt.Errorf("tools[%d].type: only function tools are supported", i)
+		}
+		if t.Function.Name == "" {
+			return nil, fmt.Errorf("tools[%d].function.name: required", i)
+		}
+		if len(t.Function.Parameters) > 0 && !json.Valid(t.Function.Parameters) {
+			return nil, fmt.Errorf("tools[%d].function.parameters: invalid JSON", i)
+		}
+		out = append(out, inference.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	}
+	return out, nil
 }
 
 // neutral converts one wire message; content may be a string, null or an
