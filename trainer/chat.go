@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -13,10 +14,13 @@ import (
 //
 //	<|im_start|>role\ncontent<|im_end|>
 //
-// Tools are listed in the system message; the model calls one by emitting
+// Tools are listed in the system message, one signature a line
+// ("name(param,…): description", the parameters being the schema's
+// properties in order); the model calls one by emitting
 // <tool_call>{"name":"…","arguments":{…}}</tool_call> inside its message, and
 // tool results come back as messages with role "tool". There are no newlines
-// between messages: every token costs a small CPU model time.
+// between messages and no spelled-out instructions: every token costs a
+// small CPU model time, and the format is taught by training, not read.
 
 // renderMessage appends one finished message.
 func renderMessage(ids []int, m inference.Message) []int {
@@ -52,19 +56,47 @@ func toolsSystemText(tools []inference.Tool, choice string) string {
 	var b strings.Builder
 	b.WriteString("# Tools\n")
 	for _, t := range tools {
-		params := string(t.Parameters)
-		if params == "" {
-			params = "{}"
+		b.WriteString(t.Name + "(" + strings.Join(paramNames(t.Parameters), ",") + ")")
+		if t.Description != "" {
+			b.WriteString(": " + t.Description)
 		}
-		fmt.Fprintf(&b, "%s: %s %s\n", t.Name, t.Description, params)
+		b.WriteString("\n")
 	}
-	b.WriteString(`Call a tool as <tool_call>{"name":…,"arguments":{…}}</tool_call>`)
 	if choice == "required" {
-		b.WriteString(" (a tool call is required)")
+		b.WriteString("(a tool call is required)")
 	} else if choice != "" && choice != "auto" {
-		b.WriteString(" (call " + choice + ")")
+		b.WriteString("(call " + choice + ")")
 	}
-	return b.String()
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// paramNames are the property names of a JSON-schema object, in the order
+// written; none for a schema that has no properties or does not parse.
+func paramNames(schema json.RawMessage) []string {
+	var s struct {
+		Properties json.RawMessage `json:"properties"`
+	}
+	if json.Unmarshal(schema, &s) != nil || len(s.Properties) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.Properties))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var names []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return names
+		}
+		name, _ := t.(string)
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return names
+		}
+		names = append(names, name)
+	}
+	return names
 }
 
 // RenderPrompt renders messages and the assistant generation prompt. When

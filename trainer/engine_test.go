@@ -151,7 +151,10 @@ func TestEngineSwapsVersionsAtomically(t *testing.T) {
 }
 
 func TestChatTemplateAndToolCalls(t *testing.T) {
-	tools := []inference.Tool{{Name: "add", Description: "adds", Parameters: json.RawMessage(`{"type":"object"}`)}}
+	tools := []inference.Tool{
+		{Name: "add", Description: "adds", Parameters: json.RawMessage(`{"type":"object","properties":{"b":{"type":"number"},"a":{"type":"number"}}}`)},
+		{Name: "now", Parameters: json.RawMessage(`{"type":"object"}`)},
+	}
 	ids, err := RenderPrompt([]inference.Message{
 		{Role: "user", Content: "2+2?"},
 		{Role: "assistant", ToolCalls: []inference.ToolCall{{ID: "c1", Name: "add", Arguments: `{"a":2,"b":2}`}}},
@@ -159,7 +162,7 @@ func TestChatTemplateAndToolCalls(t *testing.T) {
 	}, tools, "auto", nil)
 	require.NoError(t, err)
 	text := Tokenizer{}.Decode(ids)
-	require.Equal(t, "<|im_start|>system\n# Tools\nadd: adds {\"type\":\"object\"}\nCall a tool as <tool_call>{\"name\":…,\"arguments\":{…}}</tool_call><|im_end|>"+
+	require.Equal(t, "<|im_start|>system\n# Tools\nadd(b,a): adds\nnow()<|im_end|>"+
 		"<|im_start|>user\n2+2?<|im_end|>"+
 		"<|im_start|>assistant\n<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":2,\"b\":2}}</tool_call><|im_end|>"+
 		"<|im_start|>tool\n4<|im_end|><|im_start|>assistant\n", text)
