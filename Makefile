@@ -10,7 +10,15 @@ SERVICES := scripts/services.sh
 ENV := eval "$$($(SERVICES) env)"
 
 MINUTES ?= 10
+# TASK=tools runs the multi-turn, tool-using task instead of the letters.
+TASK ?= letters
+ifeq ($(TASK),tools)
+DEMO_MODEL ?= flywheel-demo-tools
+DEMO_BASE := demo-tools
+else
 DEMO_MODEL ?= flywheel-demo
+DEMO_BASE := demo
+endif
 
 .PHONY: up demo down services test test-short vet lint bench status
 
@@ -20,11 +28,12 @@ up: services
 
 ## demo: the main job: the services, `flywheel up` serving the demo's policy
 ## (restarted if it runs with another), then demo agents for MINUTES minutes
+## on the TASK (letters, or tools: `make demo TASK=tools`)
 ## while the control plane trains, gates and releases on its own
 demo: services
 	@scripts/up.sh stop >/dev/null || true
-	@$(ENV); FLYWHEEL_POLICY_BASE=demo FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) FLYWHEEL_CONTROL_WATCHDOG_EVERY=20s scripts/up.sh start
-	@FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) $(STATE)/bin/flywheel demo --minutes $(MINUTES) \
+	@$(ENV); FLYWHEEL_POLICY_BASE=$(DEMO_BASE) FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) FLYWHEEL_CONTROL_WATCHDOG_EVERY=20s scripts/up.sh start
+	@FLYWHEEL_GATEWAY_POLICY_MODEL=$(DEMO_MODEL) $(STATE)/bin/flywheel demo --task $(TASK) --minutes $(MINUTES) \
 		--base-url http://127.0.0.1:8080 --api-key "$$(cat $(STATE)/data/dev-api-key)" --out $(STATE)/demo
 
 ## down: stop flywheel and the services

@@ -3,12 +3,10 @@ package demo
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/url"
 	"sync"
 
 	"github.com/flywheel-ai/flywheel/demo/demotask"
-	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
 
@@ -56,22 +54,13 @@ func (f *Fleet) Evaluate(ctx context.Context, name string, tasks, safety []demot
 			used := false
 			for j := range jobs {
 				used = true
-				var httpResp *http.Response
-				resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-					Model:       f.cfg.Model,
-					Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(j.p.Text)},
-					MaxTokens:   openai.Int(int64(demotask.AnswerTokens(j.p))),
-					Temperature: openai.Float(0),
-					User:        openai.String(EvaluatorUser),
-				}, option.WithHeader("X-Session-Id", sid), option.WithResponseInto(&httpResp))
+				r, err := f.converse(ctx, j.p, 0, EvaluatorUser, false, option.WithHeader("X-Session-Id", sid))
 				if err != nil {
 					errs <- fmt.Errorf("evaluate %q: %w", j.p.Text, err)
 					continue
 				}
-				if len(resp.Choices) > 0 {
-					ok[j.i] = demotask.Verify(j.p.Want, resp.Choices[0].Message.Content).Success
-				}
-				versions[j.i] = servedVersion(resp, httpResp)
+				ok[j.i] = demotask.Verify(j.p.Want, r.Answer).Success
+				versions[j.i] = r.Version
 			}
 			if used {
 				if err := f.post(context.WithoutCancel(ctx), "/v1/sessions/"+url.PathEscape(sid)+"/end", map[string]any{}); err != nil {

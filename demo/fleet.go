@@ -19,6 +19,8 @@ import (
 
 // FleetStats is a snapshot of what the agents observed.
 type FleetStats struct {
+	// Sessions counts the sessions answered, Calls their model calls.
+	Sessions     int `json:"sessions"`
 	Calls        int `json:"calls"`
 	Errors       int `json:"errors"`
 	RewardsSent  int `json:"rewards_sent"`
@@ -254,33 +256,30 @@ func (f *Fleet) group(ctx context.Context, rng *rand.Rand, p demotask.Prompt) er
 	return nil
 }
 
-// episode is one session: one model call (the last, so it carries
-// X-Session-Done), then its reward, now or later. key, when set, is the
-// session's own API key (group mode).
+// episode is one session: the task's model calls (a letters session's
+// one call carries X-Session-Done; a tools session is ended once the
+// model answered), then the reward for the answer, now or later, for the
+// whole session. key, when set, is the session's own API key (group
+// mode).
 func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p demotask.Prompt) error {
 	if err := f.tick(ctx); err != nil {
 		return err
 	}
-	var httpResp *http.Response
-	opts := []option.RequestOption{option.WithHeader("X-Session-Id", sid), option.WithHeader("X-Session-Done", "true"), option.WithResponseInto(&httpResp)}
+	opts := []option.RequestOption{option.WithHeader("X-Session-Id", sid)}
 	if key != "" {
 		opts = append(opts, option.WithAPIKey(key))
 	}
-	resp, err := f.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model:       f.cfg.Model,
-		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(p.Text)},
-		MaxTokens:   openai.Int(int64(demotask.AnswerTokens(p))),
-		Temperature: openai.Float(f.cfg.Temperature),
-	}, opts...)
+	r, err := f.converse(ctx, p, f.cfg.Temperature, "", true, opts...)
 	if err != nil {
-		return fmt.Errorf("chat completion: %w", err)
+		return err
 	}
-	if len(resp.Choices) == 0 {
-		return errors.New("chat completion: no choices")
+	if f.cfg.Task.Kind == demotask.KindTools {
+		if err := f.post(context.WithoutCancel(ctx), "/v1/sessions/"+url.PathEscape(sid)+"/end", map[string]any{}); err != nil {
+			return err
+		}
 	}
-	sc := f.cfg.Reward(p, resp.Choices[0].Message.Content)
-	version := servedVersion(resp, httpResp)
-	f.record(SessionRow{ID: sid, Prompt: p.Text, Answer: resp.Choices[0].Message.Content, Reward: sc.Reward, Version: version}, p, sc)
+	sc := f.cfg.Reward(p, r.Answer)
+	f.record(SessionRow{ID: sid, Prompt: p.Text, Answer: r.Trace, Reward: sc.Reward, Version: r.Version}, p, sc, r.Calls)
 
 	if rng.Float64() < f.cfg.DelayedFraction {
 		delay := time.Duration(rng.Int64N(int64(f.cfg.MaxFeedbackDelay) + 1))
@@ -293,7 +292,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 			// Late feedback outlives the agent's context on purpose: it
 			// was promised for this answer and the run waits for it.
 			time.Sleep(delay)
-			err := f.post(context.WithoutCancel(ctx), "/v1/feedback", map[string]any{"completion_id": resp.ID, "value": sc.Reward, "source": "verifier"})
+			err := f.post(context.WithoutCancel(ctx), "/v1/feedback", map[string]any{"completion_id": r.CompletionID, "value": sc.Reward, "source": "verifier"})
 			f.mu.Lock()
 			f.stats.FeedbackPending--
 			if err == nil {
@@ -320,7 +319,7 @@ func (f *Fleet) episode(ctx context.Context, rng *rand.Rand, sid, key string, p 
 // maxRecentSessions bounds the sessions kept for the status page.
 const maxRecentSessions = 20
 
-func (f *Fleet) record(row SessionRow, p demotask.Prompt, sc demotask.Score) {
+func (f *Fleet) record(row SessionRow, p demotask.Prompt, sc demotask.Score, calls int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	version := row.Version
@@ -328,7 +327,8 @@ func (f *Fleet) record(row SessionRow, p demotask.Prompt, sc demotask.Score) {
 	if len(f.recent) > maxRecentSessions {
 		f.recent = f.recent[len(f.recent)-maxRecentSessions:]
 	}
-	f.stats.Calls++
+	f.stats.Sessions++
+	f.stats.Calls += calls
 	if p.Want == demotask.Refusal {
 		f.safety.add(sc.Success)
 	} else {
@@ -342,6 +342,14 @@ func (f *Fleet) record(row SessionRow, p demotask.Prompt, sc demotask.Score) {
 			f.stats.Versions = append(f.stats.Versions, version)
 		}
 	}
+}
+
+// CallsPerSession is the mean number of model calls a session made.
+func (s FleetStats) CallsPerSession() float64 {
+	if s.Sessions == 0 {
+		return 0
+	}
+	return float64(s.Calls) / float64(s.Sessions)
 }
 
 // recentSessions returns the latest sessions, newest first.

@@ -29,7 +29,7 @@ type FleetConfig struct {
 	// session per prompt, named by X-Session-Id.
 	GroupSize int
 	// TaskID labels the sessions (running baselines key on it). Default
-	// "demo-reverse-letters".
+	// Task.ID().
 	TaskID string
 	// Task the agents work on. Default demotask.DefaultTask.
 	Task demotask.Task
@@ -95,10 +95,10 @@ func (c FleetConfig) withDefaults() FleetConfig {
 	if c.GroupSize == 0 {
 		c.GroupSize = 1
 	}
-	if c.TaskID == "" {
-		c.TaskID = "demo-reverse-letters"
-	}
 	c.Task = c.Task.WithDefaults()
+	if c.TaskID == "" {
+		c.TaskID = c.Task.ID()
+	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}

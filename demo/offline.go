@@ -42,6 +42,12 @@ type Summary struct {
 	// LiveSuccessEnd is the agents' own sampled success over their last
 	// answers (online mode; temperature 1, so below the greedy score).
 	LiveSuccessEnd float64 `json:"live_success_end"`
+	// Task is the task's id (online); CallsPerSession the agents' model
+	// calls per session; LateRewardShare the share of rewarded sessions
+	// whose reward came late, through feedback.
+	Task            string  `json:"task,omitempty"`
+	CallsPerSession float64 `json:"calls_per_session,omitempty"`
+	LateRewardShare float64 `json:"late_reward_share,omitempty"`
 	// StatusURL is the gateway's live status page (online mode).
 	StatusURL string       `json:"status_url,omitempty"`
 	Curve     []CurvePoint `json:"curve"`

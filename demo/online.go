@@ -119,12 +119,12 @@ type onlineRun struct {
 // one of the evaluation's or the gates' prompts, and reads the control
 // plane's records before the run.
 func newOnlineRun(ctx context.Context, cfg OnlineConfig) (*onlineRun, error) {
-	heldOut, err := demotask.EvalHeldOut(cfg.EvalPrompts)
+	heldOut, err := demotask.EvalHeldOut(cfg.Fleet.Task.WithDefaults(), cfg.EvalPrompts)
 	if err != nil {
 		return nil, err
 	}
 	safety := demotask.EvalSafety(cfg.EvalSafety)
-	gate, err := demotask.GateHeldOut()
+	gate, err := demotask.GateHeldOut(cfg.Fleet.Task.WithDefaults())
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +288,7 @@ func (o *onlineRun) report(ctx context.Context, first, last Evaluation, end Flee
 	sum := Summary{
 		Mode: "online", Minutes: min(cfg.Duration, time.Since(o.start)).Minutes(),
 		SuccessStart: first.Success, SuccessEnd: last.Success, SafetyStart: first.Safety, SafetyEnd: last.Safety,
-		LiveSuccessEnd: end.Success,
+		LiveSuccessEnd: end.Success, Task: fc.Task.ID(), CallsPerSession: end.CallsPerSession(),
 		ServingVersion: end.Version, SampledAnswers: end.Answered, WallSeconds: time.Since(o.start).Seconds(), Curve: curve,
 	}
 	page := StatusPage{Title: "Flywheel demo status", ModelName: fc.Model, Sessions: o.fleet.recentSessions()}
@@ -300,6 +300,9 @@ func (o *onlineRun) report(ctx context.Context, first, last Evaluation, end Flee
 		fc.Logger.Warn("demo: reading the control plane's status failed; releases are inferred from responses", "err", err)
 		sum.VersionsPromoted, sum.VersionsRolledBack = versionMoves(end.Versions, end.Version)
 		page.Note = "The control plane's records could not be read (" + err.Error() + "): releases are inferred from the versions the agents saw, and training steps are unknown."
+	}
+	if n := end.RewardsSent + end.FeedbackSent; n > 0 {
+		sum.LateRewardShare = float64(end.FeedbackSent) / float64(n)
 	}
 	var err error
 	if sum.CurvePNG, sum.CurveSVG, err = WriteCurve(cfg.OutDir, "Flywheel demo: agents' success through the gateway", curve); err != nil {

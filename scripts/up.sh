@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs `flywheel up` in the background on top of the services that
 # scripts/services.sh started, waits until it has served a workflow round
-# trip, and prints its summary (gateway URL, Temporal UI, API key).
+# trip, and prints its summary (gateway URL, Temporal UI, API key). The
+# first start with a demo base builds that base (minutes), hence the wait.
 #
 #   scripts/up.sh start | stop | status
 set -euo pipefail
@@ -24,10 +25,10 @@ start)
 	cd "$ROOT"
 	setsid nohup "$BIN" up --data-dir "$STATE/data" >"$LOG" 2>&1 </dev/null &
 	echo $! >"$PID"
-	deadline=$((SECONDS + 120))
+	deadline=$((SECONDS + 600))
 	until grep -q '^Flywheel is up' "$LOG"; do
 		if ! running; then tail -n 30 "$LOG" >&2; echo "flywheel up exited (log: $LOG)" >&2; exit 1; fi
-		[ $SECONDS -lt $deadline ] || { tail -n 30 "$LOG" >&2; echo "flywheel up not ready after 120s (log: $LOG)" >&2; exit 1; }
+		[ $SECONDS -lt $deadline ] || { tail -n 30 "$LOG" >&2; echo "flywheel up not ready after 600s (log: $LOG)" >&2; exit 1; }
 		sleep 0.2
 	done
 	summary

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flywheel-ai/flywheel/demo"
+	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/flywheel-ai/flywheel/demo/rehearsal"
 )
 
@@ -33,6 +34,7 @@ func runDemo(ctx context.Context, args []string) error {
 		backlog  int
 		loraRank int
 		lr       float64
+		taskName string
 	)
 	cfg, _, err := loadConfig("demo", args, func(fs *flag.FlagSet) {
 		fs.Float64Var(&minutes, "minutes", 10, "length of the run in minutes (the base policy build, if not cached, comes first)")
@@ -45,6 +47,7 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.StringVar(&baseURL, "base-url", "", "gateway URL the agents use (online mode), e.g. http://127.0.0.1:8080")
 		fs.StringVar(&apiKey, "api-key", os.Getenv("FLYWHEEL_API_KEY"), "API key the agents use (online mode; default $FLYWHEEL_API_KEY)")
 		fs.StringVar(&outDir, "out", "", "directory for the curve and the status page (default DATA_DIR/demo)")
+		fs.StringVar(&taskName, "task", demotask.TaskLetters, `the demo task: "letters" (reverse a few letters in one answer) or "tools" (look an attribute up with the right tool, then answer with it: a multi-turn session rewarded at its end; the deployment must serve the tools base, `+"`flywheel up --policy-base demo-tools`)")
 		fs.Uint64Var(&seed, "seed", 1, "seed for prompts, the base policy and sampling")
 		fs.IntVar(&loraRank, "lora-rank", 0, "train a LoRA adapter of this rank on attention, MLP and the unembedding instead of full weights (offline mode; 0: full weights)")
 		fs.Float64Var(&lr, "lr", 0, "the RL learning rate (offline mode; 0: the rehearsal's default, tuned for full weights)")
@@ -52,6 +55,13 @@ func runDemo(ctx context.Context, args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	task, err := demotask.Named(taskName)
+	if err != nil {
+		return err
+	}
+	if offline && task.Kind != "" {
+		return errors.New("demo: --offline rehearses the letters task only; run --task tools online")
 	}
 	if minutes <= 0 || minutes > 24*60 {
 		return fmt.Errorf("--minutes %v must be in (0, 1440]", minutes)
@@ -84,7 +94,7 @@ func runDemo(ctx context.Context, args []string) error {
 		})
 	} else {
 		sum, err = demo.RunOnline(ctx, demo.OnlineConfig{
-			Fleet: demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Model: cfg.Gateway.PolicyModel, Agents: agents, GroupSize: group,
+			Fleet: demo.FleetConfig{BaseURL: baseURL, APIKey: apiKey, Model: cfg.Gateway.PolicyModel, Agents: agents, GroupSize: group, Task: task,
 				SessionsPerSecond: pace, MaxBacklog: backlog, Seed: seed, Logger: log},
 			Duration: budget, OutDir: outDir, Progress: progress, TTY: tty, ProgressInterval: interval,
 		})

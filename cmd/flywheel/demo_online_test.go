@@ -35,6 +35,7 @@ import (
 // fresh database and Temporal dev server.
 type demoSystem struct {
 	model, base, key, dbURL, dataDir string
+	task                             demotask.Task
 	pool                             *pgxpool.Pool
 	temporal                         client.Client
 }
@@ -46,9 +47,15 @@ var demoCache struct {
 	dir string
 }
 
-// startDemo starts the system serving model, with the watchdog every
-// watchdogEvery, and stops it at the test's end.
+// startDemo starts the system serving model from the letters task's demo
+// base, with the watchdog every watchdogEvery, and stops it at the test's
+// end.
 func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSystem {
+	return startDemoOf(t, model, demotask.DefaultTask, watchdogEvery)
+}
+
+// startDemoOf is startDemo serving task's demo base.
+func startDemoOf(t *testing.T, model string, task demotask.Task, watchdogEvery time.Duration) *demoSystem {
 	t.Helper()
 	dbURL := testenv.DatabaseURL(t, true)
 	tc, temporalAddr := testenv.TemporalServer(t)
@@ -56,7 +63,11 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	s := &demoSystem{model: model, base: "http://" + addr, dbURL: dbURL, dataDir: t.TempDir(), temporal: tc}
+	s := &demoSystem{model: model, base: "http://" + addr, dbURL: dbURL, dataDir: t.TempDir(), temporal: tc, task: task}
+	base := "demo"
+	if task.Kind == demotask.KindTools {
+		base = "demo-tools"
+	}
 	cache := filepath.Join(s.dataDir, "demo-cache")
 	demoCache.mu.Lock()
 	if demoCache.dir != "" {
@@ -67,7 +78,7 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	ctx, cancel := context.WithCancel(context.Background())
 	upDone := make(chan error, 1)
 	go func() {
-		upDone <- runUp(ctx, []string{"--policy-base", "demo", "--database-url", dbURL, "--temporal-address", temporalAddr,
+		upDone <- runUp(ctx, []string{"--policy-base", base, "--database-url", dbURL, "--temporal-address", temporalAddr,
 			"--gateway-listen", addr, "--data-dir", s.dataDir, "--gateway-policy-model", model, "--log-level", "warn",
 			"--control-watchdog-every", watchdogEvery.String(), "--model-server-listen", "127.0.0.1:0", "--trainer-listen", "127.0.0.1:0"})
 	}()
@@ -87,8 +98,17 @@ func startDemo(t *testing.T, model string, watchdogEvery time.Duration) *demoSys
 	if demoCache.dir == "" {
 		dir, err := os.MkdirTemp("", "flywheel-demo-cache-")
 		require.NoError(t, err)
-		require.NoError(t, os.CopyFS(dir, os.DirFS(cache)))
 		demoCache.dir = dir
+	}
+	// Each task's base is its own file: keep the ones this start built.
+	built, err := os.ReadDir(cache)
+	require.NoError(t, err)
+	for _, f := range built {
+		if _, err := os.Stat(filepath.Join(demoCache.dir, f.Name())); errors.Is(err, os.ErrNotExist) {
+			raw, err := os.ReadFile(filepath.Join(cache, f.Name()))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(demoCache.dir, f.Name()), raw, 0o644))
+		}
 	}
 	demoCache.mu.Unlock()
 	s.pool, err = pgxpool.New(context.Background(), dbURL)
@@ -248,7 +268,7 @@ WHERE r.deployment = $1 AND r.layer = 'weights' AND r.status = 'promoted' AND r.
 // prompts (1 passed, 0 failed), answered once.
 func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (score func(version string) []float64) {
 	t.Helper()
-	prompts, err := demotask.EvalHeldOut(200)
+	prompts, err := demotask.EvalHeldOut(s.task, 200)
 	require.NoError(t, err)
 	results := map[string][]float64{}
 	score = func(version string) []float64 {
@@ -256,7 +276,7 @@ func (s *demoSystem) judgeIndependently(t *testing.T, budget float64) (score fun
 			return r
 		}
 		m := s.weights(t, version)
-		each, err := demotask.GreedySuccess(context.Background(), m, prompts)
+		each, err := demotask.Judge(context.Background(), m, s.task, prompts)
 		require.NoError(t, err)
 		r := make([]float64, len(each))
 		for i, ok := range each {
@@ -555,7 +575,7 @@ func (s *demoSystem) serving(t *testing.T) string {
 // refused, 0 if not.
 func (s *demoSystem) refusals(t *testing.T, version string, prompts []demotask.Prompt) []float64 {
 	t.Helper()
-	each, err := demotask.GreedySuccess(context.Background(), s.weights(t, version), prompts)
+	each, err := demotask.Judge(context.Background(), s.weights(t, version), s.task, prompts)
 	require.NoError(t, err)
 	r := make([]float64, len(each))
 	for i, ok := range each {
@@ -609,7 +629,7 @@ func b2f(b bool) float64 {
 // prompt echoes it (the reward hack).
 func echoRate(t *testing.T, s *demoSystem, version string) float64 {
 	t.Helper()
-	prompts, err := demotask.EvalHeldOut(200)
+	prompts, err := demotask.EvalHeldOut(demotask.DefaultTask, 200)
 	require.NoError(t, err)
 	answers, err := demotask.GreedyAnswers(context.Background(), s.weights(t, version), prompts)
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flywheel-ai/flywheel/activities"
 	"github.com/flywheel-ai/flywheel/config"
+	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/gateway"
@@ -102,6 +103,9 @@ type policyBase struct {
 	load   func(ctx context.Context) (*trainer.Model, map[string]string, error)
 	origin string
 	train  trainer.Config
+	// task is the demo task the base was built for: its suites gate the
+	// deployment.
+	task demotask.Task
 }
 
 // newPolicy registers the in-process policy deployment, an upstream whose

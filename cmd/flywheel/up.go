@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
@@ -27,7 +25,6 @@ import (
 	"github.com/flywheel-ai/flywheel/demo/demotraining"
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
-	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/store"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/worker"
@@ -45,8 +42,8 @@ func runUp(ctx context.Context, args []string) error {
 	var baseName string
 	cfg, _, err := loadConfig("up", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&baseName, "policy-base", os.Getenv("FLYWHEEL_POLICY_BASE"),
-			`v0 of a new policy deployment: "" (a seeded random model) or "demo" (the demo's base policy, trained by `+
-				"the demo's control plane so `flywheel demo` learns online; env FLYWHEEL_POLICY_BASE)")
+			`v0 of a new policy deployment: "" (a seeded random model), "demo" or "demo-tools" (the base policy of the demo's `+
+				"letters or tools task, trained by the demo's control plane so `flywheel demo` learns online; env FLYWHEEL_POLICY_BASE)")
 	})
 	if err != nil {
 		return err
@@ -88,7 +85,7 @@ func runUp(ctx context.Context, args []string) error {
 		return err
 	}
 	if pb != nil {
-		if err := installDemoSuites(ctx, pool, cfg.Gateway.PolicyModel); err != nil {
+		if err := installDemoSuites(ctx, pool, cfg.Gateway.PolicyModel, pb.task); err != nil {
 			return err
 		}
 	}
@@ -132,16 +129,20 @@ func namedPolicyBase(name, dataDir string, logger *slog.Logger) (*policyBase, er
 	switch name {
 	case "":
 		return nil, nil
-	case "demo":
+	case "demo", "demo-tools":
+		task, train := demotask.DefaultTask, demotraining.TrainerConfig(logger)
+		if name == "demo-tools" {
+			task, train = demotask.ToolsTask, demotraining.ToolsTrainerConfig(logger)
+		}
 		cache := filepath.Join(dataDir, "demo-cache")
 		return &policyBase{
 			load: func(ctx context.Context) (*trainer.Model, map[string]string, error) {
-				return demotask.DeploymentBase(ctx, cache, logger)
+				return demotask.DeploymentBase(ctx, task, cache, logger)
 			},
-			origin: demotask.BaseOrigin(), train: demotraining.TrainerConfig(logger),
+			origin: demotask.BaseOrigin(task), train: train, task: task,
 		}, nil
 	default:
-		return nil, fmt.Errorf(`--policy-base %q: want "" or "demo"`, name)
+		return nil, fmt.Errorf(`--policy-base %q: want "", "demo" or "demo-tools"`, name)
 	}
 }
 
@@ -334,39 +335,4 @@ func devKey(ctx context.Context, db store.DBTX, path string) (string, error) {
 		return "", fmt.Errorf("save dev api key: %w", err)
 	}
 	return key, nil
-}
-
-// installDemoSuites gives the demo deployment its own suites: its held-out
-// prompts (greedy, exact match) for the regression gate and the watchdog,
-// and its refusal prompts for the safety gate (the built-in suite asks for
-// refusals in words, which the demo policy never learnt to give, so both
-// sides would score 0). Registering the same suites again keeps their
-// results, and so the anchor.
-func installDemoSuites(ctx context.Context, pool *pgxpool.Pool, deployment string) error {
-	heldOut, err := demotask.GateHeldOut()
-	if err != nil {
-		return err
-	}
-	suites := []struct {
-		name    string
-		prompts []demotask.Prompt
-		match   string
-	}{
-		{flow.GateRegression, heldOut, store.MatchExact},
-		{flow.GateSafety, demotask.GateSafetyPrompts(), store.MatchExact},
-	}
-	for _, s := range suites {
-		var prompts []store.EvalPrompt
-		for _, p := range s.prompts {
-			msgs, err := json.Marshal([]inference.Message{{Role: inference.RoleUser, Content: p.Text}})
-			if err != nil {
-				return err
-			}
-			prompts = append(prompts, store.EvalPrompt{Messages: msgs, Expect: p.Want, Match: s.match, MaxTokens: demotask.AnswerTokens(p)})
-		}
-		if _, err := store.SetEvalSuite(ctx, pool, deployment, s.name, prompts); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -166,19 +166,11 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 				p = gen.NextSafety()
 			}
 			for j := 0; j < cfg.AnswersPerPrompt; j++ {
-				answer := p.Want
-				switch {
-				case safety:
-				case cfg.Prior == PriorPermutations:
-					answer = gen.Permutation(p)
-				default:
-					answer = gen.Walk(p)
-				}
-				s, err := sftSample(p.Text, answer)
+				ss, err := warmUpSamples(task, cfg, gen, p)
 				if err != nil {
 					return nil, err
 				}
-				batch = append(batch, s)
+				batch = append(batch, ss...)
 			}
 		}
 		// The token mean of −log π over the masked tokens, as the
@@ -195,18 +187,28 @@ func BuildBase(ctx context.Context, task Task, cfg BaseConfig, heldOut []Prompt)
 	return base, nil
 }
 
+// warmUpSamples are what the warm-up teaches for p: the format of an
+// answer (the letters in some order the prior draws, or a session that
+// calls a random tool and answers with its result), and the refusal for a
+// safety prompt.
+func warmUpSamples(task Task, cfg BaseConfig, gen *Generator, p Prompt) ([]trainer.Sample, error) {
+	if task.Kind == KindTools {
+		return toolsSamples(p, gen.RandomTool())
+	}
+	answer := p.Want
+	switch {
+	case p.Want == Refusal:
+	case cfg.Prior == PriorPermutations:
+		answer = gen.Permutation(p)
+	default:
+		answer = gen.Walk(p)
+	}
+	s, err := sftSample(p.Text, answer)
+	return []trainer.Sample{s}, err
+}
+
 func sftSample(text, answer string) (trainer.Sample, error) {
-	p, err := PromptIDs(text)
-	if err != nil {
-		return trainer.Sample{}, fmt.Errorf("render prompt: %w", err)
-	}
-	a := AnswerIDs(answer)
-	ids := append(append([]int{}, p...), a...)
-	mask := make([]uint8, len(ids))
-	for i := len(p); i < len(ids); i++ {
-		mask[i] = 1
-	}
-	return trainer.Sample{TokenIDs: ids, LossMask: mask}, nil
+	return sftStep([]inference.Message{{Role: inference.RoleUser, Content: text}}, nil, AnswerIDs(answer))
 }
 
 // baseRevision changes whenever BuildBase would build a different policy

@@ -30,17 +30,30 @@ const (
 // DeploymentBase loads (or builds and caches under cacheDir) the demo's base
 // policy and the metadata to store with it as a deployment's v0. The origin
 // names the base's key, so a v0 from another base is recognised.
-func DeploymentBase(ctx context.Context, cacheDir string, log *slog.Logger) (*trainer.Model, map[string]string, error) {
-	m, _, err := LoadOrBuildBase(ctx, cacheDir, DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN, log)
+func DeploymentBase(ctx context.Context, task Task, cacheDir string, log *slog.Logger) (*trainer.Model, map[string]string, error) {
+	m, _, err := LoadOrBuildBase(ctx, cacheDir, task, BaseFor(task), deployHeldOutSeed, deployHeldOutN, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("demo base: %w", err)
 	}
-	return m, map[string]string{"origin": BaseOrigin()}, nil
+	return m, map[string]string{"origin": BaseOrigin(task)}, nil
 }
 
-// BaseOrigin is the origin recorded for the demo base.
-func BaseOrigin() string {
-	return "demo base " + BaseKey(DefaultTask, BaseConfig{}, deployHeldOutSeed, deployHeldOutN)
+// BaseOrigin is the origin recorded for the demo base of task.
+func BaseOrigin(task Task) string {
+	return "demo base " + BaseKey(task, BaseFor(task), deployHeldOutSeed, deployHeldOutN)
+}
+
+// BaseFor is the base configuration of task's demo: the defaults for the
+// letters; for the tools task a context that holds a whole session (about
+// 190 tokens) and the warm-up that teaches its format: 1500 steps write a
+// well-formed call and answer with what the tool returned in 200 of 200
+// held-out sessions, choosing the tool at random (greedy success 13.5%,
+// sampled 17.5%); 300 steps wrote no well-formed call.
+func BaseFor(task Task) BaseConfig {
+	if task.Kind != KindTools {
+		return BaseConfig{}
+	}
+	return BaseConfig{Model: trainer.ModelConfig{Context: 256, Layers: 2, Heads: 4, DModel: 64}, Steps: 1500}
 }
 
 // MaxEvalPrompts bounds EvalHeldOut.
@@ -48,11 +61,11 @@ const MaxEvalPrompts = deployHeldOutN
 
 // EvalHeldOut is the first n (at most MaxEvalPrompts) held-out prompts the online
 // demo reports success on: never trained on, never seen by the gates.
-func EvalHeldOut(n int) ([]Prompt, error) {
+func EvalHeldOut(task Task, n int) ([]Prompt, error) {
 	if n <= 0 || n > deployHeldOutN {
 		return nil, fmt.Errorf("eval prompts %d: want 1..%d", n, deployHeldOutN)
 	}
-	return HeldOut(DefaultTask, deployHeldOutSeed, n)
+	return HeldOut(task, deployHeldOutSeed, n)
 }
 
 // EvalSafety is the n safety prompts the online demo reports its safety
@@ -64,8 +77,8 @@ const evalSafetySeed = 9
 // GateHeldOut is the demo deployment's regression suite: held-out prompts
 // answered greedily and judged by exact match. The base was built without
 // them and the agents never ask them.
-func GateHeldOut() ([]Prompt, error) {
-	all, err := HeldOut(DefaultTask, deployHeldOutSeed, deployHeldOutN+deployGateN)
+func GateHeldOut(task Task) ([]Prompt, error) {
+	all, err := HeldOut(task, deployHeldOutSeed, deployHeldOutN+deployGateN)
 	if err != nil {
 		return nil, err
 	}

@@ -101,3 +101,21 @@ func AnswerText(ids []int) string {
 	}
 	return trainer.Tokenizer{}.Decode(ids)
 }
+
+// Judge is m's greedy exact-match result on each of prompts of task, as
+// the task's agents ask them (a tools session with the tools on offer,
+// or one call), in process.
+func Judge(ctx context.Context, m *trainer.Model, task Task, prompts []Prompt) ([]bool, error) {
+	if task.Kind != KindTools {
+		return GreedySuccess(ctx, m, prompts)
+	}
+	answers, err := ToolsSessions(ctx, m, prompts, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(answers))
+	for i, a := range answers {
+		out[i] = Verify(prompts[i].Want, a).Success
+	}
+	return out, nil
+}

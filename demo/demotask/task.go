@@ -21,6 +21,9 @@ import (
 
 // Task generates prompts and verifies answers.
 type Task struct {
+	// Kind is "" for the letters task or KindTools for the tools task
+	// (tools.go), whose items have MinLetters to MaxLetters letters.
+	Kind string `json:"kind,omitempty"`
 	// MinLetters and MaxLetters bound the prompt length. Default 3 and 4.
 	MinLetters int `json:"min_letters"`
 	MaxLetters int `json:"max_letters"`
@@ -48,6 +51,9 @@ func (t Task) WithDefaults() Task {
 // Validate names every field out of range.
 func (t Task) Validate() error {
 	var errs []error
+	if t.Kind != "" && t.Kind != KindTools {
+		errs = append(errs, fmt.Errorf("task kind %q must be empty (letters) or %q", t.Kind, KindTools))
+	}
 	if t.MinLetters < 2 || t.MaxLetters < t.MinLetters || t.MaxLetters > 16 {
 		errs = append(errs, fmt.Errorf("letters [%d, %d] must satisfy 2 ≤ min ≤ max ≤ 16", t.MinLetters, t.MaxLetters))
 	}
@@ -69,6 +75,12 @@ type Prompt struct {
 	Text string `json:"text"`
 	// Want is the only answer that succeeds.
 	Want string `json:"want"`
+	// Tool, Item and Facts are the tools task's: the tool that answers the
+	// request, the item it asks about (the tool's argument), and what
+	// each tool of ToolSet answers for that item.
+	Tool  string   `json:"tool,omitempty"`
+	Item  string   `json:"item,omitempty"`
+	Facts []string `json:"facts,omitempty"`
 }
 
 // Score is the verifier's judgement of one answer.
@@ -108,13 +120,11 @@ func NewGenerator(task Task, seed uint64, heldOut []Prompt) (*Generator, error) 
 
 // Next returns a fresh prompt.
 func (g *Generator) Next() Prompt {
+	if g.task.Kind == KindTools {
+		return g.nextTools()
+	}
 	for {
-		n := g.task.MinLetters + g.rng.IntN(g.task.MaxLetters-g.task.MinLetters+1)
-		b := make([]byte, n)
-		for i := range b {
-			b[i] = g.task.Alphabet[g.rng.IntN(len(g.task.Alphabet))]
-		}
-		text := string(b)
+		text := g.letters(g.task.MinLetters + g.rng.IntN(g.task.MaxLetters-g.task.MinLetters+1))
 		if g.heldOut[text] {
 			g.rejected++
 			continue
