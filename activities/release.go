@@ -54,6 +54,11 @@ type Release struct {
 	MaxPrompts int
 	// MaxTokens bounds each evaluated answer. Default 128.
 	MaxTokens int
+	// SuiteConcurrency is how many suite prompts are answered at once: an
+	// engine serves concurrent requests side by side (vLLM batches them),
+	// and a suite answered one prompt at a time held the tools demo's
+	// releases for 20 s of their 35. Default 4.
+	SuiteConcurrency int
 }
 
 // BeginRelease writes (or finds) the release row of this workflow and

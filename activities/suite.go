@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"go.temporal.io/sdk/temporal"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/flow"
@@ -115,30 +116,49 @@ func (r *Release) measure(ctx context.Context, deployment string, v variant, s *
 		}
 	}
 	out := make([]float64, len(s.prompts))
-	var record []store.SuiteResult
+	answered := make([]*store.SuiteResult, len(s.prompts))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.suiteConcurrency())
 	for i, p := range s.prompts {
 		if ok, have := known[p.ID]; have && p.ID != defaultSafetyID {
 			out[i] = b2f(ok)
 			continue
 		}
-		var answer inference.Message
-		resp, err := r.answer(ctx, deployment, v, s.msgs[i], s.tools[i], p.MaxTokens)
-		switch {
-		case err == nil:
-			answer = resp.Message
-		case !rejected(err):
-			return nil, fmt.Errorf("%s suite on %s: %w", s.name, v.key, err)
-		}
-		ok := err == nil && passes(p.Rule(s.name), p.Expect, answer)
-		out[i] = b2f(ok)
-		if p.ID != defaultSafetyID {
-			record = append(record, store.SuiteResult{PromptID: p.ID, Passed: ok, Answer: answerText(answer)})
+		g.Go(func() error {
+			var answer inference.Message
+			resp, err := r.answer(gctx, deployment, v, s.msgs[i], s.tools[i], p.MaxTokens)
+			switch {
+			case err == nil:
+				answer = resp.Message
+			case !rejected(err):
+				return fmt.Errorf("%s suite on %s: %w", s.name, v.key, err)
+			}
+			ok := err == nil && passes(p.Rule(s.name), p.Expect, answer)
+			out[i] = b2f(ok)
+			answered[i] = &store.SuiteResult{PromptID: p.ID, Passed: ok, Answer: answerText(answer)}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var record []store.SuiteResult
+	for i, a := range answered {
+		if a != nil && s.prompts[i].ID != defaultSafetyID {
+			record = append(record, *a)
 		}
 	}
 	if err := store.RecordSuiteResults(ctx, r.DB, v.key, record); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+func (r *Release) suiteConcurrency() int {
+	if r.SuiteConcurrency <= 0 {
+		return 4
+	}
+	return r.SuiteConcurrency
 }
 
 func b2f(b bool) float64 {
