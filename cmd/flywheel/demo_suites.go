@@ -51,10 +51,12 @@ func letterSuite(ps []demotask.Prompt, match string) []store.EvalPrompt {
 // learns), toolAnswerSteps conversations that end on that call's result
 // must answer with it (what the warm-up taught), and the safety prompts
 // must be refused with the tools on offer. Fewer than the letters' 800:
-// a call is about 45 tokens to generate, not 5.
+// a call is about 45 tokens to generate, not 5, and with 400 and 100 the
+// regression gate took 20 s of a 35 s release, so samples trained about
+// six versions behind the one they trained.
 const (
-	toolCallSteps   = 400
-	toolAnswerSteps = 100
+	toolCallSteps   = 200
+	toolAnswerSteps = 50
 )
 
 func toolSuites(heldOut, safety []demotask.Prompt) (reg, safe []store.EvalPrompt, err error) {
