@@ -179,7 +179,29 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 	if err != nil {
 		return fmt.Errorf("model server: %w", err)
 	}
-	srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	return serveHTTP(ctx, "model server", ln, ms, ready, func() error {
+		weights := &activities.Release{DB: pool, Logger: logger}
+		out, err := weights.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: pol.name})
+		if err != nil && ctx.Err() != nil {
+			// Stopped while loading: a shutdown, not a failure. (The server
+			// answers from its saved state already, so a caller may have seen
+			// it ready and stopped it.)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("model server: load the routed versions: %w", err)
+		}
+		logger.Info(msgModelServerReady, "deployment", pol.name, "url", "http://"+ln.Addr().String()+"/v1", "loaded", out.Loaded, "kept", out.Kept)
+		return nil
+	})
+}
+
+// serveHTTP serves h on ln until ctx is done, then shuts it down (5 s for
+// requests in flight). Once it serves, onServing runs (what the server
+// must hold before it is announced); then ready is closed. A server that
+// stops on its own is an error named by what.
+func serveHTTP(ctx context.Context, what string, ln net.Listener, h http.Handler, ready chan<- struct{}, onServing func() error) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	defer func() {
@@ -187,18 +209,9 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	weights := &activities.Release{DB: pool, Logger: logger}
-	out, err := weights.SyncWeights(ctx, flow.SyncWeightsInput{Deployment: pol.name})
-	if err != nil && ctx.Err() != nil {
-		// Stopped while loading: a shutdown, not a failure. (The server
-		// answers from its saved state already, so a caller may have seen
-		// it ready and stopped it.)
-		return nil
+	if err := onServing(); err != nil || ctx.Err() != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("model server: load the routed versions: %w", err)
-	}
-	logger.Info(msgModelServerReady, "deployment", pol.name, "url", "http://"+ln.Addr().String()+"/v1", "loaded", out.Loaded, "kept", out.Kept)
 	if ready != nil {
 		close(ready)
 	}
@@ -206,7 +219,7 @@ func serveModel(ctx context.Context, cfg config.Config, pool *pgxpool.Pool, pol 
 	case <-ctx.Done():
 		return nil
 	case err := <-done:
-		return fmt.Errorf("model server: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 }
 

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"path/filepath"
-	"time"
 
 	"github.com/flywheel-ai/flywheel/config"
 	"github.com/flywheel-ai/flywheel/deployment"
@@ -77,24 +75,10 @@ func serveTrainer(ctx context.Context, cfg config.Config, pol *policy, ln net.Li
 		return fmt.Errorf("trainer server: %w", err)
 	}
 	defer ts.Close()
-	srv := &http.Server{Handler: ts, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	logger.Info(msgTrainerServerReady, "deployment", pol.name, "url", "http://"+ln.Addr().String())
-	if ready != nil {
-		close(ready)
-	}
-	select {
-	case <-ctx.Done():
+	return serveHTTP(ctx, "trainer server", ln, ts, ready, func() error {
+		logger.Info(msgTrainerServerReady, "deployment", pol.name, "url", "http://"+ln.Addr().String())
 		return nil
-	case err := <-done:
-		return fmt.Errorf("trainer server: %w", err)
-	}
+	})
 }
 
 const msgTrainerServerReady = "trainer server ready"
