@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/flywheel-ai/flywheel/inference"
 	"github.com/flywheel-ai/flywheel/trainer"
@@ -83,7 +84,7 @@ func (g *Generator) nextTools() Prompt {
 		}
 		facts := make([]string, len(ToolSet))
 		for i := range facts {
-			for facts[i] == "" || indexOf(facts[:i], facts[i]) >= 0 {
+			for facts[i] == "" || slices.Contains(facts[:i], facts[i]) {
 				facts[i] = g.letters(factLetters)
 			}
 		}
@@ -97,15 +98,6 @@ func (g *Generator) letters(n int) string {
 		b[i] = g.task.Alphabet[g.rng.IntN(len(g.task.Alphabet))]
 	}
 	return string(b)
-}
-
-func indexOf(xs []string, x string) int {
-	for i, s := range xs {
-		if s == x {
-			return i
-		}
-	}
-	return -1
 }
 
 // RandomTool is a tool drawn uniformly: the warm-up's choice.
