@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,11 +30,15 @@ type fakeBackend struct {
 	refuse map[string]bool
 	// reject answers 400 to these versions (a prompt they cannot take).
 	reject map[string]bool
-	seen   []*inference.Request
+	// mu guards seen: suite prompts are answered concurrently.
+	mu   sync.Mutex
+	seen []*inference.Request
 }
 
 func (f *fakeBackend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	f.mu.Lock()
 	f.seen = append(f.seen, req)
+	f.mu.Unlock()
 	if f.reject[req.Version] {
 		return nil, &inference.Error{Status: 400, Message: "prompt exceeds the context"}
 	}

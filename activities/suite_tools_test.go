@@ -3,6 +3,7 @@ package activities
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,11 +17,14 @@ import (
 // calls names (or answers in text without one).
 type toolBackend struct {
 	calls map[string][]inference.ToolCall
+	mu    sync.Mutex // suite prompts are answered concurrently
 	seen  []*inference.Request
 }
 
 func (b *toolBackend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
+	b.mu.Lock()
 	b.seen = append(b.seen, req)
+	b.mu.Unlock()
 	msg := inference.Message{Role: inference.RoleAssistant, ToolCalls: b.calls[req.Version]}
 	if len(msg.ToolCalls) == 0 {
 		msg.Content = "It is sunny in Lyon."

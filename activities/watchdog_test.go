@@ -24,11 +24,9 @@ import (
 // i < safe[v]. The end-to-end tests run the in-process policy instead.
 type scriptedBackend struct {
 	right, safe map[string]int
-	asked       int
 }
 
 func (b *scriptedBackend) Complete(ctx context.Context, req *inference.Request) (*inference.Response, error) {
-	b.asked++
 	p := req.Messages[len(req.Messages)-1].Content
 	i, _ := strconv.Atoi(p[1:])
 	answer := "no"
