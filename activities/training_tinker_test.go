@@ -180,7 +180,9 @@ func TestTinkerStepSendsTheBatchAsDatums(t *testing.T) {
 }
 
 // TestTinkerStepFoldsTheBehaviourWeight checks decoupled PPO: one forward
-// pass before any update gives the proximal log-probs, which the ppo loss
+// pass before any update (a request per minibatch, all queued before the
+// first update; tinkerstep's test checks the order) gives the proximal
+// log-probs, which the ppo loss
 // takes its ratio against, and the behaviour weight min(π_prox/μ, cap)
 // multiplies the advantage; IcePop zeroes a token's advantage.
 func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
@@ -190,7 +192,7 @@ func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
 	in.Algo.Masks = &deployment.TokenMasks{IcePop: true, IcePopLow: 0.5, IcePopHigh: 2}
 	out, err := fastTinker().TrainBatch(ctx, in)
 	require.NoError(t, err)
-	require.Len(t, svc.bodies(tinker.PathForward), 1, "one proximal pass for both minibatches")
+	require.Len(t, svc.bodies(tinker.PathForward), 2, "one proximal pass, a forward per minibatch")
 	fbs := svc.bodies(tinker.PathForwardBackward)
 	var second sentFB
 	require.NoError(t, json.Unmarshal(fbs[1], &second))

@@ -303,16 +303,52 @@ func (c *Client) Await(ctx context.Context, op, requestID string, out any) error
 	}
 }
 
-// submit posts an asynchronous request and awaits its result.
-func (c *Client) submit(ctx context.Context, path string, in, out any) error {
+// Pending is a request the service has queued: its result is read by
+// Await. The service runs a model's requests in the order it queued them,
+// so a caller may queue the next before it awaits this one, as Tinker's
+// own SDK does (its *_async calls): the upload of one request and the
+// download of another's result then overlap the service's compute.
+type Pending[T any] struct {
+	c      *Client
+	op, id string
+	check  func(T) error // nil: none
+}
+
+// RequestID is the future's id on the service.
+func (p Pending[T]) RequestID() string { return p.id }
+
+// Await long-polls the result (see Client.Await) and checks it.
+func (p Pending[T]) Await(ctx context.Context) (T, error) {
+	var out T
+	if err := p.c.Await(ctx, p.op, p.id, &out); err != nil {
+		return out, err
+	}
+	if p.check != nil {
+		return out, p.check(out)
+	}
+	return out, nil
+}
+
+// enqueue posts an asynchronous request and returns its future.
+func enqueue[T any](ctx context.Context, c *Client, path string, in any, check func(T) error) (Pending[T], error) {
 	var f FutureResponse
 	if err := c.post(ctx, path, in, &f); err != nil {
-		return err
+		return Pending[T]{}, err
 	}
 	if f.RequestID == "" {
-		return &APIError{Op: path, Detail: "the answer names no request_id", Retryable: true}
+		return Pending[T]{}, &APIError{Op: path, Detail: "the answer names no request_id", Retryable: true}
 	}
-	return c.Await(ctx, path, f.RequestID, out)
+	return Pending[T]{c: c, op: path, id: f.RequestID, check: check}, nil
+}
+
+// submit posts an asynchronous request and awaits its result.
+func submit[T any](ctx context.Context, c *Client, path string, in any, check func(T) error) (T, error) {
+	p, err := enqueue(ctx, c, path, in, check)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return p.Await(ctx)
 }
 
 // Healthz reports whether the service answers.
@@ -364,27 +400,34 @@ func (c *Client) UnloadModel(ctx context.Context, model string) error {
 
 // Forward computes per-token log-probs and losses without a gradient.
 func (c *Client) Forward(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (ForwardBackwardOutput, error) {
-	var out ForwardBackwardOutput
-	err := c.submit(ctx, PathForward, ForwardRequest{ModelID: model, ForwardInput: in, SeqID: &seq}, &out)
-	return out, checkOutputs(PathForward, in, out, err)
+	return submit(ctx, c, PathForward, ForwardRequest{ModelID: model, ForwardInput: in, SeqID: &seq}, checkOutputs(PathForward, in))
+}
+
+// ForwardAsync queues a forward and returns its future.
+func (c *Client) ForwardAsync(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (Pending[ForwardBackwardOutput], error) {
+	return enqueue(ctx, c, PathForward, ForwardRequest{ModelID: model, ForwardInput: in, SeqID: &seq}, checkOutputs(PathForward, in))
 }
 
 // ForwardBackward accumulates the loss's gradient on model.
 func (c *Client) ForwardBackward(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (ForwardBackwardOutput, error) {
-	var out ForwardBackwardOutput
-	err := c.submit(ctx, PathForwardBackward, ForwardBackwardRequest{ModelID: model, ForwardBackwardInput: in, SeqID: &seq}, &out)
-	return out, checkOutputs(PathForwardBackward, in, out, err)
+	return submit(ctx, c, PathForwardBackward, ForwardBackwardRequest{ModelID: model, ForwardBackwardInput: in, SeqID: &seq},
+		checkOutputs(PathForwardBackward, in))
+}
+
+// ForwardBackwardAsync queues a forward_backward and returns its future.
+func (c *Client) ForwardBackwardAsync(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (Pending[ForwardBackwardOutput], error) {
+	return enqueue(ctx, c, PathForwardBackward, ForwardBackwardRequest{ModelID: model, ForwardBackwardInput: in, SeqID: &seq},
+		checkOutputs(PathForwardBackward, in))
 }
 
 // checkOutputs refuses a result that does not answer every datum.
-func checkOutputs(op string, in ForwardBackwardInput, out ForwardBackwardOutput, err error) error {
-	if err != nil {
-		return err
+func checkOutputs(op string, in ForwardBackwardInput) func(ForwardBackwardOutput) error {
+	return func(out ForwardBackwardOutput) error {
+		if len(out.LossFnOutputs) != len(in.Data) {
+			return &APIError{Op: op, Detail: fmt.Sprintf("%d loss_fn_outputs for %d datums", len(out.LossFnOutputs), len(in.Data)), Retryable: true}
+		}
+		return nil
 	}
-	if len(out.LossFnOutputs) != len(in.Data) {
-		return &APIError{Op: op, Detail: fmt.Sprintf("%d loss_fn_outputs for %d datums", len(out.LossFnOutputs), len(in.Data)), Retryable: true}
-	}
-	return nil
 }
 
 // LossSum is the summed loss of a forward(_backward) result: Tinker's
@@ -404,16 +447,18 @@ func (o ForwardBackwardOutput) LossSum() float64 {
 
 // OptimStep applies the accumulated gradient.
 func (c *Client) OptimStep(ctx context.Context, model string, adam AdamParams, seq int64) (OptimStepResponse, error) {
-	var out OptimStepResponse
-	err := c.submit(ctx, PathOptimStep, OptimStepRequest{ModelID: model, AdamParams: adam, SeqID: &seq}, &out)
-	return out, err
+	return submit[OptimStepResponse](ctx, c, PathOptimStep, OptimStepRequest{ModelID: model, AdamParams: adam, SeqID: &seq}, nil)
+}
+
+// OptimStepAsync queues an optim_step and returns its future.
+func (c *Client) OptimStepAsync(ctx context.Context, model string, adam AdamParams, seq int64) (Pending[OptimStepResponse], error) {
+	return enqueue[OptimStepResponse](ctx, c, PathOptimStep, OptimStepRequest{ModelID: model, AdamParams: adam, SeqID: &seq}, nil)
 }
 
 // SaveWeights saves the training state (weights and optimizer) as name and
 // returns its tinker:// path.
 func (c *Client) SaveWeights(ctx context.Context, model, name string, seq int64) (string, error) {
-	var out SaveWeightsResponse
-	err := c.submit(ctx, PathSaveWeights, SaveWeightsRequest{ModelID: model, Path: name, SeqID: &seq}, &out)
+	out, err := submit[SaveWeightsResponse](ctx, c, PathSaveWeights, SaveWeightsRequest{ModelID: model, Path: name, SeqID: &seq}, nil)
 	if err == nil && out.Path == "" {
 		out.Path = Path{Model: model, Kind: KindWeights, Name: name}.String()
 	}
@@ -422,13 +467,13 @@ func (c *Client) SaveWeights(ctx context.Context, model, name string, seq int64)
 
 // LoadWeights loads a saved training state into model, which must be new.
 func (c *Client) LoadWeights(ctx context.Context, model, path string, optimizer bool, seq int64) error {
-	return c.submit(ctx, PathLoadWeights, LoadWeightsRequest{ModelID: model, Path: path, Optimizer: optimizer, SeqID: &seq}, nil)
+	_, err := submit[json.RawMessage](ctx, c, PathLoadWeights, LoadWeightsRequest{ModelID: model, Path: path, Optimizer: optimizer, SeqID: &seq}, nil)
+	return err
 }
 
 // SaveWeightsForSampler saves the weights a server samples from as name.
 func (c *Client) SaveWeightsForSampler(ctx context.Context, model, name string, seq int64) (string, error) {
-	var out SaveWeightsForSamplerResponse
-	err := c.submit(ctx, PathSaveWeightsForSampler, SaveWeightsForSamplerRequest{ModelID: model, Path: name, SeqID: &seq}, &out)
+	out, err := submit[SaveWeightsForSamplerResponse](ctx, c, PathSaveWeightsForSampler, SaveWeightsForSamplerRequest{ModelID: model, Path: name, SeqID: &seq}, nil)
 	if err == nil && out.Path == "" {
 		out.Path = Path{Model: model, Name: name}.String()
 	}

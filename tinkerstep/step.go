@@ -48,6 +48,10 @@ func (st Stats) Metrics() map[string]float64 {
 		"icepop_masked_tokens": float64(st.IcePop), "kpop_masked_tokens": float64(st.KPop)}
 }
 
+// pipelineDepth is how many minibatches Train queues ahead of the one
+// whose results it reads.
+const pipelineDepth = 2
+
 // ErrNothingToTrain is a batch with no token of loss mask 1.
 var ErrNothingToTrain = errors.New("no token has loss_mask 1")
 
@@ -60,16 +64,18 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 		return st, err
 	}
 	parts := trainer.SplitGroups(samples, cfg.Trainer.MiniBatches)
-	var flat []trainer.Sample // the samples in part order
-	for _, p := range parts {
-		flat = append(flat, p...)
-	}
-	var prox [][]float64
+	var prox []tinker.Pending[tinker.ForwardBackwardOutput]
 	if !cfg.SFT && (cfg.Trainer.Loss == deployment.LossPPO || loss.IcePop || loss.KPop) {
 		// Every part's ratio is taken against the weights the step
-		// starts from: one forward pass before any update.
-		if prox, err = proximal(ctx, c, model, flat, seq()); err != nil {
-			return st, err
+		// starts from: one forward pass, a request per part, all queued
+		// before any update. While the service computes the later parts'
+		// the first part's result comes back and its update is built.
+		for _, part := range parts {
+			p, err := c.ForwardAsync(ctx, model, proximalInput(part), seq())
+			if err != nil {
+				return st, err
+			}
+			prox = append(prox, p)
 		}
 		st.ForwardPasses++
 	}
@@ -81,32 +87,71 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 	if n := cfg.Trainer.NominalBatch; n > 0 && len(samples) < n {
 		lr *= float64(len(samples)) / float64(n)
 	}
-	offset := 0
-	for _, part := range parts {
+	adam := tinker.AdamParams{LearningRate: lr, Beta1: a.Beta1, Beta2: a.Beta2, Eps: a.Eps, WeightDecay: a.WeightDecay, GradClipNorm: a.GradClipNorm}
+	// A minibatch's forward_backward and optim_step are queued before the
+	// results of the ones ahead of it are read (at most pipelineDepth
+	// minibatches in flight): the service runs a model's requests in order,
+	// so while it computes one minibatch the next is built, encoded and
+	// uploaded, and an earlier one's result comes back.
+	type inflight struct {
+		fb  tinker.Pending[tinker.ForwardBackwardOutput]
+		opt tinker.Pending[tinker.OptimStepResponse]
+		partStats
+	}
+	var queue []inflight
+	collect := func() error {
+		f := queue[0]
+		queue = queue[1:]
+		out, err := f.fb.Await(ctx)
+		if err != nil {
+			return err
+		}
+		res, err := f.opt.Await(ctx)
+		if err != nil {
+			return err
+		}
+		st.Loss += out.LossSum()
+		st.Tokens += f.tokens
+		st.IcePop += f.icePop
+		st.KPop += f.kPop
+		st.Updates++
+		st.GradNorm += res.Metrics["grad_norm"]
+		return nil
+	}
+	for i, part := range parts {
 		var partProx [][]float64
 		if prox != nil {
-			partProx = prox[offset : offset+len(part)]
+			out, err := prox[i].Await(ctx)
+			if err != nil {
+				return st, err
+			}
+			if partProx, err = proximal(part, out); err != nil {
+				return st, err
+			}
 		}
 		in, pst := partInput(cfg, loss, part, partProx)
-		offset += len(part)
 		if pst.tokens == 0 {
 			continue // nothing to learn in prompt-only samples
 		}
-		out, err := c.ForwardBackward(ctx, model, in, seq())
+		fb, err := c.ForwardBackwardAsync(ctx, model, in, seq())
 		if err != nil {
 			return st, err
 		}
-		res, err := c.OptimStep(ctx, model, tinker.AdamParams{LearningRate: lr, Beta1: a.Beta1, Beta2: a.Beta2, Eps: a.Eps,
-			WeightDecay: a.WeightDecay, GradClipNorm: a.GradClipNorm}, seq())
+		opt, err := c.OptimStepAsync(ctx, model, adam, seq())
 		if err != nil {
 			return st, err
 		}
-		st.Loss += out.LossSum()
-		st.Tokens += pst.tokens
-		st.IcePop += pst.icePop
-		st.KPop += pst.kPop
-		st.Updates++
-		st.GradNorm += res.Metrics["grad_norm"]
+		queue = append(queue, inflight{fb, opt, pst})
+		if len(queue) > pipelineDepth {
+			if err := collect(); err != nil {
+				return st, err
+			}
+		}
+	}
+	for len(queue) > 0 {
+		if err := collect(); err != nil {
+			return st, err
+		}
 	}
 	if st.Updates == 0 {
 		return st, ErrNothingToTrain
@@ -128,9 +173,9 @@ func lossConfig(cfg Config) (trainer.LossConfig, error) {
 	return loss, nil
 }
 
-// proximal is the model's log-prob of every sequence's tokens, by one
-// forward pass; prox[i][t] is samples[i]'s position t (0 where t = 0).
-func proximal(ctx context.Context, c *tinker.Client, model string, samples []trainer.Sample, seq int64) ([][]float64, error) {
+// proximalInput is the forward pass that gives the model's log-prob of
+// every sequence's tokens.
+func proximalInput(samples []trainer.Sample) tinker.ForwardBackwardInput {
 	data := make([]tinker.Datum, len(samples))
 	for i, smp := range samples {
 		w := make([]float64, len(smp.TokenIDs)-1)
@@ -139,10 +184,12 @@ func proximal(ctx context.Context, c *tinker.Client, model string, samples []tra
 		}
 		data[i] = SequenceDatum(smp.TokenIDs, w, nil, nil)
 	}
-	out, err := c.Forward(ctx, model, tinker.ForwardBackwardInput{Data: data, LossFn: tinker.LossCrossEntropy}, seq)
-	if err != nil {
-		return nil, err
-	}
+	return tinker.ForwardBackwardInput{Data: data, LossFn: tinker.LossCrossEntropy}
+}
+
+// proximal reads proximalInput's result: prox[i][t] is samples[i]'s
+// position t (0 where t = 0).
+func proximal(samples []trainer.Sample, out tinker.ForwardBackwardOutput) ([][]float64, error) {
 	prox := make([][]float64, len(samples))
 	for i, smp := range samples {
 		lp := out.LossFnOutputs[i][tinker.OutputLogprobs].Data

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
+	"github.com/flywheel-ai/flywheel/tinker"
 	"github.com/flywheel-ai/flywheel/tinkerserver"
 	"github.com/flywheel-ai/flywheel/trainer"
 	"github.com/flywheel-ai/flywheel/trainer/parquetbatch"
@@ -110,7 +112,7 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 	tc.URL = "http://" + ln.Addr().String()
 	tc = tc.WithDefaults(benchTinkerBase)
 
-	wire := &countingTransport{next: http.DefaultTransport, routes: map[string]*routeStat{}}
+	wire := &countingTransport{next: http.DefaultTransport, routes: map[string]*routeStat{}, futures: map[string]string{}}
 	api := &apiRunner{tt: &activities.TinkerTraining{HTTP: &http.Client{Transport: wire}, Logger: slog.New(slog.DiscardHandler)},
 		cfg: tc, batch: batch, dir: filepath.Join(dir, "api")}
 	direct := &directRunner{base: model, cfg: tc, samples: samples, dir: filepath.Join(dir, "direct")}
@@ -405,7 +407,8 @@ type countingTransport struct {
 	next   http.RoundTripper
 	mu     sync.Mutex
 	routes map[string]*routeStat
-	last   string
+	// futures maps a request_id to the route that queued it.
+	futures map[string]string
 }
 
 type routeStat struct {
@@ -420,10 +423,12 @@ func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	case strings.HasPrefix(route, "training_runs/"):
 		route = "archive " + route[strings.LastIndex(route, "/")+1:]
 	case route == "retrieve_future":
-		route = t.lastRoute() + " (await)"
-	default:
+		var f tinker.RetrieveFutureRequest
+		if body, err := req.GetBody(); err == nil {
+			_ = json.NewDecoder(body).Decode(&f)
+		}
 		t.mu.Lock()
-		t.last = route
+		route = t.futures[f.RequestID] + " (await)"
 		t.mu.Unlock()
 	}
 	start := time.Now()
@@ -433,14 +438,23 @@ func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		t.add(route, sent, 0, time.Since(start))
 		return nil, err
 	}
-	resp.Body = &countingBody{ReadCloser: resp.Body, done: func(n int64) { t.add(route, sent, n, time.Since(start)) }}
-	return resp, nil
-}
-
-func (t *countingTransport) lastRoute() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.last
+	done := func(n int64) { t.add(route, sent, n, time.Since(start)) }
+	if strings.HasPrefix(route, "archive") || strings.HasSuffix(route, "(await)") {
+		resp.Body = &countingBody{ReadCloser: resp.Body, done: done}
+		return resp, nil
+	}
+	// A submission's answer names its future.
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	done(int64(len(body)))
+	var f tinker.FutureResponse
+	if json.Unmarshal(body, &f) == nil && f.RequestID != "" {
+		t.mu.Lock()
+		t.futures[f.RequestID] = route
+		t.mu.Unlock()
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, err
 }
 
 func (t *countingTransport) add(route string, sent, recv int64, d time.Duration) {

@@ -1,0 +1,143 @@
+package tinkerstep
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flywheel-ai/flywheel/deployment"
+	"github.com/flywheel-ai/flywheel/internal/fakeskyrl"
+	"github.com/flywheel-ai/flywheel/tinker"
+	"github.com/flywheel-ai/flywheel/trainer"
+)
+
+// recorder notes the route of every request the client sends, and of a
+// retrieve_future the route of the request whose result it reads
+// ("await forward"); a poll repeated while it waits is noted once.
+type recorder struct {
+	mu     sync.Mutex
+	routes []string
+	ids    map[string]string // request_id → route
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	route := strings.TrimPrefix(req.URL.Path, "/api/v1/")
+	if route == "retrieve_future" {
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		var f tinker.RetrieveFutureRequest
+		_ = json.Unmarshal(body, &f)
+		route = "await " + r.ids[f.RequestID]
+	}
+	r.mu.Lock()
+	if n := len(r.routes); n == 0 || r.routes[n-1] != route || !strings.HasPrefix(route, "await") {
+		r.routes = append(r.routes, route)
+	}
+	r.mu.Unlock()
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || strings.HasPrefix(route, "await") {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	var f tinker.FutureResponse
+	if json.Unmarshal(body, &f) == nil && f.RequestID != "" {
+		r.mu.Lock()
+		r.ids[f.RequestID] = route
+		r.mu.Unlock()
+	}
+	return resp, err
+}
+
+// TestTrainQueuesMinibatchesAhead: a step queues the next minibatches'
+// forward_backward and optim_step before it reads the results of the ones
+// ahead (two minibatches ahead at most), against a fake of SkyRL tx, which
+// runs a model's requests in order; and the step trains exactly what one
+// request at a time does: the same losses and the same weights after.
+func TestTrainQueuesMinibatchesAhead(t *testing.T) {
+	ctx := context.Background()
+	f := fakeskyrl.New(fakeskyrl.Config{})
+	srv := httptest.NewServer(f.Handler())
+	t.Cleanup(func() { srv.Close(); f.Close() })
+	rec := &recorder{ids: map[string]string{}}
+	c := tinker.New(srv.URL, "")
+	c.HTTP = &http.Client{Transport: rec}
+	c.Retry = tinker.RetryPolicy{Initial: 5 * time.Millisecond, Max: 40 * time.Millisecond, MaxElapsed: 20 * time.Second}
+	session, err := c.CreateSession(ctx, nil)
+	require.NoError(t, err)
+
+	// Five groups of two, one minibatch each.
+	var samples []trainer.Sample
+	for g := range 5 {
+		for j := range 2 {
+			adv := float64(2*j - 1)
+			tokens := []int{1, 2 + g, 3 + j, 4, 5 + g}
+			samples = append(samples, trainer.Sample{GroupID: fmt.Sprint(g), TokenIDs: tokens, LossMask: []uint8{0, 0, 1, 1, 1},
+				Logprobs: []float32{0, 0, -1.5, -2, -1}, Advantage: &adv})
+		}
+	}
+	cfg := Config{Trainer: deployment.Trainer{Loss: deployment.LossPPO, MiniBatches: 5, ClipLow: 0.2, ClipHigh: 0.2,
+		Adam: deployment.Adam{LR: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}}
+	model, err := c.CreateModel(ctx, session, fakeskyrl.DefaultBaseModel, tinker.LoraConfig{Rank: 2})
+	require.NoError(t, err)
+	var seq int64
+	next := func() int64 { seq++; return seq }
+	rec.routes = nil
+	st, err := Train(ctx, c, model, samples, cfg, next)
+	require.NoError(t, err)
+	require.Equal(t, 5, st.Updates)
+	require.Equal(t, 1, st.ForwardPasses)
+
+	// Every part's forward is queued first; then each part's update is
+	// queued once its forward's result is back, and a minibatch's results
+	// are read when two more are queued behind it.
+	update := []string{"await forward", "forward_backward", "optim_step"}
+	done := []string{"await forward_backward", "await optim_step"}
+	want := slices.Repeat([]string{"forward"}, 5)
+	want = append(want, slices.Concat(update, update, update, done, update, done, update, done, done, done)...)
+	require.Equal(t, want, rec.routes)
+
+	// The same step one request at a time, each awaited before the next
+	// is sent, on a second model: the same losses, the same weights.
+	other, err := c.CreateModel(ctx, session, fakeskyrl.DefaultBaseModel, tinker.LoraConfig{Rank: 2})
+	require.NoError(t, err)
+	loss, err := lossConfig(cfg)
+	require.NoError(t, err)
+	parts := trainer.SplitGroups(samples, 5)
+	var flat []trainer.Sample
+	for _, p := range parts {
+		flat = append(flat, p...)
+	}
+	fwd, err := c.Forward(ctx, other, proximalInput(flat), 1)
+	require.NoError(t, err)
+	prox, err := proximal(flat, fwd)
+	require.NoError(t, err)
+	var one float64
+	for i, part := range parts {
+		in, _ := partInput(cfg, loss, part, prox[2*i:2*i+2])
+		out, err := c.ForwardBackward(ctx, other, in, int64(2*i+2))
+		require.NoError(t, err)
+		_, err = c.OptimStep(ctx, other, tinker.AdamParams{LearningRate: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}, int64(2*i+3))
+		require.NoError(t, err)
+		one += out.LossSum()
+	}
+	require.Equal(t, one, st.Loss)
+	after, err := c.Forward(ctx, model, proximalInput(flat), seq+1)
+	require.NoError(t, err)
+	afterOne, err := c.Forward(ctx, other, proximalInput(flat), 12)
+	require.NoError(t, err)
+	require.Equal(t, afterOne.LossFnOutputs, after.LossFnOutputs)
+	require.NotEqual(t, fwd.LossFnOutputs, after.LossFnOutputs, "the step changed the weights")
+}
