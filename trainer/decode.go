@@ -74,7 +74,7 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 	inv := make([]float32, B)
 	qkv := make([]float32, B*3*D)
 	att := make([]float32, B*D)
-	u := make([]float32, B*F)
+	u, tg := make([]float32, B*F), make([]float32, B*F)
 	for l := 0; l < c.Layers; l++ {
 		lw := w.layers[l]
 		rmsNorm(h, inv, x, lw.ln1, B, D)
@@ -88,9 +88,7 @@ func (m *Model) decodeStep(w modelW, caches []*kvCache, toks []int, logits []flo
 		psgemm(false, false, B, D, D, 1, att, D, lw.wo, D, 1, x, D)
 		rmsNorm(h, inv, x, lw.ln2, B, D)
 		psgemm(false, false, B, F, D, 1, h, D, lw.w1, F, 0, u, F)
-		for i, v := range u {
-			u[i] = gelu(v, geluT(v))
-		}
+		geluForward(u, tg, u)
 		psgemm(false, false, B, D, F, 1, u, F, lw.w2, D, 1, x, D)
 	}
 	rmsNorm(h, inv, x, w.lnF, B, D)

@@ -82,12 +82,8 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		rmsNorm(lc.h2, lc.inv2, lc.x2, lw.ln2, N, D)
 		lc.u, lc.g, lc.tg = make([]float32, N*F), make([]float32, N*F), make([]float32, N*F)
 		psgemm(false, false, N, F, D, 1, lc.h2, D, lw.w1, F, 0, lc.u, F)
-		parallelFor(N, float64(F)*30, func(lo, hi int) {
-			for i := lo * F; i < hi*F; i++ {
-				v := lc.u[i]
-				t := geluT(v)
-				lc.tg[i], lc.g[i] = t, gelu(v, t)
-			}
+		parallelFor(N, float64(F)*8, func(lo, hi int) {
+			geluForward(lc.u[lo*F:hi*F], lc.tg[lo*F:hi*F], lc.g[lo*F:hi*F])
 		})
 		x = make([]float32, N*D)
 		copy(x, lc.x2)
