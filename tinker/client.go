@@ -314,9 +314,6 @@ type Pending[T any] struct {
 	check  func(T) error // nil: none
 }
 
-// RequestID is the future's id on the service.
-func (p Pending[T]) RequestID() string { return p.id }
-
 // Await long-polls the result (see Client.Await) and checks it.
 func (p Pending[T]) Await(ctx context.Context) (T, error) {
 	var out T
