@@ -73,7 +73,7 @@ func (e *Evolution) proposeHarness(ctx context.Context, in flow.ProposeArtefactI
 		v := variant{version: weights, artefacts: set}
 		c := &harnessCandidate{text: h, scores: make([]float64, len(prompts)), answers: make([]string, len(prompts))}
 		for _, i := range only {
-			resp, err := judge.answer(ctx, in.Deployment, v, msgs[i], tools[i], prompts[i].MaxTokens)
+			resp, err := judge.answer(ctx, in.Deployment, v, msgs[i], tools[i], prompts[i].MaxTokens, prompts[i].Temperature)
 			switch {
 			case err == nil:
 				c.answers[i] = answerText(resp.Message)

@@ -208,14 +208,19 @@ func (r *Release) variants(ctx context.Context, in flow.GateInput) (cand, base v
 		variant{version: weights, artefacts: set, suffix: suffix, key: weights + suffix}, nil
 }
 
+// greedy is the temperature the replay and shadow gates answer recorded
+// requests at: the argmax, a fact about the version.
+const greedy = 0.0
+
 // answer lets v answer msgs, under every tenant's part of its artefacts:
 // suite prompts are no tenant's, and a candidate playbook or tool schema
 // is judged on all it could put in front of any tenant.
 // limit is the request's own max_tokens (0: none): the smaller of it and
-// the gate's bound applies.
-func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs []inference.Message, tools []inference.Tool, limit int) (*inference.Response, error) {
+// the gate's bound applies. temperature 0 (greedy) answers the argmax; any
+// other samples with the gates' fixed seed.
+func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs []inference.Message, tools []inference.Tool, limit int, temperature float64) (*inference.Response, error) {
 	msgs, tools = v.artefacts.Apply(artefact.AllTenants, msgs, tools)
-	zero, seed := 0.0, int64(1)
+	seed := int64(1)
 	maxTokens := r.MaxTokens
 	if maxTokens <= 0 {
 		maxTokens = 128
@@ -226,7 +231,7 @@ func (r *Release) answer(ctx context.Context, deployment string, v variant, msgs
 	heartbeat(ctx)
 	return r.Backend.Complete(ctx, &inference.Request{
 		Model: deployment, Version: v.version, Messages: msgs, Tools: tools,
-		MaxTokens: maxTokens, Temperature: &zero, Seed: &seed,
+		MaxTokens: maxTokens, Temperature: &temperature, Seed: &seed,
 	})
 }
 
@@ -324,7 +329,7 @@ func (r *Release) shadow(ctx context.Context, in flow.GateInput) (flow.GateResul
 			baseErr++
 		}
 		start := time.Now()
-		resp, err := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens)
+		resp, err := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens, greedy)
 		latency += time.Since(start)
 		if err != nil && !rejected(err) {
 			return flow.GateResult{}, fmt.Errorf("shadow on candidate %s: %w", in.Candidate, err)
@@ -367,11 +372,11 @@ func (r *Release) replay(ctx context.Context, in flow.GateInput) (flow.GateResul
 		if rerr != nil || perr != nil || p.Reward == nil {
 			continue
 		}
-		ca, cerr := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens)
+		ca, cerr := r.answer(ctx, in.Deployment, cand, req.Messages, req.Tools, req.MaxTokens, greedy)
 		if cerr != nil && !rejected(cerr) {
 			return flow.GateResult{}, fmt.Errorf("replay on candidate %s: %w", in.Candidate, cerr)
 		}
-		ba, berr := r.answer(ctx, in.Deployment, base, req.Messages, req.Tools, req.MaxTokens)
+		ba, berr := r.answer(ctx, in.Deployment, base, req.Messages, req.Tools, req.MaxTokens, greedy)
 		if berr != nil && !rejected(berr) {
 			return flow.GateResult{}, fmt.Errorf("replay on baseline %s: %w", in.Baseline, berr)
 		}

@@ -16,10 +16,13 @@ import (
 	"github.com/flywheel-ai/flywheel/store"
 )
 
-// Suites are answered greedily, so a version's result on a prompt is a
-// fact about that version: each subject (a version under a set of
-// artefacts) answers each prompt once, and every later comparison reads
-// the stored result. The release gates and the watchdog share this code.
+// Suites are answered greedily, or at a prompt's temperature with a fixed
+// seed, so a version's result on a prompt is a fact about that version
+// (and two versions sampling a prompt draw the same random numbers, which
+// keeps their paired comparison tight): each subject (a version under a
+// set of artefacts) answers each prompt once, and every later comparison
+// reads the stored result. The release gates and the watchdog share this
+// code.
 
 // suiteSet is one suite of a deployment, ready to answer.
 type suiteSet struct {
@@ -126,7 +129,7 @@ func (r *Release) measure(ctx context.Context, deployment string, v variant, s *
 		}
 		g.Go(func() error {
 			var answer inference.Message
-			resp, err := r.answer(gctx, deployment, v, s.msgs[i], s.tools[i], p.MaxTokens)
+			resp, err := r.answer(gctx, deployment, v, s.msgs[i], s.tools[i], p.MaxTokens, p.Temperature)
 			switch {
 			case err == nil:
 				answer = resp.Message

@@ -99,3 +99,30 @@ func TestSuitePassesJudgeToolCallOnCallsAndTextOnContent(t *testing.T) {
 	require.False(t, passes(store.MatchContains, "get_weather", call), "the text rules read the content, not the calls")
 	require.True(t, passes(store.MatchContains, "lyon", inference.Message{Content: "Lyon"}))
 }
+
+// TestSuitePromptIsAskedAtItsTemperature: a prompt registered with a
+// temperature is sampled at it with the gates' fixed seed; one without is
+// greedy.
+func TestSuitePromptIsAskedAtItsTemperature(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	prompts, err := store.SuitePrompts(store.SuiteRegression, []store.SuiteItem{
+		{Prompt: "sampled", Expect: "x", Temperature: 0.8}, {Prompt: "greedy", Expect: "x"}})
+	require.NoError(t, err)
+	_, err = store.SetEvalSuite(ctx, db, "dep", store.SuiteRegression, prompts)
+	require.NoError(t, err)
+	b := &toolBackend{}
+	r := &Release{DB: db, Backend: b, SuiteConcurrency: 1}
+	s, err := r.loadSuite(ctx, "dep", store.SuiteRegression)
+	require.NoError(t, err)
+	_, err = r.measure(ctx, "dep", variant{version: "dep@v1", key: "dep@v1"}, s, true)
+	require.NoError(t, err)
+	require.Len(t, b.seen, 2)
+	for i, want := range []float64{0.8, 0} {
+		req := b.seen[i]
+		require.NotNil(t, req.Temperature)
+		require.Equal(t, want, *req.Temperature, req.Messages[0].Content)
+		require.NotNil(t, req.Seed, "sampled or not, the gates' seed is fixed")
+		require.Equal(t, int64(1), *req.Seed)
+	}
+}

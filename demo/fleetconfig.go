@@ -11,6 +11,10 @@ import (
 	"github.com/flywheel-ai/flywheel/demo/demotask"
 )
 
+// DefaultTemperature is what the agents sample at: the policy must
+// explore. The tools deployment's regression suite asks at it too.
+const DefaultTemperature = 1.0
+
 // FleetConfig configures the demo agents. Each agent is an ordinary OpenAI
 // SDK client; only the base URL and the API key point it at Flywheel.
 type FleetConfig struct {
@@ -50,7 +54,7 @@ type FleetConfig struct {
 	DelayedFraction float64
 	// MaxFeedbackDelay bounds the random delay of late feedback. Default 2s.
 	MaxFeedbackDelay time.Duration
-	// Temperature the agents ask for. Default 1: the policy must explore.
+	// Temperature the agents ask for. Default DefaultTemperature.
 	Temperature float64
 	// Reward scores an answer to p, the reward the agents send. Default:
 	// demotask.Verify(p.Want, answer). Misevolution tests give a fleet a wrong one
@@ -117,7 +121,7 @@ func (c FleetConfig) withDefaults() FleetConfig {
 		c.MaxFeedbackDelay = 2 * time.Second
 	}
 	if c.Temperature == 0 {
-		c.Temperature = 1
+		c.Temperature = DefaultTemperature
 	}
 	if c.Window == 0 {
 		c.Window = 200

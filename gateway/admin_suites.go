@@ -93,6 +93,8 @@ type suitePromptView struct {
 	Expect    any             `json:"expect"` // text, or the tool_call object
 	Match     string          `json:"match"`
 	MaxTokens int             `json:"max_tokens,omitempty"`
+	// Temperature is what the prompt is sampled at (absent: greedy).
+	Temperature float64 `json:"temperature,omitempty"`
 }
 
 // adminGetSuite lists a suite's prompts (the deployment's and the shared).
@@ -109,7 +111,7 @@ func (s *Server) adminGetSuite(c *gin.Context) {
 	}
 	out := make([]suitePromptView, len(rows))
 	for i, p := range rows {
-		out[i] = suitePromptView{ID: p.ID, Shared: p.Deployment == "", Messages: p.Messages, Tools: p.Tools, Expect: p.ExpectValue(), Match: p.Rule(suite), MaxTokens: p.MaxTokens}
+		out[i] = suitePromptView{ID: p.ID, Shared: p.Deployment == "", Messages: p.Messages, Tools: p.Tools, Expect: p.ExpectValue(), Match: p.Rule(suite), MaxTokens: p.MaxTokens, Temperature: p.Temperature}
 	}
 	c.JSON(http.StatusOK, gin.H{"deployment": dep, "suite": suite, "prompts": out})
 }

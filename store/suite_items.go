@@ -26,6 +26,8 @@ type SuiteItem struct {
 	Expect    string `json:"expect"`
 	Match     string `json:"match,omitempty"`
 	MaxTokens int    `json:"max_tokens,omitempty"`
+	// Temperature answers the prompt sampled, as agents ask (0: greedy).
+	Temperature float64 `json:"temperature,omitempty"`
 }
 
 // UnmarshalJSON reads an item strictly (an unknown field is an error, so
@@ -102,8 +104,9 @@ func (e ToolCallExpect) Matches(calls []inference.ToolCall) bool {
 
 // Limits on a registered suite.
 const (
-	MaxSuitePrompts   = 10_000
-	maxSuiteMaxTokens = 4096
+	MaxSuitePrompts     = 10_000
+	maxSuiteMaxTokens   = 4096
+	maxSuiteTemperature = 2
 )
 
 // SuitePrompts validates items for suite and turns them into prompts; the
@@ -139,7 +142,7 @@ func SuitePrompts(suite string, items []SuiteItem) ([]EvalPrompt, error) {
 		if t := bytes.TrimSpace(it.Tools); len(t) > 0 && string(t) != "null" {
 			tools = t
 		}
-		p := EvalPrompt{Messages: msgs, Tools: tools, Expect: it.Expect, Match: it.Match, MaxTokens: it.MaxTokens}
+		p := EvalPrompt{Messages: msgs, Tools: tools, Expect: it.Expect, Match: it.Match, MaxTokens: it.MaxTokens, Temperature: it.Temperature}
 		_, offered, err := p.Conversation()
 		if err != nil {
 			bad("%v", err)
@@ -175,6 +178,9 @@ func SuitePrompts(suite string, items []SuiteItem) ([]EvalPrompt, error) {
 		}
 		if p.MaxTokens < 0 || p.MaxTokens > maxSuiteMaxTokens {
 			bad("max_tokens %d: want 0..%d", p.MaxTokens, maxSuiteMaxTokens)
+		}
+		if !(p.Temperature >= 0 && p.Temperature <= maxSuiteTemperature) {
+			bad("temperature %v: want 0..%d (0: greedy)", p.Temperature, maxSuiteTemperature)
 		}
 		out = append(out, p)
 	}

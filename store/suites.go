@@ -75,6 +75,9 @@ type EvalPrompt struct {
 	Match string
 	// MaxTokens bounds the answer (0: the gate's default).
 	MaxTokens int
+	// Temperature is the sampling temperature the prompt is answered at
+	// (0: greedy), with the gates' fixed seed.
+	Temperature float64
 }
 
 // ExpectValue is expect as a suite file writes it: the text, or for match
@@ -114,11 +117,11 @@ func (p EvalPrompt) Rule(suite string) string {
 	return MatchContains
 }
 
-const evalPromptCols = `id, deployment, messages, tools, expect, match, max_tokens`
+const evalPromptCols = `id, deployment, messages, tools, expect, match, max_tokens, temperature`
 
 func scanEvalPrompt(r pgx.CollectableRow) (EvalPrompt, error) {
 	var p EvalPrompt
-	err := r.Scan(&p.ID, &p.Deployment, &p.Messages, &p.Tools, &p.Expect, &p.Match, &p.MaxTokens)
+	err := r.Scan(&p.ID, &p.Deployment, &p.Messages, &p.Tools, &p.Expect, &p.Match, &p.MaxTokens, &p.Temperature)
 	return p, err
 }
 
@@ -145,8 +148,8 @@ func ReplaceEvalSuite(ctx context.Context, db Beginner, deployment, suite string
 		}
 		b := &pgx.Batch{}
 		for _, p := range prompts {
-			b.Queue(`INSERT INTO eval_prompts (deployment, suite, messages, tools, expect, match, max_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-				deployment, suite, p.Messages, nullJSON(p.Tools), p.Expect, p.Match, p.MaxTokens)
+			b.Queue(`INSERT INTO eval_prompts (deployment, suite, messages, tools, expect, match, max_tokens, temperature) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+				deployment, suite, p.Messages, nullJSON(p.Tools), p.Expect, p.Match, p.MaxTokens, p.Temperature)
 		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("replace %s suite of %s: %w", suite, deployment, err)
@@ -178,7 +181,7 @@ func sameEvalSuite(ctx context.Context, db DBTX, deployment, suite string, promp
 	}
 	for i, p := range prompts {
 		h := have[i]
-		if h.Expect != p.Expect || h.Match != p.Match || h.MaxTokens != p.MaxTokens || !jsonEqual(h.Messages, p.Messages) ||
+		if h.Expect != p.Expect || h.Match != p.Match || h.MaxTokens != p.MaxTokens || h.Temperature != p.Temperature || !jsonEqual(h.Messages, p.Messages) ||
 			(len(h.Tools) > 0 || len(p.Tools) > 0) && !jsonEqual(h.Tools, p.Tools) {
 			return false, nil
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/flywheel-ai/flywheel/demo"
 	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/store"
@@ -50,7 +51,11 @@ func letterSuite(ps []demotask.Prompt, match string) []store.EvalPrompt {
 // requests must call the right tool with the request's item (what RL
 // learns), toolAnswerSteps conversations that end on that call's result
 // must answer with it (what the warm-up taught), and the safety prompts
-// must be refused with the tools on offer. Fewer than the letters' 800:
+// must be refused with the tools on offer. The regression prompts are
+// sampled at the agents' temperature (seeded, as every gate samples): a
+// version whose greedy call is right while its sampled calls misspell a
+// name or the arguments serves the agents broken sessions, and the
+// greedy suite passed such versions. Fewer than the letters' 800:
 // a call is about 45 tokens to generate, not 5, and with 400 and 100 the
 // regression gate took 20 s of a 35 s release, so samples trained about
 // six versions behind the one they trained.
@@ -69,13 +74,14 @@ func toolSuites(heldOut, safety []demotask.Prompt) (reg, safe []store.EvalPrompt
 		if i < toolCallSteps {
 			want, _ := json.Marshal(map[string]any{"name": p.Tool, "arguments": json.RawMessage(args)})
 			reg = append(reg, store.EvalPrompt{Messages: oaMessages(oaUser(p.Text)), Tools: tools, Expect: string(want),
-				Match: store.MatchToolCall, MaxTokens: demotask.ToolTurnTokens})
+				Match: store.MatchToolCall, MaxTokens: demotask.ToolTurnTokens, Temperature: demo.DefaultTemperature})
 			continue
 		}
 		call := map[string]any{"id": "call_0", "type": "function", "function": map[string]string{"name": p.Tool, "arguments": args}}
 		msgs := oaMessages(oaUser(p.Text), map[string]any{"role": "assistant", "content": "", "tool_calls": []any{call}},
 			map[string]any{"role": "tool", "tool_call_id": "call_0", "content": demotask.RunTool(p, p.Tool, args)})
-		reg = append(reg, store.EvalPrompt{Messages: msgs, Tools: tools, Expect: p.Want, Match: store.MatchExact, MaxTokens: demotask.ToolTurnTokens})
+		reg = append(reg, store.EvalPrompt{Messages: msgs, Tools: tools, Expect: p.Want, Match: store.MatchExact, MaxTokens: demotask.ToolTurnTokens,
+			Temperature: demo.DefaultTemperature})
 	}
 	for _, p := range safety {
 		safe = append(safe, store.EvalPrompt{Messages: oaMessages(oaUser(p.Text)), Tools: tools, Expect: p.Want,

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/demo"
 	"github.com/flywheel-ai/flywheel/demo/demotask"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/inference"
@@ -15,7 +16,8 @@ import (
 // TestToolSuitesAskWhatTheAgentsAsk: the tools deployment's suites pass
 // the validation a user's suite passes, expect the held-out request's own
 // tool and item, and render, as the gates send them, exactly the tokens
-// the agents' sessions condition on at each step.
+// the agents' sessions condition on at each step, sampled as the agents
+// sample (the refusals stay greedy).
 func TestToolSuitesAskWhatTheAgentsAsk(t *testing.T) {
 	heldOut, err := demotask.GateHeldOut(demotask.ToolsTask)
 	require.NoError(t, err)
@@ -25,13 +27,17 @@ func TestToolSuitesAskWhatTheAgentsAsk(t *testing.T) {
 	for name, prompts := range map[string][]store.EvalPrompt{flow.GateRegression: reg, flow.GateSafety: safety} {
 		items := make([]store.SuiteItem, len(prompts))
 		for i, p := range prompts {
-			items[i] = store.SuiteItem{Messages: p.Messages, Tools: p.Tools, Expect: p.Expect, Match: p.Match, MaxTokens: p.MaxTokens}
+			items[i] = store.SuiteItem{Messages: p.Messages, Tools: p.Tools, Expect: p.Expect, Match: p.Match, MaxTokens: p.MaxTokens,
+				Temperature: p.Temperature}
 		}
 		_, err := store.SuitePrompts(name, items)
 		require.NoError(t, err, name)
 	}
 
 	call, answer := reg[0], reg[toolCallSteps]
+	require.Equal(t, demo.DefaultTemperature, call.Temperature)
+	require.Equal(t, demo.DefaultTemperature, answer.Temperature)
+	require.Zero(t, safety[0].Temperature)
 	p := heldOut[0]
 	want, err := store.ParseToolCallExpect(call.Expect)
 	require.NoError(t, err)

@@ -73,7 +73,7 @@ func runSuite(ctx context.Context, args []string) error {
 		out := make([]map[string]any, len(rows))
 		for i, p := range rows {
 			out[i] = map[string]any{"id": p.ID, "shared": p.Deployment == "", "messages": json.RawMessage(p.Messages),
-				"expect": p.ExpectValue(), "match": p.Rule(suite), "max_tokens": p.MaxTokens}
+				"expect": p.ExpectValue(), "match": p.Rule(suite), "max_tokens": p.MaxTokens, "temperature": p.Temperature}
 			if len(p.Tools) > 0 {
 				out[i]["tools"] = json.RawMessage(p.Tools)
 			}
