@@ -340,12 +340,19 @@ func enqueue[T any](ctx context.Context, c *Client, path string, in any, check f
 
 // submit posts an asynchronous request and awaits its result.
 func submit[T any](ctx context.Context, c *Client, path string, in any, check func(T) error) (T, error) {
-	p, err := enqueue(ctx, c, path, in, check)
-	if err != nil {
-		var zero T
-		return zero, err
+	return await[T](ctx)(enqueue(ctx, c, path, in, check))
+}
+
+// await reads a queued request's result, or returns the error of queueing
+// it: await(ctx)(c.XAsync(…)) is the blocking call.
+func await[T any](ctx context.Context) func(Pending[T], error) (T, error) {
+	return func(p Pending[T], err error) (T, error) {
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		return p.Await(ctx)
 	}
-	return p.Await(ctx)
 }
 
 // Healthz reports whether the service answers.
@@ -397,7 +404,7 @@ func (c *Client) UnloadModel(ctx context.Context, model string) error {
 
 // Forward computes per-token log-probs and losses without a gradient.
 func (c *Client) Forward(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (ForwardBackwardOutput, error) {
-	return submit(ctx, c, PathForward, ForwardRequest{ModelID: model, ForwardInput: in, SeqID: &seq}, checkOutputs(PathForward, in))
+	return await[ForwardBackwardOutput](ctx)(c.ForwardAsync(ctx, model, in, seq))
 }
 
 // ForwardAsync queues a forward and returns its future.
@@ -407,8 +414,7 @@ func (c *Client) ForwardAsync(ctx context.Context, model string, in ForwardBackw
 
 // ForwardBackward accumulates the loss's gradient on model.
 func (c *Client) ForwardBackward(ctx context.Context, model string, in ForwardBackwardInput, seq int64) (ForwardBackwardOutput, error) {
-	return submit(ctx, c, PathForwardBackward, ForwardBackwardRequest{ModelID: model, ForwardBackwardInput: in, SeqID: &seq},
-		checkOutputs(PathForwardBackward, in))
+	return await[ForwardBackwardOutput](ctx)(c.ForwardBackwardAsync(ctx, model, in, seq))
 }
 
 // ForwardBackwardAsync queues a forward_backward and returns its future.
@@ -444,7 +450,7 @@ func (o ForwardBackwardOutput) LossSum() float64 {
 
 // OptimStep applies the accumulated gradient.
 func (c *Client) OptimStep(ctx context.Context, model string, adam AdamParams, seq int64) (OptimStepResponse, error) {
-	return submit[OptimStepResponse](ctx, c, PathOptimStep, OptimStepRequest{ModelID: model, AdamParams: adam, SeqID: &seq}, nil)
+	return await[OptimStepResponse](ctx)(c.OptimStepAsync(ctx, model, adam, seq))
 }
 
 // OptimStepAsync queues an optim_step and returns its future.
