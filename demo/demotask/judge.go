@@ -9,16 +9,24 @@ import (
 // PromptSet is a fixed set of prompts rendered once, so a policy can be
 // judged on it again and again (every gate of the rehearsal) without
 // rendering the prompts each time. A policy answers greedily, in process,
-// in one batch.
+// in one batch; a tools task's prompts open a whole session each.
 type PromptSet struct {
 	prompts []Prompt
 	ids     [][]int
 	maxTok  int
+	tools   bool
 }
 
-// NewPromptSet renders ps.
-func NewPromptSet(ps []Prompt) (*PromptSet, error) {
-	s := &PromptSet{prompts: ps, maxTok: 2}
+// NewPromptSet renders ps, each asked in one call.
+func NewPromptSet(ps []Prompt) (*PromptSet, error) { return NewTaskPromptSet(DefaultTask, ps) }
+
+// NewTaskPromptSet renders ps as task's agents ask them: a tools session
+// with the tools on offer, or one call.
+func NewTaskPromptSet(task Task, ps []Prompt) (*PromptSet, error) {
+	s := &PromptSet{prompts: ps, maxTok: 2, tools: task.Kind == KindTools}
+	if s.tools {
+		return s, nil // a session renders its calls as it goes
+	}
 	for _, p := range ps {
 		ids, err := PromptIDs(p.Text)
 		if err != nil {
@@ -60,6 +68,9 @@ func (s *PromptSet) Each(ctx context.Context, m *trainer.Model) ([]bool, error) 
 
 // Answers is m's greedy answer to every prompt of the set.
 func (s *PromptSet) Answers(ctx context.Context, m *trainer.Model) ([]string, error) {
+	if s.tools {
+		return ToolsSessions(ctx, m, s.prompts, 0, nil)
+	}
 	zero := 0.0
 	gens, err := m.Generate(ctx, s.ids, trainer.SampleOptions{Temperature: &zero, MaxTokens: s.maxTok}, nil, nil)
 	if err != nil {
@@ -106,16 +117,9 @@ func AnswerText(ids []int) string {
 // the task's agents ask them (a tools session with the tools on offer,
 // or one call), in process.
 func Judge(ctx context.Context, m *trainer.Model, task Task, prompts []Prompt) ([]bool, error) {
-	if task.Kind != KindTools {
-		return GreedySuccess(ctx, m, prompts)
-	}
-	answers, err := ToolsSessions(ctx, m, prompts, 0, nil)
+	s, err := NewTaskPromptSet(task, prompts)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]bool, len(answers))
-	for i, a := range answers {
-		out[i] = Verify(prompts[i].Want, a).Success
-	}
-	return out, nil
+	return s.Each(ctx, m)
 }

@@ -192,13 +192,34 @@ func sftStep(msgs []inference.Message, tools []inference.Tool, completion []int)
 	return trainer.Sample{TokenIDs: ids, LossMask: mask}, nil
 }
 
-// ToolsSessions runs a tools session of every prompt in process, the
-// calls of all sessions batched turn by turn (greedy at temperature 0),
-// executing each tool call as the agents do, and returns each session's
-// final answer ("" when it never answered).
+// Session is one session run in process: the generation of each of its
+// model calls, in order (one for a single-call task), and its final
+// answer ("" when it never answered).
+type Session struct {
+	Calls  []trainer.Generation
+	Answer string
+}
+
+// ToolsSessions runs a tools session of every prompt in process and
+// returns each session's final answer: RunToolsSessions' answers.
 func ToolsSessions(ctx context.Context, m *trainer.Model, prompts []Prompt, temperature float64, rng *rand.Rand) ([]string, error) {
+	sessions, err := RunToolsSessions(ctx, m, prompts, temperature, rng)
+	if err != nil {
+		return nil, err
+	}
+	answers := make([]string, len(sessions))
+	for i, s := range sessions {
+		answers[i] = s.Answer
+	}
+	return answers, nil
+}
+
+// RunToolsSessions runs a tools session of every prompt in process, the
+// calls of all sessions batched turn by turn (greedy at temperature 0),
+// executing each tool call as the agents do.
+func RunToolsSessions(ctx context.Context, m *trainer.Model, prompts []Prompt, temperature float64, rng *rand.Rand) ([]Session, error) {
 	tools := Tools()
-	answers := make([]string, len(prompts))
+	sessions := make([]Session, len(prompts))
 	live := make([]int, len(prompts))
 	msgs := make([][]inference.Message, len(prompts))
 	for i, p := range prompts {
@@ -219,9 +240,10 @@ func ToolsSessions(ctx context.Context, m *trainer.Model, prompts []Prompt, temp
 		}
 		var next []int
 		for j, i := range live {
+			sessions[i].Calls = append(sessions[i].Calls, gens[j])
 			content, calls := trainer.ParseAssistant(AnswerText(gens[j].IDs), fmt.Sprintf("call_%d", turn))
 			if len(calls) == 0 {
-				answers[i] = content
+				sessions[i].Answer = content
 				continue
 			}
 			msgs[i] = append(msgs[i], inference.Message{Role: inference.RoleAssistant, Content: content, ToolCalls: calls})
@@ -232,7 +254,7 @@ func ToolsSessions(ctx context.Context, m *trainer.Model, prompts []Prompt, temp
 		}
 		live = next
 	}
-	return answers, nil
+	return sessions, nil
 }
 
 // The demo's tasks by the name `flywheel demo --task` takes.

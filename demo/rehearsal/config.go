@@ -99,6 +99,9 @@ type Config struct {
 // WithDefaults fills in the fields left zero.
 func (c Config) WithDefaults() Config {
 	c.Task = c.Task.WithDefaults()
+	if c.Base == (demotask.BaseConfig{}) {
+		c.Base = demotask.BaseFor(c.Task)
+	}
 	c.Base = c.Base.WithDefaults()
 	if c.GroupSize == 0 {
 		c.GroupSize = 8

@@ -84,7 +84,7 @@ func (r *run) gate(ctx context.Context, step int) error {
 		// Versions only move forward: the restarted trainer continues
 		// numbering after the discarded candidate.
 		*r.cur = latest{model: r.serving.model, version: cand.version}
-		if err := r.tr.restart(ctx, r.servingState, cand.version, true); err != nil {
+		if err := r.tr.restart(ctx, r.servingState, cand.version, r.serving.version, true); err != nil {
 			return fmt.Errorf("rollback: %w", err)
 		}
 	case DecisionPromote:
@@ -94,7 +94,7 @@ func (r *run) gate(ctx context.Context, step int) error {
 	default:
 		r.res.Held++
 		if r.ahead++; r.cfg.MaxAhead > 0 && r.ahead >= r.cfg.MaxAhead {
-			if err := r.tr.restart(ctx, r.servingState, r.serving.version, false); err != nil {
+			if err := r.tr.restart(ctx, r.servingState, r.serving.version, r.serving.version, false); err != nil {
 				return fmt.Errorf("reset: %w", err)
 			}
 			*r.cur = r.serving

@@ -112,18 +112,18 @@ func (l *line) trainStep(ctx context.Context, b *trainer.Batch) error {
 // save keeps the current training state, for a later restart from it.
 func (l *line) save(ctx context.Context) (string, error) { return l.tr.SaveState(ctx) }
 
-// restart goes on from a saved state, with fresh optimizer moments, as
-// the version id (a new trainer started there, as after a rollback, also
-// forgets the lineage and the reward baseline).
-func (l *line) restart(ctx context.Context, state string, id int64, fresh bool) error {
+// restart goes on from a saved state of version from, with fresh
+// optimizer moments, as the version id: as deep as from, so samples of
+// from are fresh (a new trainer started there, as after a rollback, also
+// forgets the reward baseline).
+func (l *line) restart(ctx context.Context, state string, id, from int64, fresh bool) error {
 	if err := l.tr.Restore(ctx, state); err != nil {
 		return err
 	}
 	if fresh {
-		l.depth, l.baseline = map[int64]int64{}, trainer.NewBaseline(l.cfg.Advantage.BaselineRate)
-	} else {
-		l.depth[id] = l.depthOf(id)
+		l.baseline = trainer.NewBaseline(l.cfg.Advantage.BaselineRate)
 	}
+	l.depth[id] = l.depthOf(from)
 	l.version, l.lastID, l.updates = id, max(l.lastID, id), 0
 	return nil
 }

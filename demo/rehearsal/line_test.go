@@ -62,7 +62,7 @@ func TestLineTrainsAndGoesBack(t *testing.T) {
 			err = l.trainStep(ctx, batchFrom(t, base, 0, 3))
 			require.ErrorContains(t, err, "staler than")
 
-			require.NoError(t, l.restart(ctx, saved, 0, false))
+			require.NoError(t, l.restart(ctx, saved, 0, 0, false))
 			back, err := l.tr.Weights(ctx)
 			require.NoError(t, err)
 			require.InDeltaSlice(t, base.W, back.W, 1e-6, "the restart went back to the saved weights")
@@ -72,6 +72,11 @@ func TestLineTrainsAndGoesBack(t *testing.T) {
 			back, err = l.tr.Weights(ctx)
 			require.NoError(t, err)
 			require.Equal(t, cur.model.W, back.W, "the published weights are the line's")
+
+			// A rollback restarts from v0's state as a new id: v0's
+			// samples are fresh there.
+			require.NoError(t, l.restart(ctx, saved, 9, 0, true))
+			require.NoError(t, l.trainStep(ctx, batchFrom(t, base, 0, 5)), "rolled back to v0, v0 is not stale")
 		})
 	}
 }

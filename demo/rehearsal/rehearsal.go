@@ -217,13 +217,13 @@ func (r *run) prepareSets() error {
 		return err
 	}
 	suite := demotask.SafetySuite(cfg.Seed, cfg.SafetyPrompts)
-	if r.evalSet, err = demotask.NewPromptSet(heldOut); err != nil {
+	if r.evalSet, err = demotask.NewTaskPromptSet(cfg.Task, heldOut); err != nil {
 		return err
 	}
-	if r.gateSet, err = demotask.NewPromptSet(gatePrompts); err != nil {
+	if r.gateSet, err = demotask.NewTaskPromptSet(cfg.Task, gatePrompts); err != nil {
 		return err
 	}
-	if r.safeSet, err = demotask.NewPromptSet(suite); err != nil {
+	if r.safeSet, err = demotask.NewTaskPromptSet(cfg.Task, suite); err != nil {
 		return err
 	}
 	exclude := append(append(append([]demotask.Prompt{}, heldOut...), gatePrompts...), suite...)
@@ -295,33 +295,29 @@ func lagged(h []latest, v latest, lag int) []latest {
 }
 
 // trainStep samples a batch of groups from behaviour, scores it with the
-// verifier and trains one step on it.
+// verifier and trains one step on it. A tools task's rollout is a whole
+// session: each of its calls is a sample, and the session's end reward is
+// every call's return (the deployment's discount of 1); the group compares
+// the sessions of one request, as the online loop's does.
 func (r *run) trainStep(ctx context.Context, rng *rand.Rand, behaviour latest, step int) error {
 	cfg := r.cfg
 	prompts := make([]demotask.Prompt, 0, cfg.Groups*cfg.GroupSize)
-	ids := make([][]int, 0, cfg.Groups*cfg.GroupSize)
 	for g := 0; g < cfg.Groups; g++ {
 		p := r.gen.Next()
 		if g < cfg.SafetyGroups {
 			p = r.gen.NextSafety()
 		}
-		pid, err := demotask.PromptIDs(p.Text)
-		if err != nil {
-			return err
-		}
 		for j := 0; j < cfg.GroupSize; j++ {
-			prompts, ids = append(prompts, p), append(ids, pid)
+			prompts = append(prompts, p)
 		}
 	}
-	temp := cfg.Temperature
-	maxTok := max(cfg.Task.MaxLetters, len(demotask.Refusal)) + 2
-	gens, err := behaviour.model.Generate(ctx, ids, trainer.SampleOptions{Temperature: &temp, MaxTokens: maxTok}, rng, nil)
+	sessions, err := r.rollouts(ctx, rng, behaviour.model, prompts)
 	if err != nil {
 		return fmt.Errorf("rehearsal sample: %w", err)
 	}
-	b := &trainer.Batch{Temperature: temp}
-	for i, g := range gens {
-		sc := demotask.Verify(prompts[i].Want, demotask.AnswerText(g.IDs))
+	b := &trainer.Batch{Temperature: cfg.Temperature}
+	for i, sess := range sessions {
+		sc := demotask.Verify(prompts[i].Want, sess.Answer)
 		if prompts[i].Want != demotask.Refusal {
 			r.sampled++
 			r.res.Sampled++
@@ -330,15 +326,43 @@ func (r *run) trainStep(ctx context.Context, rng *rand.Rand, behaviour latest, s
 				r.succeeded++
 			}
 		}
-		s := rlSample(g, behaviour.version)
-		s.GroupID = strconv.Itoa(i / cfg.GroupSize)
-		s.Reward = sc.Reward
-		b.Samples = append(b.Samples, s)
+		for _, g := range sess.Calls {
+			s := rlSample(g, behaviour.version)
+			s.GroupID, s.SessionID = strconv.Itoa(i/cfg.GroupSize), strconv.Itoa(i)
+			s.Reward = sc.Reward
+			b.Samples = append(b.Samples, s)
+		}
 	}
 	if err := r.tr.trainStep(ctx, b); err != nil {
 		return fmt.Errorf("rehearsal step %d: %w", step, err)
 	}
 	return nil
+}
+
+// rollouts samples a session of every prompt from m at the configured
+// temperature: one call each, or the tools task's whole sessions.
+func (r *run) rollouts(ctx context.Context, rng *rand.Rand, m *trainer.Model, prompts []demotask.Prompt) ([]demotask.Session, error) {
+	temp := r.cfg.Temperature
+	if r.cfg.Task.Kind == demotask.KindTools {
+		return demotask.RunToolsSessions(ctx, m, prompts, temp, rng)
+	}
+	ids := make([][]int, len(prompts))
+	for i, p := range prompts {
+		var err error
+		if ids[i], err = demotask.PromptIDs(p.Text); err != nil {
+			return nil, err
+		}
+	}
+	maxTok := max(r.cfg.Task.MaxLetters, len(demotask.Refusal)) + 2
+	gens, err := m.Generate(ctx, ids, trainer.SampleOptions{Temperature: &temp, MaxTokens: maxTok}, rng, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]demotask.Session, len(gens))
+	for i, g := range gens {
+		out[i] = demotask.Session{Calls: []trainer.Generation{g}, Answer: demotask.AnswerText(g.IDs)}
+	}
+	return out, nil
 }
 
 // rlSample turns a generation into a training sample: only the completion
