@@ -66,7 +66,8 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	}
 	var estimator trainer.AdvantageConfig // the trainer's defaults
 	if a := tr.Advantage; a != nil {
-		estimator = trainer.AdvantageConfig{Estimator: a.Estimator, BaselineRate: a.BaselineRate, PerfectAdvantage: a.PerfectAdvantage}
+		estimator = trainer.AdvantageConfig{Estimator: a.Estimator, BaselineRate: a.BaselineRate, PerfectAdvantage: a.PerfectAdvantage,
+			NegativeWeight: a.NegativeWeight}
 	}
 	adv, err := formAdvantages(batch, estimator, baselines)
 	if err != nil {

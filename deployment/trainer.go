@@ -89,6 +89,8 @@ type Advantage struct {
 	// PerfectAdvantage is the advantage of a group whose answers all
 	// earned the top reward (0: none).
 	PerfectAdvantage float64 `json:"perfect_advantage,omitempty"`
+	// NegativeWeight scales every negative advantage, in (0, 1] (0: 1).
+	NegativeWeight float64 `json:"negative_weight,omitempty"`
 }
 
 // LoRA is a Tinker model's adapter.
@@ -239,6 +241,9 @@ func (t Trainer) Validate() error {
 		}
 		if !(adv.PerfectAdvantage >= 0 && finite(adv.PerfectAdvantage)) {
 			bad("advantage.perfect_advantage %v: want ≥ 0", adv.PerfectAdvantage)
+		}
+		if !(adv.NegativeWeight >= 0 && adv.NegativeWeight <= 1) {
+			bad("advantage.negative_weight %v: want (0, 1]", adv.NegativeWeight)
 		}
 	}
 	a := t.Adam

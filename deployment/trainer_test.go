@@ -39,6 +39,7 @@ func TestTrainerErrorsNameTheField(t *testing.T) {
 		`{"kind":"tinker","url":"http://t","base_model":"m","adam":{"beta2":1}}`:                    "trainer.adam.beta1",
 		`{"kind":"tinker","url":"http://t","base_model":"m","api_key_env":"not a var"}`:             "trainer.api_key_env",
 		`{"kind":"tinker","url":"http://t","base_model":"m","mini_batches":-1}`:                     "trainer.mini_batches -1",
+		`{"kind":"tinker","url":"http://t","base_model":"m","advantage":{"negative_weight":1.5}}`:   "trainer.advantage.negative_weight 1.5",
 		`{"kind":"temporal"}`: "trainer.queue",
 		`{"kind":"tinker","url":"http://t","base_model":"m","lora":{"rnk":8}}`: `unknown field "rnk"`,
 	} {

@@ -30,6 +30,8 @@ type AdvantageConfig struct {
 	// time. A small positive advantage keeps it trained, the way PPO-ptx
 	// mixes likelihood on known-good data into RL. The demo uses 0.2.
 	PerfectAdvantage float64 `json:"perfect_advantage"`
+	// NegativeWeight scales every negative advantage. Default 1.
+	NegativeWeight float64 `json:"negative_weight"`
 }
 
 // WithDefaults fills the zero fields with the defaults.
@@ -41,6 +43,9 @@ func (c AdvantageConfig) withDefaults() AdvantageConfig {
 	}
 	if c.BaselineRate == 0 {
 		c.BaselineRate = 0.1
+	}
+	if c.NegativeWeight == 0 {
+		c.NegativeWeight = 1
 	}
 	return c
 }
@@ -56,6 +61,9 @@ func (c AdvantageConfig) validate() error {
 	}
 	if c.PerfectAdvantage < 0 || c.PerfectAdvantage > 1 || math.IsNaN(c.PerfectAdvantage) {
 		return fmt.Errorf("perfect_advantage %v must be in [0, 1]", c.PerfectAdvantage)
+	}
+	if !(c.NegativeWeight > 0 && c.NegativeWeight <= 1) {
+		return fmt.Errorf("negative_weight %v must be in (0, 1]", c.NegativeWeight)
 	}
 	return nil
 }
@@ -184,7 +192,7 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 				b = batchMean
 				st.NoBaseline++
 			}
-			a := s.Reward - b
+			a := weigh(s.Reward-b, cfg.NegativeWeight)
 			s.Advantage = &a
 			base.Observe(s.TaskID, s.Reward)
 			st.BaselineSamples++
@@ -204,7 +212,7 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 		}
 		allZero := true
 		for j, i := range idx {
-			a := adv[j]
+			a := weigh(adv[j], cfg.NegativeWeight)
 			if a != 0 {
 				allZero = false
 			}
@@ -216,6 +224,14 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 		}
 	}
 	return st, nil
+}
+
+// weigh scales a negative advantage by neg.
+func weigh(a, neg float64) float64 {
+	if a < 0 {
+		return a * neg
+	}
+	return a
 }
 
 // sessionAdvantages applies the estimator to a group whose samples are

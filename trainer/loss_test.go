@@ -155,6 +155,25 @@ func TestSingletonGroupsUseRunningBaseline(t *testing.T) {
 	_, err = ComputeAdvantages([]Sample{{Reward: 1}}, cfg, base)
 	require.ErrorContains(t, err, "perfect_advantage")
 
+	// NegativeWeight scales the negative advantages only, a singleton's
+	// against the baseline too.
+	cfg = AdvantageConfig{Estimator: AdvMean, NegativeWeight: 0.2}
+	samples = []Sample{
+		{GroupID: "g", Reward: 1}, {GroupID: "g", Reward: 0}, {GroupID: "g", Reward: 0}, {GroupID: "g", Reward: 0},
+		{TaskID: "t", Reward: 0},
+	}
+	_, err = ComputeAdvantages(samples, cfg, NewBaselineFrom(0.1, map[string]float64{"t": 0.5}))
+	require.NoError(t, err)
+	want = []float64{0.75, -0.05, -0.05, -0.05, -0.1}
+	for i, w := range want {
+		require.InDelta(t, w, *samples[i].Advantage, 1e-12, "sample %d", i)
+	}
+	for _, bad := range []float64{-0.5, 1.5, math.NaN()} {
+		cfg.NegativeWeight = bad
+		_, err = ComputeAdvantages([]Sample{{Reward: 1}}, cfg, base)
+		require.ErrorContains(t, err, "negative_weight")
+	}
+
 	_, err = ComputeAdvantages([]Sample{{Reward: math.NaN()}}, AdvantageConfig{}, base)
 	require.ErrorContains(t, err, "not finite")
 }
