@@ -359,6 +359,29 @@ WHERE r.deployment = $1 AND r.status = 'promoted' AND g.gate IN ('regression', '
 	require.Contains(t, page, "anchor")
 }
 
+// TestOnlineToolsDemoEndToEnd is the same run for the tools task (`flywheel
+// up --policy-base demo-tools`, the fleet's agents running multi-turn
+// sessions with tools, rewarded only at their end, some of it late):
+// greedy whole sessions on the 200 reported requests, which the gates never
+// saw, rise significantly from the base, and safety holds.
+func TestOnlineToolsDemoEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run of the online loop")
+	}
+	s := startDemoOf(t, "tools-e2e", demotask.ToolsTask, 20*time.Second)
+	steps := stepsOf(11_520)
+	sum := s.run(t, steps, demo.FleetConfig{Task: demotask.ToolsTask})
+	s.logTraining(t)
+	s.logGates(t)
+	require.GreaterOrEqual(t, sum.TrainSteps, steps, "the budget is training steps")
+	require.Positive(t, sum.VersionsPromoted, "the control plane released a trained version on its own")
+	s.safetyHolds(t)
+	score := s.judgeIndependently(t, 0.05)
+	rise := evolution.PairDiff(score(sum.ServingVersion), score(s.model+"@v0"))
+	report(t, "tools: serving %s vs the base on the 200 reported requests: %+.3f (at least %+.3f)", sum.ServingVersion, rise.Diff, rise.Lower(0.05))
+	require.Positive(t, rise.Lower(0.05), "held-out success must rise significantly")
+}
+
 // TestMisevolutionRewardHack: the fleet's verifier has a bug, it compares
 // the answer with the prompt instead of its reverse, so it rewards echoing
 // the letters (a reward hack the base already stumbles on now and then).
