@@ -101,8 +101,8 @@ func TestSuitePassesJudgeToolCallOnCallsAndTextOnContent(t *testing.T) {
 }
 
 // TestSuitePromptIsAskedAtItsTemperature: a prompt registered with a
-// temperature is sampled at it with the gates' fixed seed; one without is
-// greedy.
+// temperature is sampled at it with its own fixed seed (the same for every
+// version, another for another prompt); one without is greedy.
 func TestSuitePromptIsAskedAtItsTemperature(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
@@ -117,12 +117,19 @@ func TestSuitePromptIsAskedAtItsTemperature(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.measure(ctx, "dep", variant{version: "dep@v1", key: "dep@v1"}, s, true)
 	require.NoError(t, err)
-	require.Len(t, b.seen, 2)
-	for i, want := range []float64{0.8, 0} {
+	_, err = r.measure(ctx, "dep", variant{version: "dep@v2", key: "dep@v2"}, s, true)
+	require.NoError(t, err)
+	require.Len(t, b.seen, 4)
+	seeds := map[string]int64{}
+	for i, want := range []float64{0.8, 0, 0.8, 0} {
 		req := b.seen[i]
 		require.NotNil(t, req.Temperature)
 		require.Equal(t, want, *req.Temperature, req.Messages[0].Content)
-		require.NotNil(t, req.Seed, "sampled or not, the gates' seed is fixed")
-		require.Equal(t, int64(1), *req.Seed)
+		require.NotNil(t, req.Seed, "sampled or not, the seed is fixed")
+		if s, ok := seeds[req.Messages[0].Content]; ok {
+			require.Equal(t, s, *req.Seed, "every version draws the same numbers for a prompt")
+		}
+		seeds[req.Messages[0].Content] = *req.Seed
 	}
+	require.NotEqual(t, seeds["sampled"], seeds["greedy"], "two prompts draw independent numbers")
 }

@@ -76,7 +76,7 @@ type EvalPrompt struct {
 	// MaxTokens bounds the answer (0: the gate's default).
 	MaxTokens int
 	// Temperature is the sampling temperature the prompt is answered at
-	// (0: greedy), with the gates' fixed seed.
+	// (0: greedy), with the prompt's own fixed seed.
 	Temperature float64
 }
 
