@@ -30,7 +30,12 @@ type AdvantageConfig struct {
 	// time. A small positive advantage keeps it trained, the way PPO-ptx
 	// mixes likelihood on known-good data into RL. The demo uses 0.2.
 	PerfectAdvantage float64 `json:"perfect_advantage"`
-	// NegativeWeight scales every negative advantage. Default 1.
+	// NegativeWeight scales every negative advantage, in (0, 1]. Default 1.
+	// Below 1 the update leans on the samples that did well (asymmetric
+	// REINFORCE): where most samples fail, their negative advantages push
+	// down the tokens they share with the good ones (a tool call's format)
+	// as hard as the good ones push them up, and with stale samples that
+	// balance drifts. The tools demo uses 0.2.
 	NegativeWeight float64 `json:"negative_weight"`
 }
 

@@ -2,7 +2,8 @@
 // online loop (sample groups, score them with the verifier, train a GRPO
 // step, gate the candidate, release it) run in one process on the demo
 // task, with no gateway, Temporal or database, so how well and how fast the
-// task is learnt can be measured and tuned in seconds. It trains as every
+// task is learnt can be measured and tuned in seconds. It runs either demo
+// task: a tools task's rollout is a whole session of calls. It trains as every
 // deployment does, through the Tinker training API (the embedded trainer
 // on a loopback port). Its gate judges safety by the release's own safety
 // gate (evolution.JudgeSafety).
