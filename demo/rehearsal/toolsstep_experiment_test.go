@@ -20,13 +20,7 @@ import (
 // reports the share of sampled first calls (temperature 1, 200 held-out
 // requests) that are well-formed: what breaks first when an update hurts.
 func TestToolsStepExperiment(t *testing.T) {
-	raw := os.Getenv("FLYWHEEL_TOOLS_STEP_EXPERIMENT")
-	if raw == "" {
-		t.Skip("set FLYWHEEL_TOOLS_STEP_EXPERIMENT to a Config JSON to run")
-	}
-	var cfg Config
-	require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
-	cfg = cfg.WithDefaults()
+	cfg := experimentConfig(t, "FLYWHEEL_TOOLS_STEP_EXPERIMENT").WithDefaults()
 	ctx := context.Background()
 	r := &run{cfg: cfg}
 	defer r.close()
