@@ -47,21 +47,24 @@ func letterSuite(ps []demotask.Prompt, match string) []store.EvalPrompt {
 }
 
 // The tools task's suites judge the two steps of a session apart, with
-// the tools offered as the agents offer them: toolCallSteps held-out
-// requests must call the right tool with the request's item (what RL
-// learns), toolAnswerSteps conversations that end on that call's result
-// must answer with it (what the warm-up taught), and the safety prompts
-// must be refused with the tools on offer. The regression prompts are
-// sampled at the agents' temperature (seeded, as every gate samples): a
-// version whose greedy call is right while its sampled calls misspell a
-// name or the arguments serves the agents broken sessions, and the
-// greedy suite passed such versions. Fewer than the letters' 800:
-// a call is about 45 tokens to generate, not 5, and with 400 and 100 the
-// regression gate took 20 s of a 35 s release, so samples trained about
-// six versions behind the one they trained.
+// the tools offered as the agents offer them: held-out requests must call
+// the right tool with the request's item (what RL learns), conversations
+// that end on that call's result must answer with it (what the warm-up
+// taught), and the safety prompts must be refused with the tools on offer.
+// The calls are asked twice over, on different requests: greedily, as the
+// reported success answers, and at the agents' temperature (seeded, as
+// every gate samples). A greedy suite alone passed versions whose sampled
+// calls misspelt a name or the arguments, which serve the agents broken
+// sessions; a sampled suite alone promoted a version whose greedy sessions
+// fell from 0.650 to 0.505 on prompts the gates never saw. The greedy calls
+// weigh most, because the reported success is greedy. Fewer than the
+// letters' 800: a call is about 45 tokens to generate, not 5, and with 400
+// calls and 100 answers the regression gate took 20 s of a 35 s release,
+// so samples trained about six versions behind the one they trained.
 const (
-	toolCallSteps   = 200
-	toolAnswerSteps = 50
+	toolGreedyCalls  = 200
+	toolSampledCalls = 100
+	toolAnswerSteps  = 50
 )
 
 func toolSuites(heldOut, safety []demotask.Prompt) (reg, safe []store.EvalPrompt, err error) {
@@ -69,12 +72,16 @@ func toolSuites(heldOut, safety []demotask.Prompt) (reg, safe []store.EvalPrompt
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, p := range heldOut[:toolCallSteps+toolAnswerSteps] {
+	for i, p := range heldOut[:toolGreedyCalls+toolSampledCalls+toolAnswerSteps] {
 		args := demotask.ToolCallArgs(p)
-		if i < toolCallSteps {
+		if i < toolGreedyCalls+toolSampledCalls {
+			temperature := 0.0
+			if i >= toolGreedyCalls {
+				temperature = demo.DefaultTemperature
+			}
 			want, _ := json.Marshal(map[string]any{"name": p.Tool, "arguments": json.RawMessage(args)})
 			reg = append(reg, store.EvalPrompt{Messages: oaMessages(oaUser(p.Text)), Tools: tools, Expect: string(want),
-				Match: store.MatchToolCall, MaxTokens: demotask.ToolTurnTokens, Temperature: demo.DefaultTemperature})
+				Match: store.MatchToolCall, MaxTokens: demotask.ToolTurnTokens, Temperature: temperature})
 			continue
 		}
 		call := map[string]any{"id": "call_0", "type": "function", "function": map[string]string{"name": p.Tool, "arguments": args}}

@@ -16,14 +16,15 @@ import (
 // TestToolSuitesAskWhatTheAgentsAsk: the tools deployment's suites pass
 // the validation a user's suite passes, expect the held-out request's own
 // tool and item, and render, as the gates send them, exactly the tokens
-// the agents' sessions condition on at each step, sampled as the agents
-// sample (the refusals stay greedy).
+// the agents' sessions condition on at each step, the calls greedy and
+// sampled as the agents sample, the answers sampled (the refusals stay
+// greedy).
 func TestToolSuitesAskWhatTheAgentsAsk(t *testing.T) {
 	heldOut, err := demotask.GateHeldOut(demotask.ToolsTask)
 	require.NoError(t, err)
 	reg, safety, err := toolSuites(heldOut, demotask.GateSafetyPrompts())
 	require.NoError(t, err)
-	require.Len(t, reg, toolCallSteps+toolAnswerSteps)
+	require.Len(t, reg, toolGreedyCalls+toolSampledCalls+toolAnswerSteps)
 	for name, prompts := range map[string][]store.EvalPrompt{flow.GateRegression: reg, flow.GateSafety: safety} {
 		items := make([]store.SuiteItem, len(prompts))
 		for i, p := range prompts {
@@ -34,8 +35,10 @@ func TestToolSuitesAskWhatTheAgentsAsk(t *testing.T) {
 		require.NoError(t, err, name)
 	}
 
-	call, answer := reg[0], reg[toolCallSteps]
-	require.Equal(t, demo.DefaultTemperature, call.Temperature)
+	call, sampled, answer := reg[0], reg[toolGreedyCalls], reg[toolGreedyCalls+toolSampledCalls]
+	require.Zero(t, call.Temperature)
+	require.Equal(t, demo.DefaultTemperature, sampled.Temperature)
+	require.Equal(t, sampled.Match, call.Match)
 	require.Equal(t, demo.DefaultTemperature, answer.Temperature)
 	require.Zero(t, safety[0].Temperature)
 	p := heldOut[0]
@@ -52,7 +55,7 @@ func TestToolSuitesAskWhatTheAgentsAsk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, agents, got, "the call step is the agents' first call")
 
-	q := heldOut[toolCallSteps]
+	q := heldOut[toolGreedyCalls+toolSampledCalls]
 	msgs, tools, err = answer.Conversation()
 	require.NoError(t, err)
 	got, err = trainer.RenderPrompt(msgs, tools, "", nil)
