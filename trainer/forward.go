@@ -171,7 +171,7 @@ func (st *fwdState) rowEntropy(n int) float64 {
 	r := st.rowOf[n]
 	var h float64
 	for _, lp := range st.logp[r*V : r*V+V] {
-		h -= math.Exp(float64(lp)) * float64(lp)
+		h -= float64(expf(lp) * lp)
 	}
 	return h
 }

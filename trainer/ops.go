@@ -59,9 +59,9 @@ func logSoftmaxRow(out, z []float32, invT float32) {
 			mx = v * invT
 		}
 	}
-	var s float64
+	var s float64 // float32 terms (each within 2e-7), summed in float64
 	for _, v := range z {
-		s += math.Exp(float64(v*invT - mx))
+		s += float64(expf(v*invT - mx))
 	}
 	lse := mx + float32(math.Log(s))
 	for i, v := range z {
