@@ -177,3 +177,73 @@ func TestSingletonGroupsUseRunningBaseline(t *testing.T) {
 	_, err = ComputeAdvantages([]Sample{{Reward: math.NaN()}}, AdvantageConfig{}, base)
 	require.ErrorContains(t, err, "not finite")
 }
+
+// TestCreditForksKeepsTheTokensThatDecided builds a group's token tree by
+// hand: under CreditForks a sample's advantage stays on the tokens where
+// the mean score of the sessions still on its path changed, and every
+// other trained token leaves the loss; the sequence credit, a perfect
+// group and the caller's masks are untouched.
+func TestCreditForksKeepsTheTokensThatDecided(t *testing.T) {
+	seq := func(session string, reward float64, prompt, completion []int) Sample {
+		s := Sample{GroupID: "g", SessionID: session, Reward: reward, TokenIDs: append(append([]int{}, prompt...), completion...)}
+		s.LossMask, s.Logprobs, s.Versions = make([]uint8, len(s.TokenIDs)), make([]float32, len(s.TokenIDs)), make([]int64, len(s.TokenIDs))
+		for i := len(prompt); i < len(s.TokenIDs); i++ {
+			s.LossMask[i] = 1
+		}
+		return s
+	}
+	p := []int{1, 2, 3}
+	group := func() []Sample {
+		return []Sample{
+			seq("a", 1, p, []int{4, 5, 6, 7}), // two successes that wrote the same
+			seq("b", 1, p, []int{4, 5, 6, 7}),
+			seq("c", 0, p, []int{4, 5, 8, 7}), // parts from them at its third token
+			seq("d", 0, p, []int{4, 9, 6, 7}), // parts from everyone at its second
+			// d's second step: its prompt holds d's first call and a tool
+			// result; the answer it wrote is shared with no one, and the
+			// score on its path was settled in its prompt.
+			seq("d", 0, []int{1, 2, 3, 4, 9, 6, 7, 20}, []int{21, 22}),
+		}
+	}
+	masks := func(samples []Sample) [][]uint8 {
+		out := make([][]uint8, len(samples))
+		for i, s := range samples {
+			out[i] = s.LossMask
+		}
+		return out
+	}
+
+	samples := group()
+	orig := masks(samples)
+	st, err := ComputeAdvantages(samples, AdvantageConfig{Estimator: AdvMean, Credit: CreditForks}, NewBaseline(0.1))
+	require.NoError(t, err)
+	// Values on the tree: the root and token 4 hold a, b, c, d (0.5); 5
+	// holds a, b, c (2/3); 6 after 5 holds a, b (1); 8 holds c (0); 9
+	// holds d (0); every later token keeps its parent's sessions.
+	require.Equal(t, [][]uint8{
+		{0, 0, 0, 0, 1, 1, 0},
+		{0, 0, 0, 0, 1, 1, 0},
+		{0, 0, 0, 0, 1, 1, 0},
+		{0, 0, 0, 0, 1, 0, 0},
+		{0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+	}, masks(samples))
+	require.Equal(t, 7, st.ForkTokens)
+	require.Equal(t, 18-7, st.SharedTokens)
+	require.InDelta(t, 0.5, *samples[0].Advantage, 1e-12, "the advantages themselves stay")
+	require.InDelta(t, -0.5, *samples[4].Advantage, 1e-12)
+	require.Equal(t, []uint8{0, 0, 0, 1, 1, 1, 1}, orig[0], "the caller's masks are copied, not written")
+
+	samples = group()
+	_, err = ComputeAdvantages(samples, AdvantageConfig{Estimator: AdvMean}, NewBaseline(0.1))
+	require.NoError(t, err)
+	require.Equal(t, masks(group()), masks(samples), "the sequence credit trains every token")
+
+	samples = group()[:2]
+	st, err = ComputeAdvantages(samples, AdvantageConfig{Estimator: AdvMean, Credit: CreditForks, PerfectAdvantage: 0.2}, NewBaseline(0.1))
+	require.NoError(t, err)
+	require.Equal(t, 1, st.PerfectGroups)
+	require.Equal(t, masks(group()[:2]), masks(samples), "a perfect group keeps every token")
+
+	_, err = ComputeAdvantages(group(), AdvantageConfig{Credit: "tokens"}, NewBaseline(0.1))
+	require.ErrorContains(t, err, "credit")
+}
