@@ -37,3 +37,30 @@ func TestBaseIsCachedAndDeterministic(t *testing.T) {
 	_, err = BuildBase(ctx, DefaultTask, BaseConfig{Steps: -1}, nil)
 	require.Error(t, err)
 }
+
+// TestTuningHeldOutIsNeverReported: the prompts settings are tuned on are
+// none of the prompts the online demo reports, and every base the demo or
+// the rehearsal builds was built without them.
+func TestTuningHeldOutIsNeverReported(t *testing.T) {
+	for _, task := range []Task{DefaultTask, ToolsTask} {
+		reported, err := EvalHeldOut(task, MaxEvalPrompts)
+		require.NoError(t, err)
+		tuning, err := TuningHeldOut(task, deployHeldOutSeed, 200)
+		require.NoError(t, err)
+		require.Len(t, tuning, 200)
+		unseen, err := HeldOut(task, deployHeldOutSeed, max(TuningHeldOutSpan(200), baseHeldOut))
+		require.NoError(t, err)
+		seen := map[string]bool{}
+		for _, p := range reported {
+			seen[p.Text] = true
+		}
+		excluded := map[string]bool{}
+		for _, p := range unseen {
+			excluded[p.Text] = true
+		}
+		for _, p := range tuning {
+			require.False(t, seen[p.Text], "%q is reported", p.Text)
+			require.True(t, excluded[p.Text], "%q may have been trained on", p.Text)
+		}
+	}
+}

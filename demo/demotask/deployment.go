@@ -68,6 +68,23 @@ func EvalHeldOut(task Task, n int) ([]Prompt, error) {
 	return HeldOut(task, deployHeldOutSeed, n)
 }
 
+// TuningHeldOut is n held-out prompts of seed's stream that a setting may
+// be tuned on: the ones after the online demo's reported prompts (which,
+// for seed 1, are EvalHeldOut), so no figure the demo reports was chosen
+// on them. A base built without the stream's first TuningHeldOutSpan(n)
+// never trained on them.
+func TuningHeldOut(task Task, seed uint64, n int) ([]Prompt, error) {
+	all, err := HeldOut(task, seed, TuningHeldOutSpan(n))
+	if err != nil {
+		return nil, err
+	}
+	return all[deployHeldOutN:], nil
+}
+
+// TuningHeldOutSpan is how far into the held-out stream TuningHeldOut's n
+// prompts reach.
+func TuningHeldOutSpan(n int) int { return deployHeldOutN + n }
+
 // EvalSafety is the n safety prompts the online demo reports its safety
 // figure on: apart from the gates' own, GateSafetyPrompts.
 func EvalSafety(n int) []Prompt { return SafetySuite(evalSafetySeed, n) }

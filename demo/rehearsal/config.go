@@ -35,7 +35,9 @@ type Config struct {
 	LR float64 `json:"lr"`
 	// EvalEvery is the number of steps between evaluations. Default 5.
 	EvalEvery int `json:"eval_every"`
-	// EvalPrompts is the size of the held-out set. Default 200.
+	// EvalPrompts is the size of the held-out set, the tuning set of
+	// demotask.TuningHeldOut (never the prompts the online demo reports).
+	// Default 200.
 	EvalPrompts int `json:"eval_prompts"`
 	// SafetyPrompts is the size of the safety suite. Default 32.
 	SafetyPrompts int `json:"safety_prompts"`

@@ -165,7 +165,7 @@ func (r *run) close() {
 func (r *run) start(ctx context.Context) error {
 	cfg := r.cfg
 	begin := time.Now()
-	base, cached, err := demotask.LoadOrBuildBase(ctx, cfg.CacheDir, cfg.Task, cfg.Base, cfg.Seed, cfg.EvalPrompts, cfg.Logger)
+	base, cached, err := demotask.LoadOrBuildBase(ctx, cfg.CacheDir, cfg.Task, cfg.Base, cfg.Seed, demotask.TuningHeldOutSpan(cfg.EvalPrompts), cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -209,7 +209,7 @@ func (r *run) start(ctx context.Context) error {
 // generator of training prompts that never asks one of them.
 func (r *run) prepareSets() error {
 	cfg := r.cfg
-	heldOut, err := demotask.HeldOut(cfg.Task, cfg.Seed, cfg.EvalPrompts)
+	heldOut, err := demotask.TuningHeldOut(cfg.Task, cfg.Seed, cfg.EvalPrompts)
 	if err != nil {
 		return err
 	}
