@@ -67,7 +67,7 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	var estimator trainer.AdvantageConfig // the trainer's defaults
 	if a := tr.Advantage; a != nil {
 		estimator = trainer.AdvantageConfig{Estimator: a.Estimator, BaselineRate: a.BaselineRate, PerfectAdvantage: a.PerfectAdvantage,
-			NegativeWeight: a.NegativeWeight, Credit: a.Credit}
+			NegativeWeight: a.NegativeWeight}
 	}
 	adv, err := formAdvantages(batch, estimator, baselines)
 	if err != nil {
@@ -76,19 +76,12 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	}
 	for i := range rows {
 		rows[i].Advantage = *batch[i].Advantage
-		// The credit may have taken tokens out of the loss.
-		for k := range rows[i].LossMask {
-			if j := len(rows[i].PromptIDs) + k; j > 0 {
-				rows[i].LossMask[k] = batch[i].LossMask[j]
-			}
-		}
 	}
 	prep, err := store.PrepareRun(ctx, t.DB, run.ID, store.PreparedRun{
 		Base: in.Base, Baselines: adv.Baselines, Observed: adv.Observed, Flat: sampleIDs(live, adv.Flat),
 		Samples: allIDs(live),
 		Stats: map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups, "perfect_groups": adv.PerfectGroups,
-			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator,
-			"fork_tokens": adv.ForkTokens, "shared_tokens": adv.SharedTokens},
+			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator},
 	})
 	if err != nil {
 		return flow.TrainBatchInput{}, err

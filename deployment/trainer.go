@@ -91,10 +91,6 @@ type Advantage struct {
 	PerfectAdvantage float64 `json:"perfect_advantage,omitempty"`
 	// NegativeWeight scales every negative advantage, in (0, 1] (0: 1).
 	NegativeWeight float64 `json:"negative_weight,omitempty"`
-	// Credit is "sequence" (every trained token carries its sample's
-	// advantage; the default) or "forks" (only the tokens where the
-	// group's sessions parted with a change in score).
-	Credit string `json:"credit,omitempty"`
 }
 
 // LoRA is a Tinker model's adapter.
@@ -248,9 +244,6 @@ func (t Trainer) Validate() error {
 		}
 		if !(adv.NegativeWeight >= 0 && adv.NegativeWeight <= 1) {
 			bad("advantage.negative_weight %v: want (0, 1]", adv.NegativeWeight)
-		}
-		if adv.Credit != "" && adv.Credit != "sequence" && adv.Credit != "forks" {
-			bad("advantage.credit %q: want sequence or forks", adv.Credit)
 		}
 	}
 	a := t.Adam

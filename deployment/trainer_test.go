@@ -40,7 +40,6 @@ func TestTrainerErrorsNameTheField(t *testing.T) {
 		`{"kind":"tinker","url":"http://t","base_model":"m","api_key_env":"not a var"}`:             "trainer.api_key_env",
 		`{"kind":"tinker","url":"http://t","base_model":"m","mini_batches":-1}`:                     "trainer.mini_batches -1",
 		`{"kind":"tinker","url":"http://t","base_model":"m","advantage":{"negative_weight":1.5}}`:   "trainer.advantage.negative_weight 1.5",
-		`{"kind":"tinker","url":"http://t","base_model":"m","advantage":{"credit":"tokens"}}`:       "trainer.advantage.credit \"tokens\"",
 		`{"kind":"temporal"}`: "trainer.queue",
 		`{"kind":"tinker","url":"http://t","base_model":"m","lora":{"rnk":8}}`: `unknown field "rnk"`,
 	} {

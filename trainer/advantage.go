@@ -37,26 +37,7 @@ type AdvantageConfig struct {
 	// as hard as the good ones push them up, and with stale samples that
 	// balance drifts. The tools demo uses 0.2.
 	NegativeWeight float64 `json:"negative_weight"`
-	// Credit is which trained tokens of a sample carry its advantage:
-	// CreditSequence (default) every one, CreditForks only those where
-	// its session parted from sessions of its group that scored otherwise.
-	//
-	// In a group whose sessions share most of what they wrote (a tool
-	// call's format, the answer that copies the tool's result), the
-	// sequence credit pushes every shared token up in the successes and
-	// down in the failures; the result is decided at a few tokens (the
-	// tool's name). Forks credits those alone: the advantage a group's
-	// token tree gives a token is the change in the mean score of the
-	// sessions that wrote the same prefix, zero wherever the token did
-	// not change who is still on the path, so the shared tokens carry none.
-	Credit string `json:"credit"`
 }
-
-// Credit assignments (AdvantageConfig.Credit).
-const (
-	CreditSequence = "sequence" // every trained token carries the sample's advantage
-	CreditForks    = "forks"    // only the tokens where the group's sessions parted with a change in score
-)
 
 // WithDefaults fills the zero fields with the defaults.
 func (c AdvantageConfig) WithDefaults() AdvantageConfig { return c.withDefaults() }
@@ -70,9 +51,6 @@ func (c AdvantageConfig) withDefaults() AdvantageConfig {
 	}
 	if c.NegativeWeight == 0 {
 		c.NegativeWeight = 1
-	}
-	if c.Credit == "" {
-		c.Credit = CreditSequence
 	}
 	return c
 }
@@ -91,9 +69,6 @@ func (c AdvantageConfig) validate() error {
 	}
 	if !(c.NegativeWeight > 0 && c.NegativeWeight <= 1) {
 		return fmt.Errorf("negative_weight %v must be in (0, 1]", c.NegativeWeight)
-	}
-	if c.Credit != CreditSequence && c.Credit != CreditForks {
-		return fmt.Errorf("credit %q must be %s or %s", c.Credit, CreditSequence, CreditForks)
 	}
 	return nil
 }
@@ -175,10 +150,6 @@ type AdvantageStats struct {
 	// NoBaseline singletons came before any baseline existed; they are
 	// scored against the batch's mean reward instead.
 	NoBaseline int `json:"no_baseline_samples"`
-	// ForkTokens and SharedTokens are, under CreditForks, the trained
-	// tokens that kept their advantage and those it left out.
-	ForkTokens   int `json:"fork_tokens,omitempty"`
-	SharedTokens int `json:"shared_tokens,omitempty"`
 }
 
 // ComputeAdvantages fills Advantage for every sample that has none, group by
@@ -238,8 +209,7 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 			rs[j], sessions[j] = samples[i].Reward, samples[i].SessionID
 		}
 		adv := sessionAdvantages(rs, sessions, cfg.Estimator)
-		perfect := cfg.PerfectAdvantage > 0 && allAtLeast(rs, 1)
-		if perfect {
+		if cfg.PerfectAdvantage > 0 && allAtLeast(rs, 1) {
 			for j := range adv {
 				adv[j] = cfg.PerfectAdvantage
 			}
@@ -257,78 +227,8 @@ func ComputeAdvantages(samples []Sample, cfg AdvantageConfig, base *Baseline) (A
 		if allZero {
 			st.ZeroSignalGroups++
 		}
-		if cfg.Credit == CreditForks && !perfect && !allZero {
-			st.ForkTokens, st.SharedTokens = creditForks(samples, idx, sessions, rs, st.ForkTokens, st.SharedTokens)
-		}
 	}
 	return st, nil
-}
-
-// creditForks leaves, of the group's samples (samples[idx...], of
-// sessions, scored rs), the advantage on the trained tokens where the
-// sessions parted with a change in score and takes the others out of the
-// loss (a copy of each loss mask). A token tree of the group's sequences
-// holds at every prefix the sessions that wrote it, each counted once
-// with its score (the mean of its steps' returns); a token is a fork
-// where its prefix's mean score differs from its parent's. It returns
-// forks and shared plus the tokens kept and left out.
-func creditForks(samples []Sample, idx []int, sessions []string, rs []float64, forks, shared int) (int, int) {
-	type node struct {
-		kids     map[int]*node
-		sessions map[string]bool
-		sum      float64
-	}
-	newNode := func() *node { return &node{kids: map[int]*node{}, sessions: map[string]bool{}} }
-	sum, n := map[string]float64{}, map[string]int{}
-	for j, s := range sessions {
-		sum[s] += rs[j]
-		n[s]++
-	}
-	score := func(s string) float64 { return sum[s] / float64(n[s]) }
-	root := newNode()
-	for j, i := range idx {
-		s := sessions[j]
-		at := root
-		visit := func(nd *node) {
-			if !nd.sessions[s] {
-				nd.sessions[s] = true
-				nd.sum += score(s)
-			}
-		}
-		visit(at)
-		for _, tok := range samples[i].TokenIDs {
-			kid := at.kids[tok]
-			if kid == nil {
-				kid = newNode()
-				at.kids[tok] = kid
-			}
-			at = kid
-			visit(at)
-		}
-	}
-	value := func(nd *node) float64 { return nd.sum / float64(len(nd.sessions)) }
-	for _, i := range idx {
-		smp := &samples[i]
-		if smp.Advantage == nil || *smp.Advantage == 0 {
-			continue
-		}
-		mask := append([]uint8(nil), smp.LossMask...)
-		at := root
-		for t, tok := range smp.TokenIDs {
-			kid := at.kids[tok]
-			if mask[t] != 0 {
-				if math.Abs(value(kid)-value(at)) > 1e-9 {
-					forks++
-				} else {
-					mask[t] = 0
-					shared++
-				}
-			}
-			at = kid
-		}
-		smp.LossMask = mask
-	}
-	return forks, shared
 }
 
 // weigh scales a negative advantage by neg.

@@ -48,8 +48,7 @@ func policyTrainer(cfg config.Config, tc trainer.Config, name, url string) (*dep
 		Adam: deployment.Adam{LR: tc.Optim.LR, Beta1: tc.Optim.Beta1, Beta2: tc.Optim.Beta2, Eps: tc.Optim.Eps,
 			WeightDecay: tc.Optim.WeightDecay, GradClipNorm: max(tc.Optim.ClipNorm, 0)},
 		Advantage: &deployment.Advantage{Estimator: tc.Advantage.Estimator, BaselineRate: tc.Advantage.BaselineRate,
-			PerfectAdvantage: tc.Advantage.PerfectAdvantage, NegativeWeight: tc.Advantage.NegativeWeight,
-			Credit: tc.Advantage.Credit},
+			PerfectAdvantage: tc.Advantage.PerfectAdvantage, NegativeWeight: tc.Advantage.NegativeWeight},
 	}
 	if t.LoRARank > 0 {
 		on := true
