@@ -36,10 +36,10 @@ func TrainerConfig(log *slog.Logger) trainer.Config {
 // own success fell from 17% to 8%; the gates rolled every candidate
 // back). In process, on policy, steps of 18 groups of eight sessions,
 // greedy success on the rehearsal's 200 held-out requests (until ac07232
-// the very requests the online demo reports) after 60 steps from 0.175: six updates at 5e-4 0.000
-// (no well-formed call after 10 steps), two at 5e-4 0.680, two at 1e-3
-// 0.340 (unstable), one at 1e-3 0.345; online, two at 2e-4 had not moved
-// after 16 steps.
+// the very requests the online demo reports) after 60 steps from 0.175:
+// six updates at 5e-4 0.000 (no well-formed call after 10 steps), two at
+// 5e-4 0.680, two at 1e-3 0.340 (unstable), one at 1e-3 0.345; online,
+// two at 2e-4 had not moved after 16 steps.
 //
 // A failed session's negative advantage weighs toolsNegativeWeight of a
 // successful one's. Trained as online (the rehearsal sampling the serving
