@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -137,8 +138,11 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 	if in.Algo.Objective != "" && in.Algo.Objective != trainer.ObjectiveGRPO && in.Algo.Objective != trainer.ObjectiveSFT {
 		return nil, bad("objective %q: want %q or %q", in.Algo.Objective, trainer.ObjectiveGRPO, trainer.ObjectiveSFT)
 	}
-	if in.Algo.KLCoef != 0 {
-		return nil, bad("a KL penalty needs a reference model, which the Tinker API does not hold; kl_coef must be 0")
+	switch {
+	case in.Algo.KLCoef < 0 || math.IsNaN(in.Algo.KLCoef) || math.IsInf(in.Algo.KLCoef, 0):
+		return nil, bad("kl_coef %v: want ≥ 0", in.Algo.KLCoef)
+	case in.Algo.KLCoef > 0:
+		cfg.KLCoef = in.Algo.KLCoef // the loop's overrides the deployment's
 	}
 	masks := in.Algo.Masks
 	if masks == nil {
@@ -249,8 +253,20 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 			return tinkerMeta{}, err
 		}
 	}
-	st, err := tinkerstep.Train(ctx, s.c, model, s.samples, tinkerstep.Config{Trainer: s.cfg, Masks: s.masks,
-		SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}, s.next)
+	step := tinkerstep.Config{Trainer: s.cfg, Masks: s.masks, SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}
+	if s.cfg.KLCoef > 0 && !step.SFT {
+		// The KL penalty's reference is the base model itself: a model
+		// of the service never trained (a fresh adapter leaves the base's
+		// outputs as they are).
+		ref, err := s.c.CreateModel(ctx, session, s.cfg.BaseModel, s.loraConfig())
+		if err != nil {
+			return tinkerMeta{}, err
+		}
+		defer func() { _ = s.c.UnloadModel(context.WithoutCancel(ctx), ref) }()
+		var refSeq int64
+		step.Reference, step.ReferenceSeq = ref, func() int64 { refSeq++; return refSeq }
+	}
+	st, err := tinkerstep.Train(ctx, s.c, model, s.samples, step, s.next)
 	if errors.Is(err, tinkerstep.ErrNothingToTrain) {
 		return tinkerMeta{}, temporal.NewNonRetryableApplicationError("tinker train batch: "+err.Error(), "BadData", err)
 	}

@@ -219,6 +219,57 @@ func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
 	require.InDelta(t, 1.0/6, out.IcePopMasked, 1e-9, "one of six trained tokens")
 }
 
+// TestTinkerStepTakesTheKLPenaltyToTheBase checks kl_coef on the Tinker
+// API: the step creates a second model of the base, never trained, takes
+// its log-probs in a forward pass (a request per minibatch), shapes every
+// trained token's advantage by kl_coef·(mean d − d), d the behaviour
+// log-prob less the base's, records the mean d, and unloads the
+// reference after.
+func TestTinkerStepTakesTheKLPenaltyToTheBase(t *testing.T) {
+	ctx := context.Background()
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 12, "dep@v1", "", "")
+	const coef = 0.1
+	in.Trainer.KLCoef = coef
+	out, err := fastTinker().TrainBatch(ctx, in)
+	require.NoError(t, err)
+	require.Len(t, svc.bodies(tinker.PathCreateModel), 2, "the trained model and the reference")
+	fwds := svc.bodies(tinker.PathForward)
+	require.Len(t, fwds, 2, "the reference's pass, a forward per minibatch")
+	var ref struct {
+		Model string `json:"model_id"`
+	}
+	require.NoError(t, json.Unmarshal(fwds[0], &ref))
+	unloads := svc.bodies(tinker.PathUnloadModel)
+	require.Len(t, unloads, 2, "the trained model and the reference unloaded")
+	require.Contains(t, string(unloads[0])+string(unloads[1]), ref.Model)
+
+	// The fake's fresh model is uniform over 512 tokens: the base's
+	// log-prob is −ln 512 for every token.
+	base := -math.Log(fakeskyrl.DefaultVocab)
+	behav := []float64{-6.1, -6.3, -6.2, -6.4, -6.0, -7.0} // the six trained tokens
+	mean := 0.0
+	for _, b := range behav {
+		mean += (b - base) / 6
+	}
+	require.InDelta(t, mean, out.Metrics["kl_ref"], 1e-5)
+	fbs := svc.bodies(tinker.PathForwardBackward)
+	require.Len(t, fbs, 2)
+	var first sentFB
+	require.NoError(t, json.Unmarshal(fbs[0], &first))
+	d := first.ForwardBackwardInput.Data[1] // sample 2: advantage −1, its token 11 masked
+	shaped := func(a, b float64) float64 { return a + coef*(mean-(b-base)) }
+	adv := d.LossFnInputs[tinker.InputAdvantages].Data
+	require.InDelta(t, shaped(-1, -6.2), adv[2], 1e-5)
+	require.Zero(t, adv[3], "a token out of the loss carries nothing")
+	require.InDelta(t, shaped(-1, -6.4), adv[4], 1e-5)
+
+	bad := tinkerInput(t, svc, deployment.LossImportanceSampling, 13, "dep@v1", "", "")
+	bad.Algo.KLCoef = -1
+	_, err = fastTinker().TrainBatch(ctx, bad)
+	require.ErrorContains(t, err, "kl_coef -1")
+}
+
 // TestTinkerStepRetriedAfterTheWorkerDied checks exactness under a killed
 // worker: dying after the version was saved makes the retry fetch it (no
 // new optimizer step, one sampler save); dying mid-step makes the retry

@@ -61,6 +61,13 @@ type Trainer struct {
 	ClipHigh float64 `json:"clip_high,omitempty"`
 	// BehaviourWeightCap caps the decoupled-PPO weight π_prox/μ (default 5).
 	BehaviourWeightCap float64 `json:"behaviour_weight_cap,omitempty"`
+	// KLCoef weighs a penalty on the KL from the base model (0: none),
+	// taken as the Tinker cookbook takes it: every trained token's
+	// advantage gains KLCoef·(mean d − d), d its behaviour log-prob less
+	// the base model's, the mean over the batch's trained tokens. The base
+	// model's log-probs come from a forward pass on a second model of the
+	// service, created from BaseModel and never updated.
+	KLCoef float64 `json:"kl_coef,omitempty"`
 	// MiniBatches is the optimizer steps per batch (default 1).
 	MiniBatches int `json:"mini_batches,omitempty"`
 	// NominalBatch scales the learning rate of a step that trains fewer
@@ -216,6 +223,9 @@ func (t Trainer) Validate() error {
 	}
 	if !(t.BehaviourWeightCap >= 1) {
 		bad("behaviour_weight_cap %v: want ≥ 1", t.BehaviourWeightCap)
+	}
+	if !(t.KLCoef >= 0 && !math.IsInf(t.KLCoef, 0)) {
+		bad("kl_coef %v: want ≥ 0", t.KLCoef)
 	}
 	if t.MiniBatches < 1 || t.MiniBatches > 1024 {
 		bad("mini_batches %d: want 1..1024", t.MiniBatches)

@@ -28,6 +28,11 @@ type Config struct {
 	// LR overrides Trainer.Adam.LR when positive (a schedule the caller
 	// keeps, as the warm-up's cosine).
 	LR float64
+	// Reference is the model of the service that Trainer.KLCoef's penalty
+	// is taken to (the base, never updated), and ReferenceSeq hands out
+	// its next seq_id; needed only when Trainer.KLCoef > 0.
+	Reference    string
+	ReferenceSeq func() int64
 }
 
 // Stats sums a step's passes.
@@ -40,12 +45,20 @@ type Stats struct {
 	IcePop, KPop  int
 	ForwardPasses int
 	GradNorm      float64 // mean over the updates
+	// KL is the mean, over the trained tokens, of the behaviour log-prob
+	// less the reference's (an estimate of the KL from the reference),
+	// where a KL penalty was taken.
+	KL *float64
 }
 
 // Metrics are the figures a version records.
 func (st Stats) Metrics() map[string]float64 {
-	return map[string]float64{"updates": float64(st.Updates), "forward_passes": float64(st.ForwardPasses), "grad_norm": st.GradNorm,
+	m := map[string]float64{"updates": float64(st.Updates), "forward_passes": float64(st.ForwardPasses), "grad_norm": st.GradNorm,
 		"icepop_masked_tokens": float64(st.IcePop), "kpop_masked_tokens": float64(st.KPop)}
+	if st.KL != nil {
+		m["kl_ref"] = *st.KL
+	}
+	return m
 }
 
 // pipelineDepth is how many minibatches Train queues ahead of the one
@@ -78,6 +91,14 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 			prox = append(prox, p)
 		}
 		st.ForwardPasses++
+	}
+	var kl *klPenalty
+	if !cfg.SFT && cfg.Trainer.KLCoef > 0 {
+		if kl, err = reference(ctx, c, parts, cfg); err != nil {
+			return st, err
+		}
+		st.ForwardPasses++
+		st.KL = &kl.mean
 	}
 	a := cfg.Trainer.Adam
 	lr := a.LR
@@ -129,7 +150,11 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 				return st, err
 			}
 		}
-		in, pst := partInput(cfg, loss, part, partProx)
+		var partRef [][]float64
+		if kl != nil {
+			partRef = kl.ref[i]
+		}
+		in, pst := partInput(cfg, loss, part, partProx, partRef, kl.meanOrZero())
 		if pst.tokens == 0 {
 			continue // nothing to learn in prompt-only samples
 		}
@@ -173,6 +198,61 @@ func lossConfig(cfg Config) (trainer.LossConfig, error) {
 	return loss, nil
 }
 
+// klPenalty is a step's reference log-probs, ref[part][sample][t], and
+// the batch's mean behaviour log-prob less the reference's.
+type klPenalty struct {
+	ref  [][][]float64
+	mean float64
+}
+
+func (k *klPenalty) meanOrZero() float64 {
+	if k == nil {
+		return 0
+	}
+	return k.mean
+}
+
+// reference takes the reference model's log-probs of every part, one
+// forward request a part, all queued before any is read, and their mean
+// difference from the behaviour's over the trained tokens.
+func reference(ctx context.Context, c *tinker.Client, parts [][]trainer.Sample, cfg Config) (*klPenalty, error) {
+	if cfg.Reference == "" || cfg.ReferenceSeq == nil {
+		return nil, errors.New("kl_coef > 0 needs a reference model")
+	}
+	pending := make([]tinker.Pending[tinker.ForwardBackwardOutput], len(parts))
+	for i, part := range parts {
+		p, err := c.ForwardAsync(ctx, cfg.Reference, proximalInput(part), cfg.ReferenceSeq())
+		if err != nil {
+			return nil, fmt.Errorf("reference forward: %w", err)
+		}
+		pending[i] = p
+	}
+	k := &klPenalty{ref: make([][][]float64, len(parts))}
+	var sum float64
+	var n int
+	for i, part := range parts {
+		out, err := pending[i].Await(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reference forward: %w", err)
+		}
+		if k.ref[i], err = proximal(part, out); err != nil {
+			return nil, err
+		}
+		for j, smp := range part {
+			for t := 1; t < len(smp.TokenIDs); t++ {
+				if smp.LossMask[t] != 0 {
+					sum += float64(smp.Logprobs[t]) - k.ref[i][j][t]
+					n++
+				}
+			}
+		}
+	}
+	if n > 0 {
+		k.mean = sum / float64(n)
+	}
+	return k, nil
+}
+
 // proximalInput is the forward pass that gives the model's log-prob of
 // every sequence's tokens.
 func proximalInput(samples []trainer.Sample) tinker.ForwardBackwardInput {
@@ -207,8 +287,10 @@ type partStats struct{ tokens, icePop, kPop int }
 // partInput is one minibatch's forward_backward: every sample's datum,
 // weighted 1/N on its N trained tokens (the token mean the built-in
 // trainer takes), with the loss's inputs per token. prox, when not
-// empty, holds the part's proximal log-probs.
-func partInput(cfg Config, loss trainer.LossConfig, part []trainer.Sample, prox [][]float64) (tinker.ForwardBackwardInput, partStats) {
+// empty, holds the part's proximal log-probs; ref, when not empty, the
+// reference's, with klMean the batch's mean behaviour log-prob less the
+// reference's: a token's advantage gains KLCoef·(klMean − d), d its own.
+func partInput(cfg Config, loss trainer.LossConfig, part []trainer.Sample, prox, ref [][]float64, klMean float64) (tinker.ForwardBackwardInput, partStats) {
 	var pst partStats
 	for _, smp := range part {
 		for _, m := range smp.LossMask {
@@ -247,6 +329,9 @@ func partInput(cfg Config, loss trainer.LossConfig, part []trainer.Sample, prox 
 			}
 			behav := float64(smp.Logprobs[t])
 			a := *smp.Advantage
+			if len(ref) > 0 {
+				a += cfg.Trainer.KLCoef * (klMean - (behav - ref[j][t]))
+			}
 			lp[t-1] = behav
 			if len(prox) > 0 {
 				p := prox[j][t]

@@ -61,6 +61,21 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// fakeService is a client of a fake of SkyRL tx (through hc, nil: the
+// default) and a session on it.
+func fakeService(t *testing.T, hc *http.Client) (*tinker.Client, string) {
+	t.Helper()
+	f := fakeskyrl.New(fakeskyrl.Config{})
+	srv := httptest.NewServer(f.Handler())
+	t.Cleanup(func() { srv.Close(); f.Close() })
+	c := tinker.New(srv.URL, "")
+	c.HTTP = hc
+	c.Retry = tinker.RetryPolicy{Initial: 5 * time.Millisecond, Max: 40 * time.Millisecond, MaxElapsed: 20 * time.Second}
+	session, err := c.CreateSession(context.Background(), nil)
+	require.NoError(t, err)
+	return c, session
+}
+
 // TestTrainQueuesMinibatchesAhead: a step queues the next minibatches'
 // forward_backward and optim_step before it reads the results of the ones
 // ahead (two minibatches ahead at most), against a fake of SkyRL tx, which
@@ -68,15 +83,8 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 // request at a time does: the same losses and the same weights after.
 func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	ctx := context.Background()
-	f := fakeskyrl.New(fakeskyrl.Config{})
-	srv := httptest.NewServer(f.Handler())
-	t.Cleanup(func() { srv.Close(); f.Close() })
 	rec := &recorder{ids: map[string]string{}}
-	c := tinker.New(srv.URL, "")
-	c.HTTP = &http.Client{Transport: rec}
-	c.Retry = tinker.RetryPolicy{Initial: 5 * time.Millisecond, Max: 40 * time.Millisecond, MaxElapsed: 20 * time.Second}
-	session, err := c.CreateSession(ctx, nil)
-	require.NoError(t, err)
+	c, session := fakeService(t, &http.Client{Transport: rec})
 
 	// Five groups of two, one minibatch each.
 	var samples []trainer.Sample
@@ -126,7 +134,7 @@ func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	require.NoError(t, err)
 	var one float64
 	for i, part := range parts {
-		in, _ := partInput(cfg, loss, part, prox[2*i:2*i+2])
+		in, _ := partInput(cfg, loss, part, prox[2*i:2*i+2], nil, 0)
 		out, err := c.ForwardBackward(ctx, other, in, int64(2*i+2))
 		require.NoError(t, err)
 		_, err = c.OptimStep(ctx, other, tinker.AdamParams{LearningRate: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}, int64(2*i+3))
@@ -140,4 +148,70 @@ func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, afterOne.LossFnOutputs, after.LossFnOutputs)
 	require.NotEqual(t, fwd.LossFnOutputs, after.LossFnOutputs, "the step changed the weights")
+}
+
+// TestKLPenaltyShapesTheAdvantages: with kl_coef, a step takes the
+// reference model's log-probs in one more forward pass, and every trained
+// token's advantage gains kl_coef·(mean d − d), d its behaviour log-prob
+// less the reference's, the mean over the batch's trained tokens; the
+// prompt's tokens carry none. Without a reference model the step is
+// refused.
+func TestKLPenaltyShapesTheAdvantages(t *testing.T) {
+	ctx := context.Background()
+	c, session := fakeService(t, nil)
+	var samples []trainer.Sample
+	for g := range 2 {
+		for j := range 2 {
+			adv := float64(2*j - 1)
+			samples = append(samples, trainer.Sample{GroupID: fmt.Sprint(g), TokenIDs: []int{1, 2 + g, 3 + j, 4, 5 + g},
+				LossMask: []uint8{0, 0, 1, 1, 1}, Logprobs: []float32{0, 0, -1.5, -0.1, -3}, Advantage: &adv})
+		}
+	}
+	const coef = 0.5
+	cfg := Config{Trainer: deployment.Trainer{Loss: deployment.LossImportanceSampling, MiniBatches: 2, KLCoef: coef,
+		Adam: deployment.Adam{LR: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}}
+	model, err := c.CreateModel(ctx, session, fakeskyrl.DefaultBaseModel, tinker.LoraConfig{Rank: 2})
+	require.NoError(t, err)
+	var seq int64
+	next := func() int64 { seq++; return seq }
+	_, err = Train(ctx, c, model, samples, cfg, next)
+	require.ErrorContains(t, err, "reference model")
+
+	ref, err := c.CreateModel(ctx, session, fakeskyrl.DefaultBaseModel, tinker.LoraConfig{Rank: 2})
+	require.NoError(t, err)
+	fwd, err := c.Forward(ctx, ref, proximalInput(samples), 1)
+	require.NoError(t, err)
+	refLp, err := proximal(samples, fwd)
+	require.NoError(t, err)
+	var sum float64
+	for i, smp := range samples {
+		for tk := 2; tk < 5; tk++ {
+			sum += float64(smp.Logprobs[tk]) - refLp[i][tk]
+		}
+	}
+	mean := sum / 12
+
+	var refSeq int64 = 1
+	cfg.Reference, cfg.ReferenceSeq = ref, func() int64 { refSeq++; return refSeq }
+	st, err := Train(ctx, c, model, samples, cfg, next)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.ForwardPasses, "importance_sampling takes no proximal pass; the reference's is the one")
+	require.NotNil(t, st.KL)
+	require.InDelta(t, mean, *st.KL, 1e-9)
+	require.InDelta(t, mean, st.Metrics()["kl_ref"], 1e-9)
+
+	loss, err := lossConfig(cfg)
+	require.NoError(t, err)
+	in, _ := partInput(cfg, loss, samples[:2], nil, refLp[:2], mean)
+	for j, d := range in.Data {
+		adv := d.LossFnInputs[tinker.InputAdvantages].Data
+		for pos := range adv {
+			tk := pos + 1 // position pos predicts token pos+1
+			want := 0.0
+			if samples[j].LossMask[tk] == 1 {
+				want = *samples[j].Advantage + coef*(mean-(float64(samples[j].Logprobs[tk])-refLp[j][tk]))
+			}
+			require.InDelta(t, want, adv[pos], 1e-9, "sample %d token %d", j, tk)
+		}
+	}
 }

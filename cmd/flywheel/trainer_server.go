@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -35,15 +34,12 @@ func policyTrainer(cfg config.Config, tc trainer.Config, name, url string) (*dep
 	if err != nil {
 		return nil, fmt.Errorf("policy trainer: %w", err)
 	}
-	if tc.Loss.KLCoef > 0 {
-		return nil, errors.New("policy trainer: a KL penalty needs a reference model, which the Tinker API does not hold; set kl_coef 0")
-	}
 	t := cfg.Trainer
 	tr := &deployment.Trainer{Kind: deployment.TrainerTinker, URL: url, BaseModel: name,
 		LoRA:    deployment.LoRA{Rank: t.LoRARank, FullWeights: t.LoRARank == 0},
 		Loss:    deployment.LossPPO,
 		Masks:   &deployment.TokenMasks{IcePop: t.IcePop, IcePopLow: t.IcePopLow, IcePopHigh: t.IcePopHigh, KPop: t.KPop, KPopPhi: t.KPopPhi},
-		ClipLow: tc.Loss.ClipLow, ClipHigh: tc.Loss.ClipHigh, BehaviourWeightCap: tc.Loss.BehaviourWeightCap,
+		ClipLow: tc.Loss.ClipLow, ClipHigh: tc.Loss.ClipHigh, BehaviourWeightCap: tc.Loss.BehaviourWeightCap, KLCoef: tc.Loss.KLCoef,
 		MiniBatches: tc.MiniBatches, NominalBatch: tc.NominalBatch,
 		Adam: deployment.Adam{LR: tc.Optim.LR, Beta1: tc.Optim.Beta1, Beta2: tc.Optim.Beta2, Eps: tc.Optim.Eps,
 			WeightDecay: tc.Optim.WeightDecay, GradClipNorm: max(tc.Optim.ClipNorm, 0)},

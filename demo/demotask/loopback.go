@@ -35,10 +35,14 @@ type LoopbackTrainer struct {
 	session string
 	model   string
 	seq     int64
-	saved   int // names the checkpoints
-	dir     string
-	stop    func()
-	closed  bool
+	// ref is the reference model (the base, never trained) once
+	// Reference made it, refSeq its last seq_id.
+	ref    string
+	refSeq int64
+	saved  int // names the checkpoints
+	dir    string
+	stop   func()
+	closed bool
 }
 
 // StartLoopback serves base behind the Tinker API and creates the model
@@ -157,6 +161,20 @@ func (t *LoopbackTrainer) Restore(ctx context.Context, path string) error {
 		return fmt.Errorf("restore: unload %s: %w", old, err)
 	}
 	return nil
+}
+
+// Reference is a model of the base that no step trains, for a KL
+// penalty (tinkerstep.Config's Reference and ReferenceSeq): created on
+// the first call, the same model after.
+func (t *LoopbackTrainer) Reference(ctx context.Context) (string, func() int64, error) {
+	if t.ref == "" {
+		ref, err := t.c.CreateModel(ctx, t.session, loopbackBase, t.lora)
+		if err != nil {
+			return "", nil, fmt.Errorf("reference model: %w", err)
+		}
+		t.ref = ref
+	}
+	return t.ref, func() int64 { t.refSeq++; return t.refSeq }, nil
 }
 
 // Close stops the server and removes its files; it may be called again.

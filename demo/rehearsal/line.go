@@ -44,9 +44,6 @@ func newLine(ctx context.Context, base *trainer.Model, cfg trainer.Config, loraR
 	if err != nil {
 		return nil, fmt.Errorf("rehearsal trainer: %w", err)
 	}
-	if cfg.Loss.KLCoef > 0 {
-		return nil, fmt.Errorf("rehearsal trainer: kl_coef %v: a Tinker trainer keeps no reference policy", cfg.Loss.KLCoef)
-	}
 	dt := deploymentTrainer(cfg, loraRank, seed)
 	l := &line{cfg: cfg, model: base.Config, baseline: trainer.NewBaseline(cfg.Advantage.BaselineRate), pub: pub,
 		depth: map[int64]int64{}, step: tinkerstep.Config{Trainer: dt}}
@@ -56,12 +53,18 @@ func newLine(ctx context.Context, base *trainer.Model, cfg trainer.Config, loraR
 	if l.tr, err = demotask.StartLoopback(ctx, base, dt.LoRA); err != nil {
 		return nil, fmt.Errorf("rehearsal trainer: %w", err)
 	}
+	if dt.KLCoef > 0 {
+		if l.step.Reference, l.step.ReferenceSeq, err = l.tr.Reference(ctx); err != nil {
+			l.tr.Close()
+			return nil, fmt.Errorf("rehearsal trainer: %w", err)
+		}
+	}
 	return l, nil
 }
 
 // deploymentTrainer is the in-process trainer's configuration as a
 // deployment's Tinker trainer: decoupled PPO with its clip range and cap,
-// its minibatches and nominal batch, its AdamW.
+// its minibatches and nominal batch, its AdamW, its KL penalty.
 func deploymentTrainer(cfg trainer.Config, loraRank int, seed uint64) deployment.Trainer {
 	lora := deployment.LoRA{FullWeights: true}
 	if loraRank > 0 {
@@ -70,7 +73,7 @@ func deploymentTrainer(cfg trainer.Config, loraRank int, seed uint64) deployment
 		lora = deployment.LoRA{Rank: loraRank, Attn: &on, MLP: &on, Unembed: &on, Seed: int64(seed)}
 	}
 	return deployment.Trainer{Loss: deployment.LossPPO, ClipLow: cfg.Loss.ClipLow, ClipHigh: cfg.Loss.ClipHigh,
-		BehaviourWeightCap: cfg.Loss.BehaviourWeightCap, MiniBatches: cfg.MiniBatches, NominalBatch: cfg.NominalBatch,
+		BehaviourWeightCap: cfg.Loss.BehaviourWeightCap, KLCoef: cfg.Loss.KLCoef, MiniBatches: cfg.MiniBatches, NominalBatch: cfg.NominalBatch,
 		LoRA: lora, Adam: demotask.AdamFrom(cfg.Optim)}
 }
 
