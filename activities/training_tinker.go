@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -128,6 +127,9 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 		return nil, bad("deployment %s names no tinker trainer", in.Deployment)
 	}
 	cfg := in.Trainer.WithDefaults(in.Base.Model)
+	if in.Algo.KLCoef != 0 {
+		cfg.KLCoef = in.Algo.KLCoef // the loop's overrides the deployment's
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, bad("%v", err)
 	}
@@ -137,12 +139,6 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 	}
 	if in.Algo.Objective != "" && in.Algo.Objective != trainer.ObjectiveGRPO && in.Algo.Objective != trainer.ObjectiveSFT {
 		return nil, bad("objective %q: want %q or %q", in.Algo.Objective, trainer.ObjectiveGRPO, trainer.ObjectiveSFT)
-	}
-	switch {
-	case in.Algo.KLCoef < 0 || math.IsNaN(in.Algo.KLCoef) || math.IsInf(in.Algo.KLCoef, 0):
-		return nil, bad("kl_coef %v: want ≥ 0", in.Algo.KLCoef)
-	case in.Algo.KLCoef > 0:
-		cfg.KLCoef = in.Algo.KLCoef // the loop's overrides the deployment's
 	}
 	masks := in.Algo.Masks
 	if masks == nil {
