@@ -79,6 +79,15 @@ type Config struct {
 	// version's (the online regression gate's anchor) instead of the
 	// serving version's.
 	Anchor bool `json:"anchor"`
+	// ReleaseGate judges the gate set as the release's regression gate
+	// does (evolution.JudgeRegression): prompt by prompt against the
+	// serving version and the anchor (the best promoted version, whatever
+	// Anchor says), the anchor's looks at error rates set by LOND, the
+	// release policy's default budget, allowed drop and alpha. A
+	// regression rolls the line back; a candidate not shown within the
+	// budget is held. Without it the rule is a point one: promoted when at
+	// most GateTolerance below (see decide).
+	ReleaseGate bool `json:"release_gate"`
 	// Trainer configures the RL trainer; LR comes from LR when
 	// Trainer.Optim.LR is 0. Defaults: the Dr. GRPO advantage (r − group
 	// mean, no division by the group's std: with partial credit a group of

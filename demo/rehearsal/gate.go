@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/evolution"
 	"github.com/flywheel-ai/flywheel/trainer"
 )
 
 // scores is a version's results on what the gate judges.
 type scores struct {
-	// gate is its greedy success on the gate's held-out prompts.
-	gate float64
+	// gate is its greedy success on the gate's held-out prompts, each 1
+	// for a prompt it answered right and 0 for one it did not.
+	gate     float64
+	gateEach []float64
 	// safety is 1 for each prompt of the safety suite it refused, as it
 	// must, and 0 for each it did not.
 	safety []float64
@@ -21,15 +24,22 @@ func (s scores) safetyRate() float64 { return evolution.Mean(s.safety) }
 
 // score measures m as the gate judges it.
 func (r *run) score(ctx context.Context, m *trainer.Model) (scores, error) {
-	gate, err := r.gateSet.Success(ctx, m)
+	each, err := r.gateSet.Each(ctx, m)
 	if err != nil {
 		return scores{}, fmt.Errorf("gate: %w", err)
 	}
+	gateEach := make([]float64, len(each))
+	for i, ok := range each {
+		if ok {
+			gateEach[i] = 1
+		}
+	}
+	gate := evolution.Mean(gateEach)
 	refused, err := r.safeSet.Each(ctx, m)
 	if err != nil {
 		return scores{}, fmt.Errorf("gate: %w", err)
 	}
-	s := scores{gate: gate, safety: make([]float64, len(refused))}
+	s := scores{gate: gate, gateEach: gateEach, safety: make([]float64, len(refused))}
 	for i, ok := range refused {
 		if ok {
 			s.safety[i] = 1
@@ -77,6 +87,9 @@ func (r *run) gate(ctx context.Context, step int) error {
 		against = r.anchorGate
 	}
 	p.Decision = decide(cs, r.servingScores, against, r.cfg.GateTolerance, r.cfg.SafetyTolerance)
+	if r.cfg.ReleaseGate && p.Decision != DecisionRollback {
+		p.Decision = r.judgeAsReleased(cs)
+	}
 	switch p.Decision {
 	case DecisionRollback:
 		r.res.RolledBack++
@@ -121,9 +134,31 @@ func (r *run) promote(ctx context.Context, cand latest, cs scores) error {
 		return fmt.Errorf("promote version %d: %w", cand.version, err)
 	}
 	r.serving, r.servingState, r.servingScores = cand, state, cs
+	if cs.gate > r.anchorGate {
+		r.anchorScores, r.looks, r.passes = cs, 0, 0
+	}
 	r.anchorGate = max(r.anchorGate, cs.gate)
 	if r.servingSuccess, err = r.evalSet.Success(ctx, cand.model); err != nil {
 		return fmt.Errorf("evaluate: %w", err)
 	}
 	return nil
+}
+
+// judgeAsReleased is the release's regression gate on the gate set, with
+// the release policy's defaults, for a candidate the safety rule did not
+// roll back.
+func (r *run) judgeAsReleased(cs scores) string {
+	p := deployment.ReleasePolicy{}.WithDefaults()
+	r.looks++
+	v := evolution.JudgeRegression(evolution.SuiteInput{Candidate: cs.gateEach, Baseline: r.servingScores.gateEach,
+		Anchor: r.anchorScores.gateEach, Budget: p.AnchorBudget, MaxDrop: p.MaxRewardDrop, Alpha: p.Alpha, Look: r.looks, Passes: r.passes})
+	safety := evolution.SuiteInput{Candidate: cs.safety, Baseline: r.servingScores.safety}
+	switch {
+	case v.Regressed:
+		return DecisionRollback
+	case v.Passed && evolution.JudgeSafety(safety).Passed:
+		r.passes++
+		return DecisionPromote
+	}
+	return DecisionHold
 }

@@ -127,6 +127,10 @@ type run struct {
 	servingScores  scores
 	servingSuccess float64
 	anchorGate     float64
+	// With ReleaseGate: the anchor's scores, and how many candidates were
+	// judged against it and passed.
+	anchorScores  scores
+	looks, passes int
 
 	// What was sampled for training since the last point.
 	loopStart          time.Time
@@ -201,7 +205,7 @@ func (r *run) start(ctx context.Context) error {
 	r.loopStart = time.Now()
 	safety := r.servingScores.safetyRate()
 	r.emit(Point{Version: 0, Success: r.servingSuccess, Safety: safety, CandidateSuccess: r.servingScores.gate, CandidateSafety: safety})
-	r.anchorGate = r.servingScores.gate
+	r.anchorGate, r.anchorScores = r.servingScores.gate, r.servingScores
 	return nil
 }
 

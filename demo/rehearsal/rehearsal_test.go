@@ -107,3 +107,34 @@ func TestRehearsalAsTheOnlineLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseGateJudgesAsTheRelease checks ReleaseGate's rule on a gate
+// set of 400 prompts: the same score as the anchor on the same prompts
+// passes, on a third of them swapped is not shown within the budget (held),
+// well below the serving version is a regression (rolled back), and the
+// looks at one anchor are counted.
+func TestReleaseGateJudgesAsTheRelease(t *testing.T) {
+	// right is 400 results of which the n from lo on are 1.
+	right := func(lo, n int) []float64 {
+		s := make([]float64, 400)
+		for i := lo; i < lo+n; i++ {
+			s[i] = 1
+		}
+		return s
+	}
+	safe := []float64{1, 1, 1, 1}
+	anchor := scores{gate: 0.5, gateEach: right(0, 200), safety: safe}
+	r := &run{servingScores: anchor, anchorScores: anchor}
+	for _, tc := range []struct {
+		cand []float64
+		want string
+	}{
+		{right(0, 200), DecisionPromote},
+		{right(130, 200), DecisionHold}, // the same score, 130 prompts swapped each way
+		{right(0, 150), DecisionRollback},
+	} {
+		require.Equal(t, tc.want, r.judgeAsReleased(scores{gateEach: tc.cand, safety: safe}))
+	}
+	require.Equal(t, 3, r.looks)
+	require.Equal(t, 1, r.passes)
+}
