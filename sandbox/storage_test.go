@@ -26,7 +26,11 @@ func TestResetMakesAUsedSandboxClean(t *testing.T) {
 		require.NoError(t, m.RemoveSnapshot(context.Background(), img))
 	})
 
-	const state = "find /workspace /tmp /var/tmp /home/sandbox /dev/shm /dev/mqueue -mindepth 1 | sort; cat /workspace/repo/main.txt; ls /proc | grep -c '^[0-9]'"
+	// The processes are listed by the shell's own builtins, leaving out the
+	// shell itself: a pipeline (ls /proc | grep) counts its own members or
+	// not, depending on which of them started first.
+	const state = "find /workspace /tmp /var/tmp /home/sandbox /dev/shm /dev/mqueue -mindepth 1 | sort; cat /workspace/repo/main.txt; " +
+		`for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] || { read -r c < "$p/comm" && echo "$c"; } 2>/dev/null; done`
 	fresh := newSandbox(t, m, img)
 	made = append(made, fresh)
 	clean := string(run(t, fresh, state).Stdout)
