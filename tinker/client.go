@@ -102,7 +102,7 @@ func retryableStatus(code int) bool {
 
 // post sends in to path and decodes the 2xx answer into out, retrying.
 func (c *Client) post(ctx context.Context, path string, in, out any) error {
-	body, err := json.Marshal(in)
+	body, err := Marshal(in)
 	if err != nil {
 		return fmt.Errorf("tinker %s: encode: %w", path, err)
 	}
@@ -123,7 +123,7 @@ func (c *Client) call(ctx context.Context, method, path string, body []byte, out
 			if out == nil {
 				return nil
 			}
-			if err := json.Unmarshal(data, out); err != nil {
+			if err := Unmarshal(data, out); err != nil {
 				return &APIError{Op: path, Status: status, Detail: "undecodable answer: " + err.Error(), Retryable: true}
 			}
 			return nil
@@ -232,7 +232,7 @@ func (c *Client) wait(ctx context.Context, d time.Duration) error {
 // decodes it into out. 408, a try_again body and a poll that timed out
 // mean "ask again"; a failed request is an *APIError naming it.
 func (c *Client) Await(ctx context.Context, op, requestID string, out any) error {
-	body, _ := json.Marshal(RetrieveFutureRequest{RequestID: requestID})
+	body, _ := Marshal(RetrieveFutureRequest{RequestID: requestID})
 	p := c.Retry.withDefaults()
 	poll := c.PollTimeout
 	if poll <= 0 {
@@ -260,7 +260,7 @@ func (c *Client) Await(ctx context.Context, op, requestID string, out any) error
 				Error    string `json:"error"`
 				Category string `json:"category"`
 			}
-			if json.Unmarshal(data, &probe) == nil {
+			if Unmarshal(data, &probe) == nil {
 				if probe.Type == TypeTryAgain {
 					tryAgain++
 					if err := c.wait(ctx, min(time.Duration(tryAgain)*100*time.Millisecond, time.Second)); err != nil {
@@ -276,7 +276,7 @@ func (c *Client) Await(ctx context.Context, op, requestID string, out any) error
 			if out == nil {
 				return nil
 			}
-			if err := json.Unmarshal(data, out); err != nil {
+			if err := Unmarshal(data, out); err != nil {
 				fail.Detail = "undecodable result: " + err.Error()
 				return fail
 			}

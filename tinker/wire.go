@@ -408,16 +408,16 @@ type errorDetail struct {
 // detailText renders an error body for a message.
 func detailText(body []byte) string {
 	var e errorDetail
-	if json.Unmarshal(body, &e) == nil && len(e.Detail) > 0 {
+	if Unmarshal(body, &e) == nil && len(e.Detail) > 0 {
 		var s string
-		if json.Unmarshal(e.Detail, &s) == nil {
+		if Unmarshal(e.Detail, &s) == nil {
 			return s
 		}
 		var items []struct {
 			Loc []any  `json:"loc"`
 			Msg string `json:"msg"`
 		}
-		if json.Unmarshal(e.Detail, &items) == nil && len(items) > 0 {
+		if Unmarshal(e.Detail, &items) == nil && len(items) > 0 {
 			var b strings.Builder
 			for i, it := range items {
 				if i > 0 {
@@ -430,7 +430,7 @@ func detailText(body []byte) string {
 		return string(e.Detail)
 	}
 	var re RequestError
-	if json.Unmarshal(body, &re) == nil && re.Error != "" {
+	if Unmarshal(body, &re) == nil && re.Error != "" {
 		return re.Error
 	}
 	s := strings.TrimSpace(string(body))

@@ -1,7 +1,6 @@
 package tinkerserver
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -70,7 +69,7 @@ func decode(c *gin.Context, v any, check func(*checker)) bool {
 		return false
 	}
 	ch := &checker{}
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := tinker.Unmarshal(body, v); err != nil {
 		ch.add("json_invalid", "JSON decode error: "+err.Error())
 	} else if check != nil {
 		check(ch)

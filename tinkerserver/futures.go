@@ -3,7 +3,6 @@ package tinkerserver
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"sync"
@@ -124,7 +123,7 @@ func (fs *futureStore) pruneLocked() {
 func (f *future) finish(result any, err error) {
 	if err != nil {
 		f.failure = err.Error()
-	} else if f.result, err = json.Marshal(result); err != nil {
+	} else if f.result, err = tinker.Marshal(result); err != nil {
 		f.failure = "encode result: " + err.Error()
 	}
 	f.finished = time.Now()

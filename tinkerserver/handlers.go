@@ -80,7 +80,7 @@ func (s *Server) optimStep(c *gin.Context) {
 		var p adamParams
 		if len(req.AdamParams) == 0 {
 			ch.add("missing", "Field required", "adam_params")
-		} else if err := json.Unmarshal(req.AdamParams, &p); err != nil {
+		} else if err := tinker.Unmarshal(req.AdamParams, &p); err != nil {
 			ch.add("model_type", "Input should be a valid dictionary: "+err.Error(), "adam_params")
 		}
 		step = p.step(ch)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -84,7 +83,7 @@ func (s *Server) work(m *model) {
 // When it refuses, submit answers the HTTP request itself and returns nil.
 func (s *Server) submit(c *gin.Context, modelID string, seq *int64, kind string, data any,
 	admit func(m *model) (int, string), release func(), run func(ctx context.Context, m *model) (any, error)) *future {
-	body, err := json.Marshal(data)
+	body, err := tinker.Marshal(data)
 	if err != nil {
 		abort(c, http.StatusInternalServerError, "encode request: "+err.Error())
 		return nil

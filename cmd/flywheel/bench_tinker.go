@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +58,9 @@ const benchTinkerBase = "bench-policy"
 type benchTinkerConfig struct {
 	Steps, MiniBatches, Rank, Groups, GroupSize int
 	Seed                                        uint64
+	// CPUProfile, when set, is the prefix of the api side's per-step CPU
+	// profiles (PREFIX.1, PREFIX.2, …; go tool pprof merges them).
+	CPUProfile string
 }
 
 func runBenchTinker(ctx context.Context, args []string) error {
@@ -68,6 +72,7 @@ func runBenchTinker(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Groups, "groups", 36, "GRPO groups in the batch")
 	fs.IntVar(&cfg.GroupSize, "group-size", 8, "samples per group")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the model and the prompts")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write CPU profiles of the api side's steps (client and server) to PREFIX.1, PREFIX.2, …")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -132,6 +137,7 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 	fmt.Println("direct: learner in process: load state, forward, per minibatch forward_backward + optim_step, save state, write sampler weights")
 	fmt.Println("api:    TrainBatch on the embedded trainer over loopback HTTP: the same, plus batch file, JSON, futures, archive, download, unpack")
 
+	api.profile = cfg.CPUProfile
 	var directT, apiT []float64
 	for i := 0; i < cfg.Steps; i++ {
 		var d, a time.Duration
@@ -356,6 +362,8 @@ type apiRunner struct {
 	batch flow.BatchRef
 	dir   string
 	prev  flow.CheckpointRef
+	// profile, when set, is the prefix of the steps' CPU profiles.
+	profile string
 }
 
 func (r *apiRunner) step(ctx context.Context, i int) (time.Duration, float64, error) {
@@ -367,6 +375,17 @@ func (r *apiRunner) step(ctx context.Context, i int) (time.Duration, float64, er
 		Algo:    flow.TrainAlgorithm{Objective: trainer.ObjectiveGRPO},
 		Trainer: &tc}
 	runtime.GC()
+	if r.profile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", r.profile, i+1))
+		if err != nil {
+			return 0, 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	out, err := r.tt.TrainBatch(ctx, in)
 	if err != nil {
