@@ -58,15 +58,21 @@ func (ch *checker) id(v string, loc ...any) {
 // decode reads the body into v and runs check; it answers 413 or 422
 // itself and reports false.
 func decode(c *gin.Context, v any, check func(*checker)) bool {
+	_, ok := decodeBody(c, v, check)
+	return ok
+}
+
+// decodeBody is decode that also returns the body as it came.
+func decodeBody(c *gin.Context, v any, check func(*checker)) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
 		abort(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", maxBody))
-		return false
+		return nil, false
 	case err != nil:
 		abort(c, http.StatusBadRequest, "read request body: "+err.Error())
-		return false
+		return nil, false
 	}
 	ch := &checker{}
 	if err := tinker.Unmarshal(body, v); err != nil {
@@ -76,9 +82,9 @@ func decode(c *gin.Context, v any, check func(*checker)) bool {
 	}
 	if len(ch.errs) > 0 {
 		c.AbortWithStatusJSON(http.StatusUnprocessableEntity, gin.H{"detail": ch.errs})
-		return false
+		return nil, false
 	}
-	return true
+	return body, true
 }
 
 // skyrlLosses are the loss functions SkyRL tx's API accepts, with the

@@ -2,6 +2,7 @@ package tinkerserver
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -27,32 +28,35 @@ func (s *Server) forward(c *gin.Context) {
 	var req tinker.ForwardRequest
 	var data []trainer.TokenDatum
 	var loss trainer.Loss
-	if !decode(c, &req, func(ch *checker) {
+	body, ok := decodeBody(c, &req, func(ch *checker) {
 		ch.required(req.ModelID, "model_id")
 		data, loss = passInput(ch, req.ForwardInput, "forward_input")
-	}) {
-		return
+	})
+	if ok {
+		s.pass(c, req.ModelID, req.SeqID, reqForward, body, data, loss, false)
 	}
-	s.pass(c, req.ModelID, req.SeqID, reqForward, req.ForwardInput, data, loss, false)
 }
 
 func (s *Server) forwardBackward(c *gin.Context) {
 	var req tinker.ForwardBackwardRequest
 	var data []trainer.TokenDatum
 	var loss trainer.Loss
-	if !decode(c, &req, func(ch *checker) {
+	body, ok := decodeBody(c, &req, func(ch *checker) {
 		ch.required(req.ModelID, "model_id")
 		data, loss = passInput(ch, req.ForwardBackwardInput, "forward_backward_input")
-	}) {
-		return
+	})
+	if ok {
+		s.pass(c, req.ModelID, req.SeqID, reqForwardBackward, body, data, loss, true)
 	}
-	s.pass(c, req.ModelID, req.SeqID, reqForwardBackward, req.ForwardBackwardInput, data, loss, true)
 }
 
 // pass queues a forward (withGrad false) or forward_backward request.
-func (s *Server) pass(c *gin.Context, modelID string, seq *int64, kind string, in tinker.ForwardBackwardInput,
+// Deduplication compares the body's digest: a retry of a seq_id sends the
+// same bytes (as Tinker's SDK and this project's client do), and encoding
+// the tensors again to compare them cost about 5 ms of CPU a train step.
+func (s *Server) pass(c *gin.Context, modelID string, seq *int64, kind string, body []byte,
 	data []trainer.TokenDatum, loss trainer.Loss, withGrad bool) {
-	f := s.submit(c, modelID, seq, kind, in, nil, nil, func(ctx context.Context, m *model) (any, error) {
+	f := s.submit(c, modelID, seq, kind, sha256.Sum256(body), nil, nil, func(ctx context.Context, m *model) (any, error) {
 		run := m.learner.Forward
 		if withGrad {
 			run = m.learner.ForwardBackward
