@@ -154,19 +154,10 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 	if err != nil {
 		return nil, bad("%v", err)
 	}
-	getenv := t.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
+	c, err := t.client(cfg, "tinker train batch")
+	if err != nil {
+		return nil, err
 	}
-	c := tinker.New(cfg.URL, "")
-	if cfg.APIKeyEnv != "" {
-		c.APIKey = getenv(cfg.APIKeyEnv)
-		if c.APIKey == "" {
-			return nil, temporal.NewNonRetryableApplicationError(fmt.Sprintf(
-				"tinker train batch: %s is not set on this worker (the deployment's trainer.api_key_env)", cfg.APIKeyEnv), "BadInput", nil)
-		}
-	}
-	c.HTTP, c.Retry = t.HTTP, t.Retry
 	c.OnWait, c.PollTimeout = t.heartbeat(ctx, in.RunID)
 	// The version's checkpoints are named v<N> on the service (its names
 	// are [A-Za-z0-9_-]) and in the directory.
@@ -176,6 +167,26 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 		s.samples = append(s.samples, sampleOf(r))
 	}
 	return s, nil
+}
+
+// client is a client of cfg's service, with its API key from this
+// worker's environment; op names the caller in the error when the key is
+// not set.
+func (t *TinkerTraining) client(cfg deployment.Trainer, op string) (*tinker.Client, error) {
+	getenv := t.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	c := tinker.New(cfg.URL, "")
+	if cfg.APIKeyEnv != "" {
+		c.APIKey = getenv(cfg.APIKeyEnv)
+		if c.APIKey == "" {
+			return nil, temporal.NewNonRetryableApplicationError(fmt.Sprintf(
+				"%s: %s is not set on this worker (the deployment's trainer.api_key_env)", op, cfg.APIKeyEnv), "BadInput", nil)
+		}
+	}
+	c.HTTP, c.Retry = t.HTTP, t.Retry
+	return c, nil
 }
 
 // readBatch reads and checks the step's batch file.

@@ -326,3 +326,56 @@ func TestTinkerStepOutlastsA429Storm(t *testing.T) {
 	require.Equal(t, "TinkerRejected", app.Type())
 	require.Contains(t, err.Error(), "create_model")
 }
+
+// TestTinkerPruneStatesDeletesTheNamedStates trains two versions, prunes
+// the first: its training state is gone from the service, its sampler
+// weights stay in its directory, the second's state is untouched, and a
+// second pass (the state already gone) and a version without tinker.json
+// are reported done; a state on another service is left there.
+func TestTinkerPruneStatesDeletesTheNamedStates(t *testing.T) {
+	ctx := context.Background()
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 21, "dep@v1", "", "")
+	v1, err := fastTinker().TrainBatch(ctx, in)
+	require.NoError(t, err)
+	in2 := tinkerInput(t, svc, deployment.LossImportanceSampling, 22, "dep@v2", "dep@v1", v1.Checkpoint.URI)
+	in2.Output.Dir = in.Output.Dir
+	_, err = fastTinker().TrainBatch(ctx, in2)
+	require.NoError(t, err)
+	dir1, dir2 := filepath.Join(in.Output.Dir, "v1"), filepath.Join(in.Output.Dir, "v2")
+	states := func(dir string) []string {
+		var meta struct {
+			Model string `json:"model_id"`
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, "tinker.json"))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(raw, &meta))
+		cps, err := tinker.New(svc.url, "").Checkpoints(ctx, meta.Model)
+		require.NoError(t, err)
+		var out []string
+		for _, c := range cps {
+			out = append(out, c.CheckpointType+" "+c.CheckpointID)
+		}
+		return out
+	}
+	require.Equal(t, []string{"training v1"}, states(dir1))
+
+	bare := t.TempDir() // a version trained before tinker.json, or by another trainer
+	moved := filepath.Join(t.TempDir(), "v3")
+	require.NoError(t, os.MkdirAll(moved, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(moved, "tinker.json"), []byte(`{"service":"http://127.0.0.1:1","model_id":"m","state":"tinker://m/weights/v3"}`), 0o644))
+	prune := flow.PruneStatesInput{Deployment: "dep", Trainer: in.Trainer, Versions: map[string]string{"dep@v1": dir1, "dep@v0": bare, "dep@v3": moved}}
+	out, err := fastTinker().PruneStates(ctx, prune)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"dep@v0", "dep@v1", "dep@v3"}, out.Pruned)
+	require.Empty(t, states(dir1), "v1's training state is deleted")
+	require.FileExists(t, filepath.Join(dir1, "adapter_model.safetensors"), "its sampler weights stay")
+	require.Equal(t, []string{"training v2"}, states(dir2), "v2's is kept")
+
+	out, err = fastTinker().PruneStates(ctx, flow.PruneStatesInput{Deployment: "dep", Trainer: in.Trainer, Versions: map[string]string{"dep@v1": dir1}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"dep@v1"}, out.Pruned, "a state already gone counts as pruned")
+
+	_, err = fastTinker().PruneStates(ctx, flow.PruneStatesInput{Deployment: "dep", Versions: map[string]string{"dep@v1": dir1}})
+	require.ErrorContains(t, err, "names no tinker trainer")
+}

@@ -74,7 +74,8 @@ func Registrations(d Deps) map[string]Registrar {
 			r.RegisterWorkflowWithOptions(workflows.WatchdogWorkflow, workflow.RegisterOptions{Name: flow.WatchdogWorkflowName})
 			register(r, release.WatchServing)
 			r.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: flow.TrainingWorkflowName})
-			register(r, training.CheckBatch, training.ClaimBatch, training.PrepareBatch, training.RegisterCheckpoint, training.FailTrainingRun)
+			register(r, training.CheckBatch, training.ClaimBatch, training.PrepareBatch, training.RegisterCheckpoint, training.FailTrainingRun,
+				training.PrunableStates, training.MarkStatesPruned)
 			r.RegisterWorkflowWithOptions(workflows.EvolutionWorkflow, workflow.RegisterOptions{Name: flow.EvolutionWorkflowName})
 			r.RegisterWorkflowWithOptions(workflows.EvolutionSweepWorkflow, workflow.RegisterOptions{Name: flow.EvolutionSweepWorkflowName})
 			register(r, evolve.ComputeEvidence, evolve.RecordDecision, evolve.ProposeArtefact, evolve.RecordDecisionRelease,
@@ -87,6 +88,7 @@ func Registrations(d Deps) map[string]Registrar {
 		deployment.TinkerQueue: func(r tworker.Registry) {
 			tinker := &activities.TinkerTraining{Logger: d.Logger}
 			r.RegisterActivityWithOptions(tinker.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
+			register(r, tinker.PruneStates)
 		},
 		flow.SandboxTaskQueue: func(r tworker.Registry) {},
 		flow.SWETaskQueue: func(r tworker.Registry) {

@@ -11,6 +11,7 @@ var (
 	aPing      *activities.Ping
 	aRelease   *activities.Release
 	aTraining  *activities.Training
+	aTinker    *activities.TinkerTraining
 	aEvolution *activities.Evolution
 	aForget    *activities.Forget
 	aSWE       *activities.SWEActivities

@@ -150,6 +150,7 @@ func (s *stack) trainerWorker(heartbeat time.Duration) tworker.Worker {
 	w := tworker.New(s.tc, deployment.TinkerQueue, tworker.Options{})
 	a := &activities.TinkerTraining{HeartbeatEvery: heartbeat, Logger: slog.New(slog.DiscardHandler)}
 	w.RegisterActivityWithOptions(a.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
+	w.RegisterActivity(a.PruneStates)
 	return w
 }
 
@@ -303,6 +304,8 @@ func register(r tworker.Registry, pool *pgxpool.Pool, red *redact.Redactor, back
 	act(training.PrepareBatch, flow.ActivityName((*activities.Training).PrepareBatch))
 	act(training.RegisterCheckpoint, flow.ActivityName((*activities.Training).RegisterCheckpoint))
 	act(training.FailTrainingRun, flow.ActivityName((*activities.Training).FailTrainingRun))
+	act(training.PrunableStates, flow.ActivityName((*activities.Training).PrunableStates))
+	act(training.MarkStatesPruned, flow.ActivityName((*activities.Training).MarkStatesPruned))
 	wf(workflows.EvolutionWorkflow, flow.EvolutionWorkflowName)
 	act(evolve.ComputeEvidence, flow.ActivityName((*activities.Evolution).ComputeEvidence))
 	act(evolve.RecordDecision, flow.ActivityName((*activities.Evolution).RecordDecision))

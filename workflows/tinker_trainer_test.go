@@ -86,6 +86,7 @@ func TestIntegrationTinkerTrainsAnUpstreamDeployment(t *testing.T) {
 	w := tworker.New(s.tc, deployment.TinkerQueue, tworker.Options{})
 	tinker := &activities.TinkerTraining{Logger: slog.New(slog.DiscardHandler)}
 	w.RegisterActivityWithOptions(tinker.TrainBatch, activity.RegisterOptions{Name: flow.TrainBatchActivity})
+	w.RegisterActivity(tinker.PruneStates)
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 

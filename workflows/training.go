@@ -248,6 +248,7 @@ func (r *trainingRun) continueAsNew(ctx workflow.Context) (flow.TrainingState, e
 	if err := r.servingChanged(ctx); err != nil {
 		return r.st, err
 	}
+	r.pruneStates(ctx)
 	r.st.Phase = "continuing"
 	return r.st, workflow.NewContinueAsNewError(ctx, TrainingWorkflow, flow.TrainingInput{
 		Deployment: r.in.Deployment, Policy: r.in.Policy,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
 
@@ -35,6 +37,10 @@ type trainingActs struct {
 	last    string // the newest trained version
 	failed  []int64
 	release *releaseActs
+	// kept are the versions each prune pass kept, pruned the versions
+	// whose states it marked gone.
+	kept   [][]string
+	pruned []string
 }
 
 func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *trainingActs) {
@@ -91,6 +97,28 @@ func newTrainingEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *training
 		a.failed = append(a.failed, in.RunID)
 		return nil
 	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.FailTrainingRun)})
+	// Every version but the ones kept is prunable, its directory /d/<id>.
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.PrunableStatesInput) (flow.PrunableStatesOutput, error) {
+		a.kept = append(a.kept, in.Keep)
+		out := flow.PrunableStatesOutput{Versions: map[string]string{}, Trainer: &deployment.Trainer{Kind: deployment.TrainerTinker}}
+		for n := 1; n <= a.trained+1; n++ {
+			if v := fmt.Sprintf("dep@v%d", n); !slices.Contains(in.Keep, v) && !slices.Contains(a.pruned, v) {
+				out.Versions[v] = "/d/" + v
+			}
+		}
+		return out, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.PrunableStates)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.PruneStatesInput) (flow.PruneStatesOutput, error) {
+		var out flow.PruneStatesOutput
+		for v := range in.Versions {
+			out.Pruned = append(out.Pruned, v)
+		}
+		return out, nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTinker.PruneStates)})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in flow.MarkStatesPrunedInput) error {
+		a.pruned = append(a.pruned, in.Versions...)
+		return nil
+	}, activity.RegisterOptions{Name: flow.ActivityName(aTraining.MarkStatesPruned)})
 	return env, a
 }
 
@@ -235,6 +263,11 @@ func TestTrainingGoesOnWhileAReleaseRunsAndReleasesTheNewest(t *testing.T) {
 	require.Equal(t, 0, next.Carry.Ahead)
 	require.Empty(t, next.Carry.Pending)
 	require.Empty(t, acts.resets)
+	// Before it continued, the run named the versions it holds, and what
+	// the store called prunable (here every other version) was pruned and
+	// marked.
+	require.Equal(t, [][]string{{"dep@v5"}}, acts.kept)
+	require.ElementsMatch(t, []string{"dep@v1", "dep@v2", "dep@v3", "dep@v4"}, acts.pruned)
 }
 
 func TestTrainingGoesBackToServingWeightsWhenSafetyFails(t *testing.T) {
