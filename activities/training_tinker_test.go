@@ -98,6 +98,25 @@ func tinkerInput(t *testing.T, svc *tinkerService, loss string, run int64, versi
 			Adam: deployment.Adam{LR: 0.05}}}
 }
 
+// versionMeta is what the tests read of a version's tinker.json.
+type versionMeta struct {
+	Model string `json:"model_id"`
+	State string `json:"state"`
+}
+
+// versionCheckpoints reads the tinker.json of the version in dir and lists
+// its model's checkpoints on svc.
+func versionCheckpoints(t *testing.T, svc *tinkerService, dir string) (versionMeta, []tinker.Checkpoint) {
+	t.Helper()
+	var meta versionMeta
+	raw, err := os.ReadFile(filepath.Join(dir, "tinker.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &meta))
+	cps, err := tinker.New(svc.url, "").Checkpoints(context.Background(), meta.Model)
+	require.NoError(t, err)
+	return meta, cps
+}
+
 func fastTinker() *activities.TinkerTraining {
 	return &activities.TinkerTraining{Retry: tinker.RetryPolicy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond, MaxElapsed: 30 * time.Second}}
 }
@@ -150,15 +169,7 @@ func TestTinkerStepSendsTheBatchAsDatums(t *testing.T) {
 	}
 	// The service keeps v1's training state, for the next step to start
 	// from, and no longer its sampler weights: the directory holds them.
-	var meta struct {
-		Model string `json:"model_id"`
-		State string `json:"state"`
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "tinker.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(raw, &meta))
-	cps, err := tinker.New(svc.url, "").Checkpoints(ctx, meta.Model)
-	require.NoError(t, err)
+	meta, cps := versionCheckpoints(t, svc, dir)
 	require.Len(t, cps, 1)
 	require.Equal(t, meta.State, cps[0].TinkerPath)
 	require.Len(t, svc.bodies(tinker.PathTrainingRuns+"/"+meta.Model+"/checkpoints/sampler_weights/v1"), 1, "deleted by its kind and name")
@@ -344,14 +355,7 @@ func TestTinkerPruneStatesDeletesTheNamedStates(t *testing.T) {
 	require.NoError(t, err)
 	dir1, dir2 := filepath.Join(in.Output.Dir, "v1"), filepath.Join(in.Output.Dir, "v2")
 	states := func(dir string) []string {
-		var meta struct {
-			Model string `json:"model_id"`
-		}
-		raw, err := os.ReadFile(filepath.Join(dir, "tinker.json"))
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(raw, &meta))
-		cps, err := tinker.New(svc.url, "").Checkpoints(ctx, meta.Model)
-		require.NoError(t, err)
+		_, cps := versionCheckpoints(t, svc, dir)
 		var out []string
 		for _, c := range cps {
 			out = append(out, c.CheckpointType+" "+c.CheckpointID)
