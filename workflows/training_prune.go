@@ -44,8 +44,14 @@ func (r *trainingRun) pruneStates(ctx workflow.Context) {
 	if len(list.Versions) == 0 {
 		return
 	}
+	// The queue its train steps go to (a Tinker deployment may name its
+	// own workers').
+	queue := deployment.TinkerQueue
+	if list.Trainer != nil && list.Trainer.Queue != "" {
+		queue = list.Trainer.Queue
+	}
 	prune := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:              deployment.TinkerQueue,
+		TaskQueue:              queue,
 		ScheduleToStartTimeout: time.Minute,
 		StartToCloseTimeout:    2 * time.Minute,
 		HeartbeatTimeout:       time.Minute,
