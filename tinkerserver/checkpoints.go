@@ -181,24 +181,20 @@ func (s *Server) saveWeightsForSampler(c *gin.Context) {
 // writeSamplerArchive writes m's PEFT directory (or full weights) as a
 // tar.gz at path, atomically.
 func (s *Server) writeSamplerArchive(m *model, path string) error {
+	files, err := m.learner.PEFTFiles(m.base)
+	if err != nil {
+		return err
+	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("save sampler weights: %w", err)
-	}
-	peft, err := os.MkdirTemp(dir, tempPrefix+"peft-*")
-	if err != nil {
-		return fmt.Errorf("save sampler weights: %w", err)
-	}
-	defer os.RemoveAll(peft)
-	if err := m.learner.WritePEFT(peft, m.base); err != nil {
-		return err
 	}
 	tmp, err := os.CreateTemp(dir, tempPrefix+"archive-*")
 	if err != nil {
 		return fmt.Errorf("save sampler weights: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // no-op once renamed
-	err = tarDir(tmp, peft)
+	err = writeTar(tmp, files)
 	if err == nil {
 		err = tmp.Sync()
 	}
@@ -214,34 +210,23 @@ func (s *Server) writeSamplerArchive(m *model, path string) error {
 	return nil
 }
 
-// tarDir writes the regular files of dir, top level only, as a tar.gz,
-// stored uncompressed as SkyRL tx writes its archives: float weights
-// hardly compress (7 % at gzip's default level, for most of a train
-// step's time on the embedded policy), and the archive crosses loopback
-// or a LAN.
-func tarDir(w io.Writer, dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
+// writeTar writes files as a tar.gz, stored uncompressed as SkyRL tx
+// writes its archives: float weights hardly compress (7 % at gzip's
+// default level, for most of a train step's time on the embedded policy),
+// and the archive crosses loopback or a LAN.
+func writeTar(w io.Writer, files []trainer.File) error {
 	zw, err := gzip.NewWriterLevel(w, gzip.NoCompression)
 	if err != nil {
 		return err
 	}
 	tw := tar.NewWriter(zw)
-	for _, e := range entries { // ReadDir sorts by name
-		if !e.Type().IsRegular() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return err
-		}
-		h := &tar.Header{Name: e.Name(), Mode: 0o644, Size: int64(len(data)), ModTime: time.Now(), Typeflag: tar.TypeReg}
+	now := time.Now()
+	for _, f := range files {
+		h := &tar.Header{Name: f.Name, Mode: 0o644, Size: int64(len(f.Data)), ModTime: now, Typeflag: tar.TypeReg}
 		if err := tw.WriteHeader(h); err != nil {
 			return err
 		}
-		if _, err := tw.Write(data); err != nil {
+		if _, err := tw.Write(f.Data); err != nil {
 			return err
 		}
 	}

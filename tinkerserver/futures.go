@@ -34,9 +34,12 @@ type future struct {
 	data []byte
 	done chan struct{}
 	// Set once before done closes.
-	result   []byte // JSON
+	value    any    // the result, until its first retrieval encodes it
 	failure  string // non-empty: the request failed (answered 400)
 	finished time.Time
+	// The result's JSON, encoded once, by the first retrieval.
+	encode sync.Once
+	result []byte
 }
 
 type seqKey struct {
@@ -119,15 +122,33 @@ func (fs *futureStore) pruneLocked() {
 	}
 }
 
-// finish stores a result or a failure and wakes the waiters.
+// finish stores a result or a failure and wakes the waiters. The result
+// is encoded by the retrieval that answers it, on its HTTP goroutine, so
+// the model's worker goes on to its next request meanwhile.
 func (f *future) finish(result any, err error) {
 	if err != nil {
 		f.failure = err.Error()
-	} else if f.result, err = tinker.Marshal(result); err != nil {
-		f.failure = "encode result: " + err.Error()
+	} else {
+		f.value = result
 	}
 	f.finished = time.Now()
 	close(f.done)
+}
+
+// answer is the finished future's JSON, or why it failed (a result that
+// does not encode, such as a NaN, fails the request).
+func (f *future) answer() ([]byte, string) {
+	f.encode.Do(func() {
+		if f.failure != "" {
+			return
+		}
+		var err error
+		if f.result, err = tinker.Marshal(f.value); err != nil {
+			f.result, f.failure = nil, "encode result: "+err.Error()
+		}
+		f.value = nil
+	})
+	return f.result, f.failure
 }
 
 // answerFuture is SkyRL's answer to an accepted request.
@@ -154,9 +175,10 @@ func (s *Server) retrieveFuture(c *gin.Context) {
 		abort(c, http.StatusRequestTimeout, "Timeout waiting for result")
 		return
 	}
-	if f.failure != "" {
-		abort(c, http.StatusBadRequest, f.failure)
+	body, failure := f.answer()
+	if failure != "" {
+		abort(c, http.StatusBadRequest, failure)
 		return
 	}
-	c.Data(http.StatusOK, "application/json", f.result)
+	c.Data(http.StatusOK, "application/json", body)
 }

@@ -26,24 +26,8 @@ const (
 // (written aside, then renamed) so a reader never sees half a checkpoint.
 // extra adds metadata (for example the lineage of trajectories).
 func SaveCheckpoint(path string, m *Model, version int64, extra map[string]string) error {
-	cfg, err := json.Marshal(m.Config)
+	data, err := encodeCheckpoint(m, version, extra)
 	if err != nil {
-		return fmt.Errorf("save checkpoint: %w", err)
-	}
-	meta := map[string]string{}
-	for k, v := range extra {
-		meta[k] = v
-	}
-	meta[MetaFormat] = CheckpointFormat
-	meta[MetaVersion] = strconv.FormatInt(version, 10)
-	meta[MetaConfig] = string(cfg)
-	meta[MetaCreated] = time.Now().UTC().Format(time.RFC3339)
-	tensors := map[string]Tensor{}
-	for _, s := range m.lay.Specs {
-		tensors[s.Name] = F32Tensor(s.Shape, m.W[s.Offset:s.Offset+s.Size])
-	}
-	var buf bytes.Buffer
-	if err := WriteSafetensors(&buf, tensors, meta); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
 	if _, err := os.Stat(path); err == nil {
@@ -54,7 +38,7 @@ func SaveCheckpoint(path string, m *Model, version int64, extra map[string]strin
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // no-op once renamed
-	if _, err := tmp.Write(buf.Bytes()); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
@@ -70,6 +54,31 @@ func SaveCheckpoint(path string, m *Model, version int64, extra map[string]strin
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
 	return nil
+}
+
+// encodeCheckpoint is the safetensors file SaveCheckpoint writes.
+func encodeCheckpoint(m *Model, version int64, extra map[string]string) ([]byte, error) {
+	cfg, err := json.Marshal(m.Config)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{}
+	for k, v := range extra {
+		meta[k] = v
+	}
+	meta[MetaFormat] = CheckpointFormat
+	meta[MetaVersion] = strconv.FormatInt(version, 10)
+	meta[MetaConfig] = string(cfg)
+	meta[MetaCreated] = time.Now().UTC().Format(time.RFC3339)
+	tensors := map[string]Tensor{}
+	for _, s := range m.lay.Specs {
+		tensors[s.Name] = F32Tensor(s.Shape, m.W[s.Offset:s.Offset+s.Size])
+	}
+	var buf bytes.Buffer
+	if err := WriteSafetensors(&buf, tensors, meta); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // LoadCheckpoint reads a checkpoint written by SaveCheckpoint, or by an

@@ -83,16 +83,38 @@ func peftModules(c ModelConfig) map[string]peftModule {
 // (rank 0) has no adapter: dir gets FullWeightsFile, the merged model in
 // the SaveCheckpoint format, with the step as its version.
 func (l *Learner) WritePEFT(dir, baseModel string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	files, err := l.PEFTFiles(baseModel)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write peft: %w", err)
 	}
-	if l.lora.Rank == 0 {
-		if err := SaveCheckpoint(filepath.Join(dir, FullWeightsFile), l.model, int64(l.opt.step), map[string]string{"base_model": baseModel}); err != nil {
+	for _, f := range files {
+		if err := writeFileAtomic(filepath.Join(dir, f.Name), f.Data); err != nil {
 			return fmt.Errorf("write peft: %w", err)
 		}
-		return nil
+	}
+	return nil
+}
+
+// File is one file of a directory, by name.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// PEFTFiles are the files WritePEFT writes, sorted by name, for a caller
+// that packs them itself (the sampler archive).
+func (l *Learner) PEFTFiles(baseModel string) ([]File, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lora.Rank == 0 {
+		data, err := encodeCheckpoint(l.model, int64(l.opt.step), map[string]string{"base_model": baseModel})
+		if err != nil {
+			return nil, fmt.Errorf("write peft: %w", err)
+		}
+		return []File{{FullWeightsFile, data}}, nil
 	}
 	r := l.lora.Rank
 	cfg := peftConfig{PEFTType: "LORA", TaskType: "CAUSAL_LM", BaseModel: baseModel, R: r, LoRAAlpha: l.lora.Alpha,
@@ -124,19 +146,15 @@ func (l *Learner) WritePEFT(dir, baseModel string) error {
 	slices.Sort(cfg.TargetModules)
 	js, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
-		return fmt.Errorf("write peft: %w", err)
+		return nil, fmt.Errorf("write peft: %w", err)
 	}
 	var buf bytes.Buffer
 	if err := WriteSafetensors(&buf, tensors, map[string]string{"format": "pt"}); err != nil {
-		return fmt.Errorf("write peft: %w", err)
+		return nil, fmt.Errorf("write peft: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, PEFTWeightsFile), buf.Bytes()); err != nil {
-		return fmt.Errorf("write peft: %w", err)
-	}
-	if err := writeFileAtomic(filepath.Join(dir, PEFTConfigFile), append(js, '\n')); err != nil {
-		return fmt.Errorf("write peft: %w", err)
-	}
-	return nil
+	files := []File{{PEFTConfigFile, append(js, '\n')}, {PEFTWeightsFile, buf.Bytes()}}
+	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Name, b.Name) })
+	return files, nil
 }
 
 // ApplyPEFT returns base with the adapter in dir merged in (base is not
