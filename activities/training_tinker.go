@@ -255,12 +255,20 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err := s.writeRecord(model); err != nil {
 		return tinkerMeta{}, err
 	}
+	step := tinkerstep.Config{Trainer: s.cfg, Masks: s.masks, SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}
 	if base != "" {
-		if err := s.c.LoadWeights(ctx, model, base, true, s.next()); err != nil {
+		// The service runs the model's requests in order: the proximal
+		// pass queues behind the load, and no update is queued until the
+		// load has succeeded.
+		load, err := s.c.LoadWeightsAsync(ctx, model, base, true, s.next())
+		if err != nil {
 			return tinkerMeta{}, err
 		}
+		step.Ready = func(ctx context.Context) error {
+			_, err := load.Await(ctx)
+			return err
+		}
 	}
-	step := tinkerstep.Config{Trainer: s.cfg, Masks: s.masks, SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}
 	if s.cfg.KLCoef > 0 && !step.SFT {
 		// The KL penalty's reference is the base model itself: a model
 		// of the service never trained (a fresh adapter leaves the base's

@@ -191,8 +191,9 @@ func TestTinkerStepSendsTheBatchAsDatums(t *testing.T) {
 }
 
 // TestTinkerStepFoldsTheBehaviourWeight checks decoupled PPO: one forward
-// pass before any update (a request per minibatch, all queued before the
-// first update; tinkerstep's test checks the order) gives the proximal
+// pass before any update (the first minibatch's request, then the rest's,
+// both queued before the first update; tinkerstep's test checks the
+// order) gives the proximal
 // log-probs, which the ppo loss
 // takes its ratio against, and the behaviour weight min(π_prox/μ, cap)
 // multiplies the advantage; IcePop zeroes a token's advantage.
@@ -203,7 +204,7 @@ func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
 	in.Algo.Masks = &deployment.TokenMasks{IcePop: true, IcePopLow: 0.5, IcePopHigh: 2}
 	out, err := fastTinker().TrainBatch(ctx, in)
 	require.NoError(t, err)
-	require.Len(t, svc.bodies(tinker.PathForward), 2, "one proximal pass, a forward per minibatch")
+	require.Len(t, svc.bodies(tinker.PathForward), 2, "one proximal pass: the first minibatch, then the rest")
 	fbs := svc.bodies(tinker.PathForwardBackward)
 	var second sentFB
 	require.NoError(t, json.Unmarshal(fbs[1], &second))
@@ -232,9 +233,9 @@ func TestTinkerStepFoldsTheBehaviourWeight(t *testing.T) {
 
 // TestTinkerStepTakesTheKLPenaltyToTheBase checks kl_coef on the Tinker
 // API: the step creates a second model of the base, never trained, takes
-// its log-probs in a forward pass (a request per minibatch), shapes every
-// trained token's advantage by kl_coef·(mean d − d), d the behaviour
-// log-prob less the base's, records the mean d, and unloads the
+// its log-probs in a forward pass (the first minibatch, then the rest),
+// shapes every trained token's advantage by kl_coef·(mean d − d), d the
+// behaviour log-prob less the base's, records the mean d, and unloads the
 // reference after.
 func TestTinkerStepTakesTheKLPenaltyToTheBase(t *testing.T) {
 	ctx := context.Background()
@@ -246,7 +247,7 @@ func TestTinkerStepTakesTheKLPenaltyToTheBase(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, svc.bodies(tinker.PathCreateModel), 2, "the trained model and the reference")
 	fwds := svc.bodies(tinker.PathForward)
-	require.Len(t, fwds, 2, "the reference's pass, a forward per minibatch")
+	require.Len(t, fwds, 2, "the reference's pass: the first minibatch, then the rest")
 	var ref struct {
 		Model string `json:"model_id"`
 	}

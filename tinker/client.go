@@ -470,8 +470,13 @@ func (c *Client) SaveWeights(ctx context.Context, model, name string, seq int64)
 
 // LoadWeights loads a saved training state into model, which must be new.
 func (c *Client) LoadWeights(ctx context.Context, model, path string, optimizer bool, seq int64) error {
-	_, err := submit[json.RawMessage](ctx, c, PathLoadWeights, LoadWeightsRequest{ModelID: model, Path: path, Optimizer: optimizer, SeqID: &seq}, nil)
+	_, err := await[json.RawMessage](ctx)(c.LoadWeightsAsync(ctx, model, path, optimizer, seq))
 	return err
+}
+
+// LoadWeightsAsync queues a load_weights and returns its future.
+func (c *Client) LoadWeightsAsync(ctx context.Context, model, path string, optimizer bool, seq int64) (Pending[json.RawMessage], error) {
+	return enqueue[json.RawMessage](ctx, c, PathLoadWeights, LoadWeightsRequest{ModelID: model, Path: path, Optimizer: optimizer, SeqID: &seq}, nil)
 }
 
 // SaveWeightsForSampler saves the weights a server samples from as name.

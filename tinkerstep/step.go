@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/tinker"
@@ -33,6 +34,11 @@ type Config struct {
 	// its next seq_id; needed only when Trainer.KLCoef > 0.
 	Reference    string
 	ReferenceSeq func() int64
+	// Ready, when set, is awaited before the first update is queued: a
+	// request queued on the model ahead of the step (the base state's
+	// load_weights), which the proximal pass may overlap but no update
+	// may follow unless it succeeded.
+	Ready func(context.Context) error
 }
 
 // Stats sums a step's passes.
@@ -77,18 +83,12 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 		return st, err
 	}
 	parts := trainer.SplitGroups(samples, cfg.Trainer.MiniBatches)
-	var prox []tinker.Pending[tinker.ForwardBackwardOutput]
+	var prox *partsPass
 	if !cfg.SFT && (cfg.Trainer.Loss == deployment.LossPPO || loss.IcePop || loss.KPop) {
 		// Every part's ratio is taken against the weights the step
-		// starts from: one forward pass, a request per part, all queued
-		// before any update. While the service computes the later parts'
-		// the first part's result comes back and its update is built.
-		for _, part := range parts {
-			p, err := c.ForwardAsync(ctx, model, proximalInput(part), seq())
-			if err != nil {
-				return st, err
-			}
-			prox = append(prox, p)
+		// starts from: one forward pass, queued before any update.
+		if prox, err = forwardParts(ctx, c, model, parts, seq); err != nil {
+			return st, err
 		}
 		st.ForwardPasses++
 	}
@@ -99,6 +99,11 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 		}
 		st.ForwardPasses++
 		st.KL = &kl.mean
+	}
+	if cfg.Ready != nil {
+		if err := cfg.Ready(ctx); err != nil {
+			return st, err
+		}
 	}
 	a := cfg.Trainer.Adam
 	lr := a.LR
@@ -142,11 +147,7 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 	for i, part := range parts {
 		var partProx [][]float64
 		if prox != nil {
-			out, err := prox[i].Await(ctx)
-			if err != nil {
-				return st, err
-			}
-			if partProx, err = proximal(part, out); err != nil {
+			if partProx, err = prox.part(ctx, i); err != nil {
 				return st, err
 			}
 		}
@@ -219,24 +220,16 @@ func reference(ctx context.Context, c *tinker.Client, parts [][]trainer.Sample, 
 	if cfg.Reference == "" || cfg.ReferenceSeq == nil {
 		return nil, errors.New("kl_coef > 0 needs a reference model")
 	}
-	pending := make([]tinker.Pending[tinker.ForwardBackwardOutput], len(parts))
-	for i, part := range parts {
-		p, err := c.ForwardAsync(ctx, cfg.Reference, proximalInput(part), cfg.ReferenceSeq())
-		if err != nil {
-			return nil, fmt.Errorf("reference forward: %w", err)
-		}
-		pending[i] = p
+	pass, err := forwardParts(ctx, c, cfg.Reference, parts, cfg.ReferenceSeq)
+	if err != nil {
+		return nil, fmt.Errorf("reference forward: %w", err)
 	}
 	k := &klPenalty{ref: make([][][]float64, len(parts))}
 	var sum float64
 	var n int
 	for i, part := range parts {
-		out, err := pending[i].Await(ctx)
-		if err != nil {
+		if k.ref[i], err = pass.part(ctx, i); err != nil {
 			return nil, fmt.Errorf("reference forward: %w", err)
-		}
-		if k.ref[i], err = proximal(part, out); err != nil {
-			return nil, err
 		}
 		for j, smp := range part {
 			for t := 1; t < len(smp.TokenIDs); t++ {
@@ -251,6 +244,63 @@ func reference(ctx context.Context, c *tinker.Client, parts [][]trainer.Sample, 
 		k.mean = sum / float64(n)
 	}
 	return k, nil
+}
+
+// partsPass is a forward pass over a step's parts in two requests: the
+// first part alone, whose result comes back soonest so that its update is
+// built and queued while the service computes the rest, and the others
+// in one request (a request costs the service fixed work beyond its
+// tokens: six requests a step took 5 ms more than one on the demo's
+// policy).
+type partsPass struct {
+	parts [][]trainer.Sample
+	reqs  []tinker.Pending[tinker.ForwardBackwardOutput]
+	// got[i] is part i's log-probs once its request is read.
+	got [][][]float64
+}
+
+// forwardParts queues the pass's requests on model.
+func forwardParts(ctx context.Context, c *tinker.Client, model string, parts [][]trainer.Sample, seq func() int64) (*partsPass, error) {
+	p := &partsPass{parts: parts, got: make([][][]float64, len(parts))}
+	if len(parts) == 0 {
+		return p, nil
+	}
+	for _, span := range [][]trainer.Sample{slices.Concat(parts[:1]...), slices.Concat(parts[1:]...)} {
+		if len(span) == 0 {
+			continue
+		}
+		r, err := c.ForwardAsync(ctx, model, proximalInput(span), seq())
+		if err != nil {
+			return nil, err
+		}
+		p.reqs = append(p.reqs, r)
+	}
+	return p, nil
+}
+
+// part is part i's log-probs, prox[sample][t] (0 where t = 0), read from
+// its request on first use.
+func (p *partsPass) part(ctx context.Context, i int) ([][]float64, error) {
+	if p.got[i] != nil {
+		return p.got[i], nil
+	}
+	lo, hi, r := 0, 1, 0
+	if i > 0 {
+		lo, hi, r = 1, len(p.parts), 1
+	}
+	out, err := p.reqs[r].Await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for k := lo; k < hi; k++ {
+		n := len(p.parts[k])
+		one := tinker.ForwardBackwardOutput{LossFnOutputs: out.LossFnOutputs[:n]}
+		out.LossFnOutputs = out.LossFnOutputs[n:]
+		if p.got[k], err = proximal(p.parts[k], one); err != nil {
+			return nil, err
+		}
+	}
+	return p.got[i], nil
 }
 
 // proximalInput is the forward pass that gives the model's log-prob of

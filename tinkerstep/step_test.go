@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -108,13 +109,15 @@ func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	require.Equal(t, 5, st.Updates)
 	require.Equal(t, 1, st.ForwardPasses)
 
-	// Every part's forward is queued first; then each part's update is
-	// queued once its forward's result is back, and a minibatch's results
-	// are read when two more are queued behind it.
-	update := []string{"await forward", "forward_backward", "optim_step"}
+	// The proximal pass is queued first, in two requests: the first part
+	// alone and the other four together. Each part's update is queued
+	// once its log-probs are back (the first request's, then the
+	// second's for the rest), and a minibatch's results are read when two
+	// more are queued behind it.
+	update := []string{"forward_backward", "optim_step"}
 	done := []string{"await forward_backward", "await optim_step"}
-	want := slices.Repeat([]string{"forward"}, 5)
-	want = append(want, slices.Concat(update, update, update, done, update, done, update, done, done, done)...)
+	want := slices.Concat([]string{"forward", "forward", "await forward"}, update, []string{"await forward"},
+		update, update, done, update, done, update, done, done, done)
 	require.Equal(t, want, rec.routes)
 
 	// The same step one request at a time, each awaited before the next
@@ -148,6 +151,41 @@ func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, afterOne.LossFnOutputs, after.LossFnOutputs)
 	require.NotEqual(t, fwd.LossFnOutputs, after.LossFnOutputs, "the step changed the weights")
+}
+
+// TestNoUpdateFollowsAFailedLoad: a request queued ahead of the step (the
+// base state's load_weights) is awaited once the proximal pass is queued
+// behind it, and when it failed the step ends with its error before it
+// queues any update, so no optimizer step lands on weights that were
+// never loaded.
+func TestNoUpdateFollowsAFailedLoad(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{ids: map[string]string{}}
+	c, session := fakeService(t, &http.Client{Transport: rec})
+	model, err := c.CreateModel(ctx, session, fakeskyrl.DefaultBaseModel, tinker.LoraConfig{Rank: 2})
+	require.NoError(t, err)
+	var seq int64
+	next := func() int64 { seq++; return seq }
+	var samples []trainer.Sample
+	for j := range 2 {
+		adv := float64(2*j - 1)
+		samples = append(samples, trainer.Sample{GroupID: "g", TokenIDs: []int{1, 2, 3 + j}, LossMask: []uint8{0, 1, 1},
+			Logprobs: []float32{0, -1, -2}, Advantage: &adv})
+	}
+	failed := errors.New("load_weights failed")
+	cfg := Config{Trainer: deployment.Trainer{Loss: deployment.LossPPO, MiniBatches: 1, ClipLow: 0.2, ClipHigh: 0.2,
+		Adam: deployment.Adam{LR: 0.05, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}},
+		Ready: func(context.Context) error { return failed }}
+	rec.routes = nil
+	_, err = Train(ctx, c, model, samples, cfg, next)
+	require.ErrorIs(t, err, failed)
+	require.Equal(t, []string{"forward"}, rec.routes, "the proximal pass queued; no update")
+
+	cfg.Ready = func(context.Context) error { return nil }
+	rec.routes = nil
+	_, err = Train(ctx, c, model, samples, cfg, next)
+	require.NoError(t, err)
+	require.Equal(t, []string{"forward", "await forward", "forward_backward", "optim_step", "await forward_backward", "await optim_step"}, rec.routes)
 }
 
 // TestKLPenaltyShapesTheAdvantages: with kl_coef, a step takes the
