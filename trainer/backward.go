@@ -25,7 +25,7 @@ func (st *fwdState) outputBackward(dLogp []float32, gw modelW) []float32 {
 	N, D, V := pk.NumNodes(), c.DModel, c.Vocab
 	// d logp[tok] / d z = invT·(onehot − softmax).
 	R := len(st.rows)
-	dz := make([]float32, R*V)
+	dz := st.sc.floats(R * V)
 	for i, tn := range st.targets {
 		g := dLogp[i]
 		if g == 0 {
@@ -38,18 +38,18 @@ func (st *fwdState) outputBackward(dLogp []float32, gw modelW) []float32 {
 		}
 		dr[pk.Tokens[tn]] += g * st.invT
 	}
-	hr := make([]float32, R*D)
+	hr := st.sc.floats(R * D)
 	for r, n := range st.rows {
 		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
 	}
 	psgemm(true, false, D, V, R, 1, hr, D, dz, V, 1, gw.head, V)
-	dhr := make([]float32, R*D)
+	dhr := st.sc.floats(R * D)
 	psgemm(false, true, R, D, V, 1, dz, V, w.head, V, 0, dhr, D)
-	dhf := make([]float32, N*D)
+	dhf := st.sc.floats(N * D)
 	for r, n := range st.rows {
 		copy(dhf[n*D:n*D+D], dhr[r*D:r*D+D])
 	}
-	dx := make([]float32, N*D)
+	dx := st.sc.floats(N * D)
 	rmsNormBack(dx, gw.lnF, dhf, st.xf, st.invF, w.lnF, N, D)
 	return dx
 }
@@ -61,7 +61,7 @@ func (st *fwdState) mlpBackward(l int, dx []float32, lg layerW) {
 	N, D, F := st.pk.NumNodes(), c.DModel, c.FFN
 	lc, lw := &st.layers[l], st.w.layers[l]
 	psgemm(true, false, F, D, N, 1, lc.g, F, dx, D, 1, lg.w2, D)
-	du := make([]float32, N*F)
+	du := st.sc.floats(N * F)
 	psgemm(false, true, N, F, D, 1, dx, D, lw.w2, D, 0, du, F)
 	parallelFor(N, float64(F)*20, func(lo, hi int) {
 		for i := lo * F; i < hi*F; i++ {
@@ -69,7 +69,7 @@ func (st *fwdState) mlpBackward(l int, dx []float32, lg layerW) {
 		}
 	})
 	psgemm(true, false, D, F, N, 1, lc.h2, D, du, F, 1, lg.w1, F)
-	dh2 := make([]float32, N*D)
+	dh2 := st.sc.floats(N * D)
 	psgemm(false, true, N, D, F, 1, du, F, lw.w1, F, 0, dh2, D)
 	rmsNormBack(dx, lg.ln2, dh2, lc.x2, lc.inv2, lw.ln2, N, D)
 }
@@ -82,9 +82,9 @@ func (st *fwdState) attentionBackward(l int, dx []float32, lg layerW) {
 	N, D, H := pk.NumNodes(), c.DModel, c.Heads
 	lc, lw := &st.layers[l], st.w.layers[l]
 	psgemm(true, false, D, D, N, 1, lc.att, D, dx, D, 1, lg.wo, D)
-	datt := make([]float32, N*D)
+	datt := st.sc.floats(N * D)
 	psgemm(false, true, N, D, D, 1, dx, D, lw.wo, D, 0, datt, D)
-	dqkv := make([]float32, N*3*D)
+	dqkv := st.sc.floats(N * 3 * D)
 	// One task per head: every segment adds into the keys and values of
 	// its ancestors, so segments of one head run in turn, while heads own
 	// disjoint columns.
@@ -94,7 +94,7 @@ func (st *fwdState) attentionBackward(l int, dx []float32, lg layerW) {
 		}
 	})
 	psgemm(true, false, D, 3*D, N, 1, lc.h1, D, dqkv, 3*D, 1, lg.wqkv, 3*D)
-	dh1 := make([]float32, N*D)
+	dh1 := st.sc.floats(N * D)
 	psgemm(false, true, N, D, 3*D, 1, dqkv, 3*D, lw.wqkv, 3*D, 0, dh1, D)
 	rmsNormBack(dx, lg.ln1, dh1, lc.x, lc.inv1, lw.ln1, N, D)
 }
@@ -109,8 +109,8 @@ func (st *fwdState) headBackward(lc *layerCache, h int, datt, dqkv []float32) {
 	for si, sg := range st.pk.Segs {
 		L, P := sg.L, sg.P
 		p := lc.probs[si*H+h]
-		dp := make([]float32, L*P)
-		dkp, dvp := make([]float32, P*dh), make([]float32, P*dh)
+		dp := st.sc.floats(L * P)
+		dkp, dvp := st.sc.floats(P*dh), st.sc.floats(P*dh)
 		q := lc.qkv[sg.Start*3*D+h*dh:]
 		do := datt[sg.Start*D+h*dh:]
 		// dP = dO·Vᵀ; dV = Pᵀ·dO.

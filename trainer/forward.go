@@ -16,6 +16,7 @@ type layerCache struct {
 // target nodes and, when kept, every activation for backward.
 type fwdState struct {
 	m       *Model
+	sc      *scratch // where its buffers come from
 	w       modelW
 	pk      *Pack
 	invT    float32
@@ -35,12 +36,18 @@ type fwdState struct {
 // forward runs the policy over pk and returns log π for each target node
 // (a node's token given its ancestors) at temperature temp.
 func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
+	return m.forwardIn(nil, pk, targets, temp)
+}
+
+// forwardIn is forward with its buffers (and its backward's) taken from
+// sc: the state is good until sc is released.
+func (m *Model) forwardIn(sc *scratch, pk *Pack, targets []int, temp float32) *fwdState {
 	c := m.Config
 	N, D, F, H := pk.NumNodes(), c.DModel, c.FFN, c.Heads
-	st := &fwdState{m: m, w: m.view(m.W), pk: pk, invT: 1 / temp, targets: targets}
+	st := &fwdState{m: m, sc: sc, w: m.view(m.W), pk: pk, invT: 1 / temp, targets: targets}
 	w := st.w
 
-	x := make([]float32, N*D)
+	x := sc.floats(N * D)
 	for i, tok := range pk.Tokens {
 		te, pe := w.tokEmb[tok*D:tok*D+D], w.posEmb[pk.Pos[i]*D:pk.Pos[i]*D+D]
 		xr := x[i*D : i*D+D]
@@ -53,19 +60,19 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 	for l := 0; l < c.Layers; l++ {
 		lw := w.layers[l]
 		lc := layerCache{x: x}
-		lc.inv1, lc.h1 = make([]float32, N), make([]float32, N*D)
+		lc.inv1, lc.h1 = sc.floats(N), sc.floats(N*D)
 		rmsNorm(lc.h1, lc.inv1, x, lw.ln1, N, D)
-		lc.qkv = make([]float32, N*3*D)
+		lc.qkv = sc.floats(N * 3 * D)
 		psgemm(false, false, N, 3*D, D, 1, lc.h1, D, lw.wqkv, 3*D, 0, lc.qkv, 3*D)
-		lc.att = make([]float32, N*D)
+		lc.att = sc.floats(N * D)
 		lc.probs = make([][]float32, len(pk.Segs)*H)
-		lc.kpath, lc.vpath = gatherPaths(pk, lc.qkv, D)
+		lc.kpath, lc.vpath = gatherPaths(sc, pk, lc.qkv, D)
 		parallelFor(len(pk.Segs)*H, attnCost(pk, D, H), func(lo, hi int) {
 			for task := lo; task < hi; task++ {
 				si, h := task/H, task%H
 				sg := pk.Segs[si]
 				L, P := sg.L, sg.P
-				p := make([]float32, L*P)
+				p := sc.floats(L * P)
 				q := lc.qkv[sg.Start*3*D+h*dh:]
 				sgemm(false, true, L, P, dh, scale, q, 3*D, lc.kpath[si][h*dh:], D, 0, p, P)
 				for i := 0; i < L; i++ {
@@ -75,23 +82,23 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 				lc.probs[task] = p
 			}
 		})
-		lc.x2 = make([]float32, N*D)
+		lc.x2 = sc.floats(N * D)
 		copy(lc.x2, x)
 		psgemm(false, false, N, D, D, 1, lc.att, D, lw.wo, D, 1, lc.x2, D)
-		lc.inv2, lc.h2 = make([]float32, N), make([]float32, N*D)
+		lc.inv2, lc.h2 = sc.floats(N), sc.floats(N*D)
 		rmsNorm(lc.h2, lc.inv2, lc.x2, lw.ln2, N, D)
-		lc.u, lc.g, lc.tg = make([]float32, N*F), make([]float32, N*F), make([]float32, N*F)
+		lc.u, lc.g, lc.tg = sc.floats(N*F), sc.floats(N*F), sc.floats(N*F)
 		psgemm(false, false, N, F, D, 1, lc.h2, D, lw.w1, F, 0, lc.u, F)
 		parallelFor(N, float64(F)*8, func(lo, hi int) {
 			geluForward(lc.u[lo*F:hi*F], lc.tg[lo*F:hi*F], lc.g[lo*F:hi*F])
 		})
-		x = make([]float32, N*D)
+		x = sc.floats(N * D)
 		copy(x, lc.x2)
 		psgemm(false, false, N, D, F, 1, lc.g, F, lw.w2, D, 1, x, D)
 		st.layers = append(st.layers, lc)
 	}
 	st.xf = x
-	st.invF, st.hf = make([]float32, N), make([]float32, N*D)
+	st.invF, st.hf = sc.floats(N), sc.floats(N*D)
 	rmsNorm(st.hf, st.invF, x, w.lnF, N, D)
 
 	// Logits only for nodes that predict a target: prompt-only nodes in a
@@ -108,17 +115,17 @@ func (m *Model) forward(pk *Pack, targets []int, temp float32) *fwdState {
 		}
 	}
 	R, V := len(st.rows), c.Vocab
-	hr := make([]float32, R*D)
+	hr := sc.floats(R * D)
 	for r, n := range st.rows {
 		copy(hr[r*D:r*D+D], st.hf[n*D:n*D+D])
 	}
-	logits := make([]float32, R*V)
+	logits := sc.floats(R * V)
 	psgemm(false, false, R, V, D, 1, hr, D, w.head, V, 0, logits, V)
-	st.logp = make([]float32, R*V)
+	st.logp = sc.floats(R * V)
 	for r := 0; r < R; r++ {
 		logSoftmaxRow(st.logp[r*V:r*V+V], logits[r*V:r*V+V], st.invT)
 	}
-	st.TargetLogp = make([]float32, len(targets))
+	st.TargetLogp = sc.floats(len(targets))
 	for i, tn := range targets {
 		r := st.rowOf[pk.Parent[tn]]
 		st.TargetLogp[i] = st.logp[r*V+pk.Tokens[tn]]
@@ -137,10 +144,10 @@ func attnCost(pk *Pack, D, H int) float64 {
 
 // gatherPaths copies, for every segment, the keys and values of the nodes
 // it attends to (its ancestor segments, then itself) into P×D blocks.
-func gatherPaths(pk *Pack, qkv []float32, D int) (kp, vp [][]float32) {
+func gatherPaths(sc *scratch, pk *Pack, qkv []float32, D int) (kp, vp [][]float32) {
 	kp, vp = make([][]float32, len(pk.Segs)), make([][]float32, len(pk.Segs))
 	for si, sg := range pk.Segs {
-		k, v := make([]float32, sg.P*D), make([]float32, sg.P*D)
+		k, v := sc.floats(sg.P*D), sc.floats(sg.P*D)
 		r := 0
 		forPath(sg, func(n int) {
 			copy(k[r*D:r*D+D], qkv[n*3*D+D:n*3*D+2*D])

@@ -290,7 +290,9 @@ func (l *Learner) pass(ctx context.Context, data []TokenDatum, loss Loss, withGr
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := l.model.forward(pk, targets, 1)
+	sc := &scratch{}
+	defer sc.release()
+	st := l.model.forwardIn(sc, pk, targets, 1)
 	res := ForwardResult{Logprobs: make([][]float32, len(data)), Loss: make([][]float32, len(data)), UniqueTokens: pk.NumNodes()}
 	dLogp := make([]float32, len(targets))
 	for d, dt := range data {
@@ -325,7 +327,7 @@ func (l *Learner) pass(ctx context.Context, data []TokenDatum, loss Loss, withGr
 		st.backward(dLogp, l.grad)
 		return res, nil
 	}
-	full := make([]float32, len(l.model.W))
+	full := sc.floats(len(l.model.W))
 	st.backward(dLogp, full)
 	l.adapterGrads(full)
 	return res, nil

@@ -437,10 +437,12 @@ func (l *Local) lossAndGrad(ctx context.Context, loss LossConfig, samples []Samp
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	st := l.model.forward(pk, targets, temp)
+	sc := &scratch{}
+	defer sc.release()
+	st := l.model.forwardIn(sc, pk, targets, temp)
 	var refLogp []float32
 	if l.ref != nil && !sft {
-		refLogp = l.ref.forward(pk, targets, temp).TargetLogp
+		refLogp = l.ref.forwardIn(sc, pk, targets, temp).TargetLogp
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
