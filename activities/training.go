@@ -12,8 +12,9 @@ import (
 )
 
 const (
-	msgBatchClaimed = "training batch claimed"
-	msgStepTrained  = "train step committed"
+	msgBatchClaimed    = "training batch claimed"
+	msgStepTrained     = "train step committed"
+	msgBaseStatePruned = "the step's base version has no training state left; it starts from the newest version that has one"
 )
 
 // Training implements the control plane's side of TrainingWorkflow: it

@@ -77,11 +77,22 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	for i := range rows {
 		rows[i].Advantage = *batch[i].Advantage
 	}
+	stats := map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups, "perfect_groups": adv.PerfectGroups,
+		"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator}
+	// A version whose training state was pruned (a person rolled back to
+	// an old one) cannot be continued: the step starts from the newest
+	// version that still has its state.
+	baseVersion, err := store.TrainableBase(ctx, t.DB, in.Deployment, in.Base)
+	if err != nil {
+		return flow.TrainBatchInput{}, err
+	}
+	if baseVersion != in.Base {
+		stats["base_state_pruned"] = in.Base
+		t.logger().Warn(msgBaseStatePruned, "deployment", in.Deployment, "run_id", run.ID, "asked", in.Base, "base", baseVersion)
+	}
 	prep, err := store.PrepareRun(ctx, t.DB, run.ID, store.PreparedRun{
-		Base: in.Base, Baselines: adv.Baselines, Observed: adv.Observed, Flat: sampleIDs(live, adv.Flat),
-		Samples: allIDs(live),
-		Stats: map[string]any{"groups": adv.Groups, "baseline_samples": adv.BaselineSamples, "zero_signal_groups": adv.ZeroSignalGroups, "perfect_groups": adv.PerfectGroups,
-			"no_baseline_samples": adv.NoBaseline, "advantage_estimator": adv.Estimator},
+		Base: baseVersion, Baselines: adv.Baselines, Observed: adv.Observed, Flat: sampleIDs(live, adv.Flat),
+		Samples: allIDs(live), Stats: stats,
 	})
 	if err != nil {
 		return flow.TrainBatchInput{}, err
@@ -89,7 +100,7 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	path := t.batchPath(in.Deployment, run.ID)
 	if err := parquetbatch.Write(path, map[string]string{
 		"flywheel.deployment": in.Deployment, "flywheel.run_id": strconv.FormatInt(run.ID, 10),
-		"flywheel.base": in.Base, "flywheel.candidate": prep.Candidate,
+		"flywheel.base": baseVersion, "flywheel.candidate": prep.Candidate,
 	}, rows); err != nil {
 		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
@@ -97,13 +108,13 @@ func (t *Training) PrepareBatch(ctx context.Context, in flow.PrepareBatchInput) 
 	if err != nil {
 		return flow.TrainBatchInput{}, fmt.Errorf("prepare batch: %w", err)
 	}
-	base := flow.CheckpointRef{Version: in.Base, Model: baseModel, Tokenizer: tokenizer}
-	if in.Base != "" {
-		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{in.Base})
+	base := flow.CheckpointRef{Version: baseVersion, Model: baseModel, Tokenizer: tokenizer}
+	if baseVersion != "" {
+		paths, err := store.Checkpoints(ctx, t.DB, in.Deployment, []string{baseVersion})
 		if err != nil {
 			return flow.TrainBatchInput{}, err
 		}
-		if p := paths[in.Base]; p != "" {
+		if p := paths[baseVersion]; p != "" {
 			base.URI, base.Format = fileURI(p), checkpointFormat(p)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 	"github.com/flywheel-ai/flywheel/internal/testenv"
 	"github.com/flywheel-ai/flywheel/store"
@@ -346,10 +347,7 @@ func TestRegisteredStepMarksFlatGroups(t *testing.T) {
 func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	db := testenv.Pool(t)
 	ctx := context.Background()
-	seedTenant(t, db, "acme", true)
-	seedVersions(t, db, "dep", "dep@v1")
-	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 1)
-	queueSamples(t, db, "acme", "dep", "dep@v1", 2, 0)
+	seedServingWithSamples(t, db, "dep@v1")
 	// The deployment names its base model: the trainer is told what to
 	// load when no checkpoint of it is stored.
 	// Its trainer names the queue its steps go to and the advantage
@@ -425,6 +423,51 @@ func TestTrainerProtocolPreparesAndRegisters(t *testing.T) {
 	require.Equal(t, "failed", status)
 }
 
+// TestPrepareBatchStartsFromAVersionWithAState: a step asked to start
+// from a version whose training state was pruned (a person rolled back to
+// an old one) starts from the newest version that still has its state,
+// and the run records the version it was asked for.
+func TestPrepareBatchStartsFromAVersionWithAState(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedServingWithSamples(t, db, "dep@v2")
+	dir := t.TempDir()
+	v2 := filepath.Join(dir, "ckpt", "dep", "v2")
+	require.NoError(t, os.MkdirAll(v2, 0o755))
+	_, err := db.Exec(ctx, `UPDATE model_versions SET checkpoint_path = $1 WHERE id = 'dep@v2'`, v2)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status, checkpoint_path, created_at)
+		VALUES ('dep@v1', 'dep', 'superseded', '/c/v1', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	require.NoError(t, store.MarkStatesPruned(ctx, db, []string{"dep@v1"}))
+	acts := &Training{DB: db, CheckpointDir: filepath.Join(dir, "ckpt"), BatchDir: filepath.Join(dir, "batches")}
+	claim, err := acts.ClaimBatch(ctx, flow.ClaimBatchInput{Deployment: "dep", RunKey: "k1", BatchSize: 2, MaxStaleness: 4})
+	require.NoError(t, err)
+	tb, err := acts.PrepareBatch(ctx, flow.PrepareBatchInput{Deployment: "dep", RunID: claim.RunID, Base: "dep@v1"})
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", tb.Base.Version)
+	require.Equal(t, "file://"+v2, tb.Base.URI)
+	path, err := localPath(tb.Batch.URI)
+	require.NoError(t, err)
+	meta, _, err := parquetbatch.Read(path)
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", meta["flywheel.base"])
+	run, _, err := store.LoadRun(ctx, db, claim.RunID)
+	require.NoError(t, err)
+	require.Equal(t, "dep@v2", run.Prepared.Base)
+	require.Equal(t, "dep@v1", run.Prepared.Stats["base_state_pruned"])
+}
+
+// seedServingWithSamples makes version serve deployment "dep" for tenant
+// acme, with four samples of it queued: two rewarded 1, two 0.
+func seedServingWithSamples(t *testing.T, db *pgxpool.Pool, version string) {
+	t.Helper()
+	seedTenant(t, db, "acme", true)
+	seedVersions(t, db, "dep", version)
+	queueSamples(t, db, "acme", "dep", version, 2, 1)
+	queueSamples(t, db, "acme", "dep", version, 2, 0)
+}
+
 func rowsOf(t *testing.T, tb flow.TrainBatchInput) []parquetbatch.Row {
 	t.Helper()
 	path, err := localPath(tb.Batch.URI)
@@ -439,4 +482,48 @@ func TestHeartbeatIntervalBeatsWithinTheTimeout(t *testing.T) {
 	require.Equal(t, 10*time.Second, heartbeatInterval(0, time.Minute))
 	require.Equal(t, time.Second, heartbeatInterval(0, 3*time.Second), "a third of a short timeout")
 	require.Equal(t, 200*time.Millisecond, heartbeatInterval(200*time.Millisecond, time.Minute), "a shorter interval stands")
+}
+
+// TestPrunableStatesKeepTheAnchor: for a deployment trained on a Tinker
+// service, the prune pass lists the superseded versions older than the
+// newest three, but never the anchor (the best promoted version on the
+// held-out suite, which a failed line goes back to); for a deployment
+// with another kind of trainer, nothing.
+func TestPrunableStatesKeepTheAnchor(t *testing.T) {
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	seedVersions(t, db, "dep", "dep@v7")
+	_, err := db.Exec(ctx, `UPDATE deployments SET backend = 'upstream', config = '{"base_url": "http://vllm:8000/v1", "base_model": "m",
+		"trainer": {"kind": "tinker", "url": "http://127.0.0.1:1"}}' WHERE name = 'dep'`)
+	require.NoError(t, err)
+	for i := 1; i <= 6; i++ {
+		_, err := db.Exec(ctx, `INSERT INTO model_versions (id, deployment, status, checkpoint_path, created_at)
+			VALUES ($1, 'dep', 'superseded', $2, now() - make_interval(mins => $3))`, fmt.Sprintf("dep@v%d", i), fmt.Sprintf("/c/v%d", i), 60-i)
+		require.NoError(t, err)
+	}
+	seedSuites(t, db, "dep", 4, 1)
+	reg, err := store.EvalSuite(ctx, db, "dep", store.SuiteRegression)
+	require.NoError(t, err)
+	safety, err := store.EvalSuite(ctx, db, "dep", store.SuiteSafety)
+	require.NoError(t, err)
+	for i := 1; i <= 7; i++ {
+		var res []store.SuiteResult
+		for j, p := range append(reg, safety...) {
+			// v1 passes every prompt; the others all but the first.
+			res = append(res, store.SuiteResult{PromptID: p.ID, Passed: i == 1 || j > 0})
+		}
+		require.NoError(t, store.RecordSuiteResults(ctx, db, fmt.Sprintf("dep@v%d", i), res))
+	}
+	acts := &Training{DB: db}
+	out, err := acts.PrunableStates(ctx, flow.PrunableStatesInput{Deployment: "dep", Keep: []string{"dep@v7"}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"dep@v2": "/c/v2", "dep@v3": "/c/v3"}, out.Versions, "v1 is the anchor; v4-v6 the newest superseded")
+	require.Equal(t, deployment.TrainerTinker, out.Trainer.Kind)
+
+	_, err = db.Exec(ctx, `UPDATE deployments SET config = '{"base_url": "http://vllm:8000/v1", "base_model": "m",
+		"trainer": {"kind": "temporal", "queue": "dep-gpu"}}' WHERE name = 'dep'`)
+	require.NoError(t, err)
+	out, err = acts.PrunableStates(ctx, flow.PrunableStatesInput{Deployment: "dep", Keep: []string{"dep@v7"}})
+	require.NoError(t, err)
+	require.Empty(t, out.Versions, "another kind of trainer keeps its own states")
 }

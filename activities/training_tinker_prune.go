@@ -18,15 +18,28 @@ const msgStatesPruned = "training states pruned"
 // pruneBatch bounds the versions one pass prunes.
 const pruneBatch = 100
 
-// PrunableStates lists the deployment's training states that no step can
-// start from again (store.PrunableStates), when its trainer is a Tinker
-// service; for another kind of trainer, none.
+// keepSuperseded is how many of the newest superseded versions keep their
+// training states: the versions a run of rollbacks goes back to first.
+const keepSuperseded = 3
+
+// PrunableStates lists the deployment's training states the loop no
+// longer needs (store.PrunableStates), keeping the anchor's besides the
+// loop's own, when its trainer is a Tinker service; for another kind of
+// trainer, none.
 func (t *Training) PrunableStates(ctx context.Context, in flow.PrunableStatesInput) (flow.PrunableStatesOutput, error) {
 	_, _, tr, err := trainerOf(ctx, t.DB, in.Deployment)
 	if err != nil || tr.Kind != deployment.TrainerTinker {
 		return flow.PrunableStatesOutput{}, err
 	}
-	versions, err := store.PrunableStates(ctx, t.DB, in.Deployment, in.Keep, pruneBatch)
+	keep := slices.Clone(in.Keep)
+	anchor, err := store.AnchorOf(ctx, t.DB, in.Deployment)
+	if err != nil {
+		return flow.PrunableStatesOutput{}, err
+	}
+	if anchor != nil {
+		keep = append(keep, anchor.Version)
+	}
+	versions, err := store.PrunableStates(ctx, t.DB, in.Deployment, keep, keepSuperseded, pruneBatch)
 	if err != nil || len(versions) == 0 {
 		return flow.PrunableStatesOutput{}, err
 	}

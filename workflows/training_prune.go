@@ -16,11 +16,14 @@ import (
 const trainingChangePruneStates = "training-prune-states"
 
 // pruneStates deletes, on the deployment's Tinker service, the training
-// states of versions no step can start from again: those rolled back or
-// retired, and candidates a newer one replaced before release. It runs
-// where a run continues as new (every StepsPerRun steps), with no step in
-// flight and the release settled; the loop's own versions (serving, the
-// line's start and head, the pending candidate) are kept. Best effort: a
+// states the loop no longer needs: of versions rolled back or retired,
+// candidates a newer one replaced before release, and superseded versions
+// but the newest few (store.PrunableStates). It runs where a run
+// continues as new (every StepsPerRun steps), with no step in flight and
+// the release settled; the loop's own versions (serving, the line's start
+// and head, the pending candidate) and the anchor are kept, and a step
+// asked to start from a pruned version starts from one that has its state
+// (store.TrainableBase). Best effort: a
 // pass that fails is logged and the next run's pass tries again; the loop
 // waits on it a minute or two at most.
 func (r *trainingRun) pruneStates(ctx workflow.Context) {
