@@ -152,9 +152,7 @@ func (l *Learner) PEFTFiles(baseModel string) ([]File, error) {
 	if err := WriteSafetensors(&buf, tensors, map[string]string{"format": "pt"}); err != nil {
 		return nil, fmt.Errorf("write peft: %w", err)
 	}
-	files := []File{{PEFTConfigFile, append(js, '\n')}, {PEFTWeightsFile, buf.Bytes()}}
-	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Name, b.Name) })
-	return files, nil
+	return []File{{PEFTConfigFile, append(js, '\n')}, {PEFTWeightsFile, buf.Bytes()}}, nil // by name
 }
 
 // ApplyPEFT returns base with the adapter in dir merged in (base is not

@@ -7,7 +7,6 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/flywheel-ai/flywheel/deployment"
 	"github.com/flywheel-ai/flywheel/flow"
 )
 
@@ -44,17 +43,13 @@ func (r *trainingRun) pruneStates(ctx workflow.Context) {
 		logger.Warn("prunable training states", "deployment", r.in.Deployment, "error", err)
 		return
 	}
-	if len(list.Versions) == 0 {
+	if len(list.Versions) == 0 || list.Trainer == nil {
 		return
 	}
-	// The queue its train steps go to (a Tinker deployment may name its
-	// own workers').
-	queue := deployment.TinkerQueue
-	if list.Trainer != nil && list.Trainer.Queue != "" {
-		queue = list.Trainer.Queue
-	}
 	prune := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:              queue,
+		// The queue its train steps go to (the trainer's settings fill
+		// in the Tinker queue when the deployment names none).
+		TaskQueue:              list.Trainer.Queue,
 		ScheduleToStartTimeout: time.Minute,
 		StartToCloseTimeout:    2 * time.Minute,
 		HeartbeatTimeout:       time.Minute,
