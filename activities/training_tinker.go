@@ -288,25 +288,39 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	name := s.name
-	state, err := s.c.SaveWeights(ctx, model, name, s.next())
+	// Both saves are queued at once, the sampler weights first: they are
+	// downloaded while the service writes the training state.
+	savingSampler, err := s.c.SaveWeightsForSamplerAsync(ctx, model, s.name, s.next())
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	sampler, err := s.c.SaveWeightsForSampler(ctx, model, name, s.next())
+	savingState, err := s.c.SaveWeightsAsync(ctx, model, s.name, s.next())
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	meta := tinkerMeta{Service: s.cfg.URL, Model: model, State: state, Sampler: sampler, Deployment: s.in.Deployment,
+	sampler, err := savingSampler.Await(ctx)
+	if err != nil {
+		return tinkerMeta{}, err
+	}
+	tmp, err := s.download(ctx, sampler.Path)
+	if err != nil {
+		return tinkerMeta{}, err
+	}
+	defer os.RemoveAll(tmp) // gone once installed
+	state, err := savingState.Await(ctx)
+	if err != nil {
+		return tinkerMeta{}, err
+	}
+	meta := tinkerMeta{Service: s.cfg.URL, Model: model, State: state.Path, Sampler: sampler.Path, Deployment: s.in.Deployment,
 		RunID: s.in.RunID, Parent: s.in.Base.Version, Loss: st.Loss, Samples: len(s.samples), Tokens: st.Tokens, Metrics: st.Metrics()}
-	if err := s.fetch(ctx, &meta); err != nil {
+	if err := s.install(tmp, &meta); err != nil {
 		return tinkerMeta{}, err
 	}
 	// The version's directory holds the sampler weights now; the service's
 	// copy is never read again. Its training state stays: a later step may
 	// start from this version.
-	if err := s.c.DeleteCheckpoint(ctx, sampler); err != nil {
-		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler, "error", err)
+	if err := s.c.DeleteCheckpoint(ctx, sampler.Path); err != nil {
+		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler.Path, "error", err)
 	}
 	_ = s.c.UnloadModel(ctx, model) // its states are saved; freeing it is a courtesy
 	return meta, nil

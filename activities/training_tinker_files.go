@@ -19,21 +19,39 @@ import (
 // fetch downloads the version's sampler weights and writes them, with
 // meta, as the version's directory: all of it appears at once.
 func (s *tinkerStep) fetch(ctx context.Context, meta *tinkerMeta) error {
+	tmp, err := s.download(ctx, meta.Sampler)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	return s.install(tmp, meta)
+}
+
+// download unpacks the sampler weights at the tinker:// path sampler into
+// a new directory beside the version's; the caller removes it.
+func (s *tinkerStep) download(ctx context.Context, sampler string) (string, error) {
 	if err := os.MkdirAll(s.in.Output.Dir, 0o755); err != nil {
-		return fmt.Errorf("tinker train batch: checkpoint dir: %w", err)
+		return "", fmt.Errorf("tinker train batch: checkpoint dir: %w", err)
+	}
+	p, err := tinker.ParsePath(sampler)
+	if err != nil {
+		return "", &tinker.APIError{Op: tinker.PathSaveWeightsForSampler, Detail: err.Error()}
 	}
 	tmp, err := os.MkdirTemp(s.in.Output.Dir, "."+s.name+".download-*")
 	if err != nil {
-		return fmt.Errorf("tinker train batch: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	p, err := tinker.ParsePath(meta.Sampler)
-	if err != nil {
-		return &tinker.APIError{Op: tinker.PathSaveWeightsForSampler, Detail: err.Error()}
+		return "", fmt.Errorf("tinker train batch: %w", err)
 	}
 	if err := s.c.DownloadSampler(ctx, p.Model, p.Name, tmp); err != nil {
-		return err
+		os.RemoveAll(tmp)
+		return "", err
 	}
+	return tmp, nil
+}
+
+// install makes the downloaded sampler weights in tmp, with meta, the
+// version's directory.
+func (s *tinkerStep) install(tmp string, meta *tinkerMeta) error {
+	var err error
 	if meta.Format, err = samplerFormat(tmp); err != nil {
 		return &tinker.APIError{Op: tinker.PathTrainingRuns, Detail: "sampler archive of " + meta.Sampler + ": " + err.Error()}
 	}

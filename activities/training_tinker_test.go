@@ -305,13 +305,13 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	in2 := tinkerInput(t, svc, deployment.LossImportanceSampling, 12, "dep@v2", "", "")
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	svc.mu.Lock()
-	svc.dieAt, svc.cancel = tinker.PathSaveWeights, cancel2
+	svc.dieAt, svc.cancel = tinker.PathOptimStep, cancel2
 	svc.mu.Unlock()
 	_, err = fastTinker().TrainBatch(ctx2, in2)
 	require.Error(t, err)
 	out2, err := fastTinker().TrainBatch(context.Background(), in2)
 	require.NoError(t, err)
-	require.False(t, out2.Resumed, "nothing was saved for the sampler: the step trained again, on a new model")
+	require.False(t, out2.Resumed, "nothing was saved: the step trained again, on a new model")
 	require.Equal(t, 1, svc.fake.SamplerSaves("v2"), "the version was made once")
 	again, err := fastTinker().TrainBatch(context.Background(), in2)
 	require.NoError(t, err)

@@ -311,7 +311,9 @@ func (c *Client) Await(ctx context.Context, op, requestID string, out any) error
 type Pending[T any] struct {
 	c      *Client
 	op, id string
-	check  func(T) error // nil: none
+	// check, when set, refuses a result that does not answer the request
+	// or fills in what the service may leave out.
+	check func(*T) error
 }
 
 // Await long-polls the result (see Client.Await) and checks it.
@@ -321,13 +323,13 @@ func (p Pending[T]) Await(ctx context.Context) (T, error) {
 		return out, err
 	}
 	if p.check != nil {
-		return out, p.check(out)
+		return out, p.check(&out)
 	}
 	return out, nil
 }
 
 // enqueue posts an asynchronous request and returns its future.
-func enqueue[T any](ctx context.Context, c *Client, path string, in any, check func(T) error) (Pending[T], error) {
+func enqueue[T any](ctx context.Context, c *Client, path string, in any, check func(*T) error) (Pending[T], error) {
 	var f FutureResponse
 	if err := c.post(ctx, path, in, &f); err != nil {
 		return Pending[T]{}, err
@@ -336,11 +338,6 @@ func enqueue[T any](ctx context.Context, c *Client, path string, in any, check f
 		return Pending[T]{}, &APIError{Op: path, Detail: "the answer names no request_id", Retryable: true}
 	}
 	return Pending[T]{c: c, op: path, id: f.RequestID, check: check}, nil
-}
-
-// submit posts an asynchronous request and awaits its result.
-func submit[T any](ctx context.Context, c *Client, path string, in any, check func(T) error) (T, error) {
-	return await[T](ctx)(enqueue(ctx, c, path, in, check))
 }
 
 // await reads a queued request's result, or returns the error of queueing
@@ -424,8 +421,8 @@ func (c *Client) ForwardBackwardAsync(ctx context.Context, model string, in Forw
 }
 
 // checkOutputs refuses a result that does not answer every datum.
-func checkOutputs(op string, in ForwardBackwardInput) func(ForwardBackwardOutput) error {
-	return func(out ForwardBackwardOutput) error {
+func checkOutputs(op string, in ForwardBackwardInput) func(*ForwardBackwardOutput) error {
+	return func(out *ForwardBackwardOutput) error {
 		if len(out.LossFnOutputs) != len(in.Data) {
 			return &APIError{Op: op, Detail: fmt.Sprintf("%d loss_fn_outputs for %d datums", len(out.LossFnOutputs), len(in.Data)), Retryable: true}
 		}
@@ -461,11 +458,19 @@ func (c *Client) OptimStepAsync(ctx context.Context, model string, adam AdamPara
 // SaveWeights saves the training state (weights and optimizer) as name and
 // returns its tinker:// path.
 func (c *Client) SaveWeights(ctx context.Context, model, name string, seq int64) (string, error) {
-	out, err := submit[SaveWeightsResponse](ctx, c, PathSaveWeights, SaveWeightsRequest{ModelID: model, Path: name, SeqID: &seq}, nil)
-	if err == nil && out.Path == "" {
-		out.Path = Path{Model: model, Kind: KindWeights, Name: name}.String()
-	}
+	out, err := await[SaveWeightsResponse](ctx)(c.SaveWeightsAsync(ctx, model, name, seq))
 	return out.Path, err
+}
+
+// SaveWeightsAsync queues a save_weights; its result's Path is the
+// state's tinker:// path.
+func (c *Client) SaveWeightsAsync(ctx context.Context, model, name string, seq int64) (Pending[SaveWeightsResponse], error) {
+	return enqueue(ctx, c, PathSaveWeights, SaveWeightsRequest{ModelID: model, Path: name, SeqID: &seq}, func(out *SaveWeightsResponse) error {
+		if out.Path == "" {
+			out.Path = Path{Model: model, Kind: KindWeights, Name: name}.String()
+		}
+		return nil
+	})
 }
 
 // LoadWeights loads a saved training state into model, which must be new.
@@ -481,11 +486,20 @@ func (c *Client) LoadWeightsAsync(ctx context.Context, model, path string, optim
 
 // SaveWeightsForSampler saves the weights a server samples from as name.
 func (c *Client) SaveWeightsForSampler(ctx context.Context, model, name string, seq int64) (string, error) {
-	out, err := submit[SaveWeightsForSamplerResponse](ctx, c, PathSaveWeightsForSampler, SaveWeightsForSamplerRequest{ModelID: model, Path: name, SeqID: &seq}, nil)
-	if err == nil && out.Path == "" {
-		out.Path = Path{Model: model, Name: name}.String()
-	}
+	out, err := await[SaveWeightsForSamplerResponse](ctx)(c.SaveWeightsForSamplerAsync(ctx, model, name, seq))
 	return out.Path, err
+}
+
+// SaveWeightsForSamplerAsync queues a save_weights_for_sampler; its
+// result's Path is the weights' tinker:// path.
+func (c *Client) SaveWeightsForSamplerAsync(ctx context.Context, model, name string, seq int64) (Pending[SaveWeightsForSamplerResponse], error) {
+	return enqueue(ctx, c, PathSaveWeightsForSampler, SaveWeightsForSamplerRequest{ModelID: model, Path: name, SeqID: &seq},
+		func(out *SaveWeightsForSamplerResponse) error {
+			if out.Path == "" {
+				out.Path = Path{Model: model, Name: name}.String()
+			}
+			return nil
+		})
 }
 
 // DeleteCheckpoint deletes the checkpoint at a tinker:// path, as
