@@ -145,7 +145,11 @@ func (s *Server) saveWeights(c *gin.Context) {
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 				return nil, fmt.Errorf("save weights: %w", err)
 			}
-			if err := m.learner.SaveState(path); err != nil {
+			l, err := s.trainee(m)
+			if err != nil {
+				return nil, err
+			}
+			if err := l.SaveState(path); err != nil {
 				return nil, err
 			}
 			return tinker.SaveWeightsResponse{Path: tinker.Path{Model: k.model, Kind: tinker.KindWeights, Name: k.name}.String(), Type: reqSaveWeights}, nil
@@ -181,7 +185,11 @@ func (s *Server) saveWeightsForSampler(c *gin.Context) {
 // writeSamplerArchive writes m's PEFT directory (or full weights) as a
 // tar.gz at path, atomically.
 func (s *Server) writeSamplerArchive(m *model, path string) error {
-	files, err := m.learner.PEFTFiles(m.base)
+	l, err := s.trainee(m)
+	if err != nil {
+		return err
+	}
+	files, err := l.PEFTFiles(m.base)
 	if err != nil {
 		return err
 	}

@@ -57,9 +57,13 @@ func (s *Server) forwardBackward(c *gin.Context) {
 func (s *Server) pass(c *gin.Context, modelID string, seq *int64, kind string, body []byte,
 	data []trainer.TokenDatum, loss trainer.Loss, withGrad bool) {
 	f := s.submit(c, modelID, seq, kind, sha256.Sum256(body), nil, nil, func(ctx context.Context, m *model) (any, error) {
-		run := m.learner.Forward
+		l, err := s.trainee(m)
+		if err != nil {
+			return nil, err
+		}
+		run := l.Forward
 		if withGrad {
-			run = m.learner.ForwardBackward
+			run = l.ForwardBackward
 		}
 		res, err := run(ctx, data, loss)
 		if err != nil {
@@ -92,7 +96,11 @@ func (s *Server) optimStep(c *gin.Context) {
 		return
 	}
 	f := s.submit(c, req.ModelID, req.SeqID, reqOptimStep, step, nil, nil, func(_ context.Context, m *model) (any, error) {
-		res, err := m.learner.OptimStep(step)
+		l, err := s.trainee(m)
+		if err != nil {
+			return nil, err
+		}
+		res, err := l.OptimStep(step)
 		if err != nil {
 			return nil, err
 		}

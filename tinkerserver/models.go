@@ -27,7 +27,8 @@ type model struct {
 	id, base string
 	lora     trainer.LoRAConfig
 	jobs     chan job
-	// learner and unloaded belong to the worker goroutine.
+	// learner and unloaded belong to the worker goroutine; learner is
+	// nil until a request needs it (see trainee).
 	learner  *trainer.Learner
 	unloaded bool
 	// Guarded by Server.mu.
@@ -124,6 +125,21 @@ func (s *Server) submit(c *gin.Context, modelID string, seq *int64, kind string,
 	m.lastUsed = time.Now()
 	s.futures.add(f, seq)
 	return f
+}
+
+// trainee is m's learner, made from its base model by the first request
+// that trains or saves it: a model whose first request is load_weights
+// (a train step from a saved state) never makes the fresh one it would
+// replace. Run on m's worker only.
+func (s *Server) trainee(m *model) (*trainer.Learner, error) {
+	if m.learner == nil {
+		l, err := trainer.NewLearner(s.cfg.BaseModels[m.base], m.lora)
+		if err != nil {
+			return nil, err
+		}
+		m.learner = l
+	}
+	return m.learner, nil
 }
 
 // modelNotFound is SkyRL's 404, with the reason when the model was loaded
@@ -267,8 +283,7 @@ func (s *Server) createModel(c *gin.Context) {
 		return
 	}
 	lora := trainer.LoRAConfig{Rank: rc.Rank, Alpha: rc.Alpha, Seed: uint64(seed), Attn: rc.TrainAttn, MLP: rc.TrainMLP, Unembed: rc.TrainUnembed}
-	learner, err := trainer.NewLearner(base, lora)
-	if err != nil {
+	if err := lora.Validate(base.Config); err != nil {
 		abort(c, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -287,14 +302,14 @@ func (s *Server) createModel(c *gin.Context) {
 		return
 	}
 	id := s.newModelID()
-	m := &model{id: id, base: req.BaseModel, lora: lora, learner: learner, jobs: make(chan job, s.cfg.MaxQueue), lastUsed: time.Now()}
+	m := &model{id: id, base: req.BaseModel, lora: lora, jobs: make(chan job, s.cfg.MaxQueue), lastUsed: time.Now()}
 	s.models[id] = m
 	s.workers.Add(1)
 	go s.work(m)
 	f := &future{id: s.newID(), model: id, kind: reqCreateModel, done: make(chan struct{})}
 	f.finish(createModelOutput{ModelID: id, BaseModel: req.BaseModel, LoraConfig: rc}, nil)
 	s.futures.add(f, nil)
-	s.cfg.Logger.Info(msgModelCreated, "model", id, "base_model", req.BaseModel, "rank", rc.Rank, "trainable", learner.NumTrainable())
+	s.cfg.Logger.Info(msgModelCreated, "model", id, "base_model", req.BaseModel, "rank", rc.Rank)
 	c.JSON(http.StatusOK, tinker.CreateModelResponse{ModelID: id, BaseModel: req.BaseModel, LoraConfig: &req.LoraConfig, Status: "created", RequestID: f.id})
 }
 

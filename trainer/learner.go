@@ -190,7 +190,7 @@ func NewLearner(base *Model, lora LoRAConfig) (*Learner, error) {
 		return nil, errors.New("new learner: nil base model")
 	}
 	lora = lora.withDefaults()
-	if err := lora.validate(base.Config); err != nil {
+	if err := lora.Validate(base.Config); err != nil {
 		return nil, fmt.Errorf("new learner: %w", err)
 	}
 	l := &Learner{lora: lora, base: base}

@@ -35,7 +35,9 @@ func (c LoRAConfig) withDefaults() LoRAConfig {
 	return c
 }
 
-func (c LoRAConfig) validate(m ModelConfig) error {
+// Validate refuses a configuration (its defaults filled) that a learner
+// of a model of config m cannot take.
+func (c LoRAConfig) Validate(m ModelConfig) error {
 	if c.Rank < 0 || c.Rank > m.DModel {
 		return invalidf("lora rank %d must be in [0, %d] (0: full weights)", c.Rank, m.DModel)
 	}
