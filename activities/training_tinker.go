@@ -63,11 +63,15 @@ type tinkerMeta struct {
 const tinkerMetaFile = "tinker.json"
 
 // stepRecord is written before a step trains, so a retry after the worker
-// died can find the model the first attempt used.
+// died can find the model the first attempt used, and again once every
+// update has answered: the saves are queued behind the updates before
+// their answers are read, so a retry trusts the model's saved version
+// only when Trained.
 type stepRecord struct {
 	RunID   int64  `json:"training_run"`
 	Service string `json:"service"`
 	Model   string `json:"model_id"`
+	Trained bool   `json:"trained,omitempty"`
 }
 
 // TrainBatch trains the batch on the deployment's Tinker service, from
@@ -85,8 +89,10 @@ func (t *TinkerTraining) TrainBatch(ctx context.Context, in flow.TrainBatchInput
 	if meta, ok := readTinkerMeta(s.outDir); ok && meta.RunID == in.RunID {
 		return s.answer(meta, true), nil
 	}
-	if rec, ok := s.readRecord(); ok && rec.RunID == in.RunID && rec.Service == s.cfg.URL {
-		// An earlier attempt died: if it saved the version, fetch it.
+	s.batch = startBatchRead(in.Batch)
+	if rec, ok := s.readRecord(); ok && rec.RunID == in.RunID && rec.Service == s.cfg.URL && rec.Trained {
+		// An earlier attempt died after its updates: if it saved the
+		// version, fetch it.
 		if meta, err := s.fetchSaved(ctx, rec.Model); err == nil {
 			return s.answer(meta, true), nil
 		} else if ctx.Err() != nil {
@@ -108,7 +114,8 @@ type tinkerStep struct {
 	cfg     deployment.Trainer
 	c       *tinker.Client
 	masks   *deployment.TokenMasks
-	samples []trainer.Sample
+	batch   *batchRead
+	samples []trainer.Sample // once readSamples has read the batch
 	// name is the version's checkpoint name, outDir its directory.
 	name   string
 	outDir string
@@ -150,10 +157,6 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 			return nil, bad("masks: %v", err)
 		}
 	}
-	rows, err := readBatch(in.Batch)
-	if err != nil {
-		return nil, bad("%v", err)
-	}
 	c, err := t.client(cfg, "tinker train batch")
 	if err != nil {
 		return nil, err
@@ -162,11 +165,45 @@ func (t *TinkerTraining) newStep(ctx context.Context, in flow.TrainBatchInput) (
 	// The version's checkpoints are named v<N> on the service (its names
 	// are [A-Za-z0-9_-]) and in the directory.
 	name := "v" + strconv.FormatInt(n, 10)
-	s := &tinkerStep{in: in, cfg: cfg, c: c, masks: masks, name: name, outDir: filepath.Join(in.Output.Dir, name), log: t.logger()}
-	for _, r := range rows {
-		s.samples = append(s.samples, sampleOf(r))
+	return &tinkerStep{in: in, cfg: cfg, c: c, masks: masks, name: name, outDir: filepath.Join(in.Output.Dir, name), log: t.logger()}, nil
+}
+
+// batchRead is the step's batch file, read and checked in the background
+// while the service makes the step's model and loads its base state.
+type batchRead struct {
+	done    chan struct{}
+	samples []trainer.Sample
+	err     error
+}
+
+func startBatchRead(ref flow.BatchRef) *batchRead {
+	b := &batchRead{done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		rows, err := readBatch(ref)
+		if err != nil {
+			b.err = err
+			return
+		}
+		for _, r := range rows {
+			b.samples = append(b.samples, sampleOf(r))
+		}
+	}()
+	return b
+}
+
+// readSamples waits for the batch; a bad one fails the step for good.
+func (s *tinkerStep) readSamples(ctx context.Context) error {
+	select {
+	case <-s.batch.done:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return s, nil
+	if s.batch.err != nil {
+		return temporal.NewNonRetryableApplicationError("tinker train batch: "+s.batch.err.Error(), "BadInput", nil)
+	}
+	s.samples = s.batch.samples
+	return nil
 }
 
 // client is a client of cfg's service, with its API key from this
@@ -252,7 +289,7 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	if err := s.writeRecord(model); err != nil {
+	if err := s.writeRecord(model, false); err != nil {
 		return tinkerMeta{}, err
 	}
 	step := tinkerstep.Config{Trainer: s.cfg, Masks: s.masks, SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}
@@ -281,6 +318,22 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		var refSeq int64
 		step.Reference, step.ReferenceSeq = ref, func() int64 { refSeq++; return refSeq }
 	}
+	if err := s.readSamples(ctx); err != nil {
+		return tinkerMeta{}, err
+	}
+	// Both saves are queued behind the last update, the sampler weights
+	// first: they are downloaded while the service writes the training
+	// state.
+	var savingSampler tinker.Pending[tinker.SaveWeightsForSamplerResponse]
+	var savingState tinker.Pending[tinker.SaveWeightsResponse]
+	step.Queued = func(ctx context.Context) error {
+		var err error
+		if savingSampler, err = s.c.SaveWeightsForSamplerAsync(ctx, model, s.name, s.next()); err != nil {
+			return err
+		}
+		savingState, err = s.c.SaveWeightsAsync(ctx, model, s.name, s.next())
+		return err
+	}
 	st, err := tinkerstep.Train(ctx, s.c, model, s.samples, step, s.next)
 	if errors.Is(err, tinkerstep.ErrNothingToTrain) {
 		return tinkerMeta{}, temporal.NewNonRetryableApplicationError("tinker train batch: "+err.Error(), "BadData", err)
@@ -288,14 +341,7 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	// Both saves are queued at once, the sampler weights first: they are
-	// downloaded while the service writes the training state.
-	savingSampler, err := s.c.SaveWeightsForSamplerAsync(ctx, model, s.name, s.next())
-	if err != nil {
-		return tinkerMeta{}, err
-	}
-	savingState, err := s.c.SaveWeightsAsync(ctx, model, s.name, s.next())
-	if err != nil {
+	if err := s.writeRecord(model, true); err != nil {
 		return tinkerMeta{}, err
 	}
 	sampler, err := savingSampler.Await(ctx)
@@ -307,6 +353,10 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		return tinkerMeta{}, err
 	}
 	defer os.RemoveAll(tmp) // gone once installed
+	// The service's copy of the sampler weights is never read again.
+	if err := s.c.DeleteCheckpoint(ctx, sampler.Path); err != nil {
+		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler.Path, "error", err)
+	}
 	state, err := savingState.Await(ctx)
 	if err != nil {
 		return tinkerMeta{}, err
@@ -316,12 +366,8 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err := s.install(tmp, &meta); err != nil {
 		return tinkerMeta{}, err
 	}
-	// The version's directory holds the sampler weights now; the service's
-	// copy is never read again. Its training state stays: a later step may
-	// start from this version.
-	if err := s.c.DeleteCheckpoint(ctx, sampler.Path); err != nil {
-		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler.Path, "error", err)
-	}
+	// The training state stays on the service: a later step may start
+	// from this version.
 	_ = s.c.UnloadModel(ctx, model) // its states are saved; freeing it is a courtesy
 	return meta, nil
 }

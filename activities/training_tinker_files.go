@@ -91,6 +91,9 @@ func samplerFormat(dir string) (string, error) {
 // fetchSaved finishes a step an earlier attempt trained and saved on
 // model: it fetches the version instead of training it again.
 func (s *tinkerStep) fetchSaved(ctx context.Context, model string) (tinkerMeta, error) {
+	if err := s.readSamples(ctx); err != nil {
+		return tinkerMeta{}, err
+	}
 	cps, err := s.c.Checkpoints(ctx, model)
 	if err != nil {
 		return tinkerMeta{}, err
@@ -147,12 +150,13 @@ func (s *tinkerStep) recordPath() string {
 	return filepath.Join(s.in.Output.Dir, "."+s.name+".tinker-step.json")
 }
 
-// writeRecord notes the model this attempt trains, before it trains.
-func (s *tinkerStep) writeRecord(model string) error {
+// writeRecord notes the model this attempt trains, before it trains, and
+// once its updates have all answered (trained).
+func (s *tinkerStep) writeRecord(model string, trained bool) error {
 	if err := os.MkdirAll(s.in.Output.Dir, 0o755); err != nil {
 		return fmt.Errorf("tinker train batch: checkpoint dir: %w", err)
 	}
-	b, _ := json.Marshal(stepRecord{RunID: s.in.RunID, Service: s.cfg.URL, Model: model})
+	b, _ := json.Marshal(stepRecord{RunID: s.in.RunID, Service: s.cfg.URL, Model: model, Trained: trained})
 	tmp := s.recordPath() + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return fmt.Errorf("tinker train batch: %w", err)

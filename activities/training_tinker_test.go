@@ -316,6 +316,35 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	again, err := fastTinker().TrainBatch(context.Background(), in2)
 	require.NoError(t, err)
 	require.True(t, again.Resumed, "a step already answered is answered from its files")
+
+	// Dying once the saves are queued behind the updates, before the
+	// updates have answered: the version saved on that model is not
+	// trusted (an update might have failed before it), and the retry
+	// trains again, on a new model.
+	in3 := tinkerInput(t, svc, deployment.LossImportanceSampling, 13, "dep@v3", "", "")
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	svc.mu.Lock()
+	svc.dieAt, svc.cancel = tinker.PathSaveWeights, cancel3
+	svc.mu.Unlock()
+	_, err = fastTinker().TrainBatch(ctx3, in3)
+	require.Error(t, err)
+	var rec struct {
+		Model string `json:"model_id"`
+	}
+	raw, err := os.ReadFile(filepath.Join(in3.Output.Dir, ".v3.tinker-step.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &rec))
+	require.Eventually(t, func() bool {
+		cps, err := tinker.New(svc.url, "").Checkpoints(context.Background(), rec.Model)
+		return err == nil && len(cps) == 2
+	}, 10*time.Second, 5*time.Millisecond, "the first attempt's saves finished on the service")
+	steps = len(svc.bodies(tinker.PathOptimStep))
+	out3, err := fastTinker().TrainBatch(context.Background(), in3)
+	require.NoError(t, err)
+	require.False(t, out3.Resumed, "the retry trained again")
+	require.Greater(t, len(svc.bodies(tinker.PathOptimStep)), steps)
+	meta, _ := versionCheckpoints(t, svc, filepath.Join(in3.Output.Dir, "v3"))
+	require.NotEqual(t, rec.Model, meta.Model)
 }
 
 // TestTinkerStepOutlastsA429Storm checks that throttling slows a step
@@ -337,6 +366,24 @@ func TestTinkerStepOutlastsA429Storm(t *testing.T) {
 	require.True(t, app.NonRetryable())
 	require.Equal(t, "TinkerRejected", app.Type())
 	require.Contains(t, err.Error(), "create_model")
+}
+
+// TestTinkerStepRefusesABadBatch checks that a batch file that is not the
+// one the loop wrote fails the step for good, naming it, and trains
+// nothing, although it is read while the service makes the model.
+func TestTinkerStepRefusesABadBatch(t *testing.T) {
+	svc := newTinkerService(t)
+	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 15, "dep@v1", "", "")
+	in.Batch.SHA256 = strings.Repeat("0", 64)
+	_, err := fastTinker().TrainBatch(context.Background(), in)
+	var app *temporal.ApplicationError
+	require.ErrorAs(t, err, &app)
+	require.True(t, app.NonRetryable())
+	require.Equal(t, "BadInput", app.Type())
+	require.ErrorContains(t, err, "not "+in.Batch.SHA256)
+	require.Empty(t, svc.bodies(tinker.PathForward))
+	require.Empty(t, svc.bodies(tinker.PathForwardBackward))
+	require.NoDirExists(t, filepath.Join(in.Output.Dir, "v1"))
 }
 
 // TestTinkerPruneStatesDeletesTheNamedStates trains two versions, prunes

@@ -39,6 +39,12 @@ type Config struct {
 	// load_weights), which the proximal pass may overlap but no update
 	// may follow unless it succeeded.
 	Ready func(context.Context) error
+	// Queued, when set, is called once the last update is queued, before
+	// the results still in flight are read: what it queues on the model
+	// (the saves) runs right after the last update, with no wait for the
+	// client between them. It runs whether or not the updates succeed:
+	// the caller trusts it only once Train has returned no error.
+	Queued func(context.Context) error
 }
 
 // Stats sums a step's passes.
@@ -125,6 +131,7 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 		partStats
 	}
 	var queue []inflight
+	queued := 0
 	collect := func() error {
 		f := queue[0]
 		queue = queue[1:]
@@ -168,10 +175,16 @@ func Train(ctx context.Context, c *tinker.Client, model string, samples []traine
 			return st, err
 		}
 		queue = append(queue, inflight{fb, opt, pst})
+		queued++
 		if len(queue) > pipelineDepth {
 			if err := collect(); err != nil {
 				return st, err
 			}
+		}
+	}
+	if queued > 0 && cfg.Queued != nil {
+		if err := cfg.Queued(ctx); err != nil {
+			return st, err
 		}
 	}
 	for len(queue) > 0 {

@@ -104,20 +104,28 @@ func TestTrainQueuesMinibatchesAhead(t *testing.T) {
 	var seq int64
 	next := func() int64 { seq++; return seq }
 	rec.routes = nil
+	cfg.Queued = func(context.Context) error {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		rec.routes = append(rec.routes, "queued")
+		return nil
+	}
 	st, err := Train(ctx, c, model, samples, cfg, next)
 	require.NoError(t, err)
 	require.Equal(t, 5, st.Updates)
 	require.Equal(t, 1, st.ForwardPasses)
+	cfg.Queued = nil
 
 	// The proximal pass is queued first, in two requests: the first part
 	// alone and the other four together. Each part's update is queued
 	// once its log-probs are back (the first request's, then the
 	// second's for the rest), and a minibatch's results are read when two
-	// more are queued behind it.
+	// more are queued behind it. Once the last update is queued, Queued
+	// is called before the results still in flight are read.
 	update := []string{"forward_backward", "optim_step"}
 	done := []string{"await forward_backward", "await optim_step"}
 	want := slices.Concat([]string{"forward", "forward", "await forward"}, update, []string{"await forward"},
-		update, update, done, update, done, update, done, done, done)
+		update, update, done, update, done, update, done, []string{"queued"}, done, done)
 	require.Equal(t, want, rec.routes)
 
 	// The same step one request at a time, each awaited before the next
