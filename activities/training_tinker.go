@@ -322,8 +322,9 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		return tinkerMeta{}, err
 	}
 	// Both saves are queued behind the last update, the sampler weights
-	// first: they are downloaded while the service writes the training
-	// state.
+	// first (they are downloaded while the service writes the training
+	// state), and the model's unload behind them: its states saved,
+	// freeing it is a courtesy, whose answer is not read.
 	var savingSampler tinker.Pending[tinker.SaveWeightsForSamplerResponse]
 	var savingState tinker.Pending[tinker.SaveWeightsResponse]
 	step.Queued = func(ctx context.Context) error {
@@ -331,8 +332,11 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		if savingSampler, err = s.c.SaveWeightsForSamplerAsync(ctx, model, s.name, s.next()); err != nil {
 			return err
 		}
-		savingState, err = s.c.SaveWeightsAsync(ctx, model, s.name, s.next())
-		return err
+		if savingState, err = s.c.SaveWeightsAsync(ctx, model, s.name, s.next()); err != nil {
+			return err
+		}
+		_ = s.c.QueueUnload(ctx, model)
+		return nil
 	}
 	st, err := tinkerstep.Train(ctx, s.c, model, s.samples, step, s.next)
 	if errors.Is(err, tinkerstep.ErrNothingToTrain) {
@@ -353,7 +357,8 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 		return tinkerMeta{}, err
 	}
 	defer os.RemoveAll(tmp) // gone once installed
-	// The service's copy of the sampler weights is never read again.
+	// The service's copy of the sampler weights is never read again (the
+	// training state stays: a later step may start from this version).
 	if err := s.c.DeleteCheckpoint(ctx, sampler.Path); err != nil {
 		s.log.Warn(msgSamplerNotDeleted, "deployment", s.in.Deployment, "checkpoint", sampler.Path, "error", err)
 	}
@@ -366,9 +371,6 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err := s.install(tmp, &meta); err != nil {
 		return tinkerMeta{}, err
 	}
-	// The training state stays on the service: a later step may start
-	// from this version.
-	_ = s.c.UnloadModel(ctx, model) // its states are saved; freeing it is a courtesy
 	return meta, nil
 }
 

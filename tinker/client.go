@@ -179,7 +179,7 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+	data, err := ReadBody(io.LimitReader(resp.Body, 1<<30), resp.ContentLength)
 	if err != nil {
 		return 0, nil, nil, err
 	}
@@ -397,6 +397,13 @@ func (c *Client) UnloadModel(ctx context.Context, model string) error {
 		return nil
 	}
 	return c.Await(ctx, PathUnloadModel, out.RequestID, nil)
+}
+
+// QueueUnload queues an unload_model behind the model's queued requests
+// and returns without reading its result: the service frees the model
+// once they have run.
+func (c *Client) QueueUnload(ctx context.Context, model string) error {
+	return c.post(ctx, PathUnloadModel, UnloadModelRequest{ModelID: model}, nil)
 }
 
 // Forward computes per-token log-probs and losses without a gradient.

@@ -1,10 +1,13 @@
 package tinker
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"testing/iotest"
 )
 
 // FuzzWireJSON holds the wire's codec to encoding/json on the types a
@@ -122,5 +125,20 @@ func BenchmarkWireJSON(b *testing.B) {
 				_ = c.unmarshal(answer, &v)
 			}
 		})
+	}
+}
+
+// TestReadBody reads bodies of declared, unknown and wrongly declared
+// sizes whole.
+func TestReadBody(t *testing.T) {
+	body := bytes.Repeat([]byte("0123456789"), 10_000)
+	for _, size := range []int64{int64(len(body)), -1, 0, 10, int64(len(body)) * 2, 1 << 40} {
+		got, err := ReadBody(iotest.HalfReader(bytes.NewReader(body)), size)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("size %d: read %d bytes of %d, error %v", size, len(got), len(body), err)
+		}
+	}
+	if _, err := ReadBody(iotest.TimeoutReader(bytes.NewReader(body)), int64(len(body))); !errors.Is(err, iotest.ErrTimeout) {
+		t.Fatalf("a failed read: error %v, want %v", err, iotest.ErrTimeout)
 	}
 }

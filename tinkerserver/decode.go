@@ -3,7 +3,6 @@ package tinkerserver
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"regexp"
@@ -64,7 +63,7 @@ func decode(c *gin.Context, v any, check func(*checker)) bool {
 
 // decodeBody is decode that also returns the body as it came.
 func decodeBody(c *gin.Context, v any, check func(*checker)) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
+	body, err := tinker.ReadBody(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody), c.Request.ContentLength)
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -180,5 +181,7 @@ func (s *Server) retrieveFuture(c *gin.Context) {
 		abort(c, http.StatusBadRequest, failure)
 		return
 	}
+	// With its length declared, the answer is not chunked.
+	c.Header("Content-Length", strconv.Itoa(len(body)))
 	c.Data(http.StatusOK, "application/json", body)
 }
