@@ -289,9 +289,6 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	if err := s.writeRecord(model, false); err != nil {
-		return tinkerMeta{}, err
-	}
 	step := tinkerstep.Config{Trainer: s.cfg, Masks: s.masks, SFT: s.in.Algo.Objective == trainer.ObjectiveSFT}
 	if base != "" {
 		// The service runs the model's requests in order: the proximal
@@ -305,6 +302,10 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 			_, err := load.Await(ctx)
 			return err
 		}
+	}
+	// Noted while the service loads, before anything is saved.
+	if err := s.writeRecord(model, false); err != nil {
+		return tinkerMeta{}, err
 	}
 	if s.cfg.KLCoef > 0 && !step.SFT {
 		// The KL penalty's reference is the base model itself: a model

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/flywheel-ai/flywheel/activities"
@@ -61,6 +62,10 @@ type benchTinkerConfig struct {
 	// CPUProfile, when set, is the prefix of the api side's per-step CPU
 	// profiles (PREFIX.1, PREFIX.2, …; go tool pprof merges them).
 	CPUProfile string
+	// Routes counts each route's calls, bytes and time on the api side:
+	// the counting reads and decodes what it counts, which the api's
+	// figure then includes.
+	Routes bool
 }
 
 func runBenchTinker(ctx context.Context, args []string) error {
@@ -73,6 +78,7 @@ func runBenchTinker(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.GroupSize, "group-size", 8, "samples per group")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the model and the prompts")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write CPU profiles of the api side's steps (client and server) to PREFIX.1, PREFIX.2, …")
+	fs.BoolVar(&cfg.Routes, "routes", false, "count each route's calls, bytes and time on the api side (the counting adds to the api's time)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,9 +123,14 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 	tc.URL = "http://" + ln.Addr().String()
 	tc = tc.WithDefaults(benchTinkerBase)
 
-	wire := &countingTransport{next: http.DefaultTransport, routes: map[string]*routeStat{}, futures: map[string]string{}}
-	api := &apiRunner{tt: &activities.TinkerTraining{HTTP: &http.Client{Transport: wire}, Logger: slog.New(slog.DiscardHandler)},
-		cfg: tc, batch: batch, dir: filepath.Join(dir, "api")}
+	// The api side's client is the one a worker uses (nil: the default)
+	// unless the routes are counted.
+	api := &apiRunner{tt: &activities.TinkerTraining{Logger: slog.New(slog.DiscardHandler)}, cfg: tc, batch: batch, dir: filepath.Join(dir, "api")}
+	var wire *countingTransport
+	if cfg.Routes {
+		wire = &countingTransport{next: http.DefaultTransport, routes: map[string]*routeStat{}, futures: map[string]string{}}
+		api.tt.HTTP = &http.Client{Transport: wire}
+	}
 	direct := &directRunner{base: model, cfg: tc, samples: samples, dir: filepath.Join(dir, "direct")}
 
 	tokens := 0
@@ -138,7 +149,7 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 	fmt.Println("api:    TrainBatch on the embedded trainer over loopback HTTP: the same, plus batch file, JSON, futures, archive, download, unpack")
 
 	api.profile = cfg.CPUProfile
-	var directT, apiT []float64
+	var directT, apiT, cpuDiffs []float64
 	for i := 0; i < cfg.Steps; i++ {
 		var d, a time.Duration
 		var dLoss, aLoss float64
@@ -154,6 +165,7 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 			return err
 		}
 		directT, apiT = append(directT, d.Seconds()), append(apiT, a.Seconds())
+		cpuDiffs = append(cpuDiffs, (api.cpu - direct.cpu).Seconds())
 		fmt.Printf("step %d: direct %7.1f ms  api %7.1f ms  (loss direct %.6g, api %.6g)\n", i+1, ms(d), ms(a), dLoss, aLoss)
 	}
 	dm, am := median(directT), median(apiT)
@@ -173,8 +185,15 @@ func benchTinker(ctx context.Context, cfg benchTinkerConfig) error {
 		dm*1e3, am*1e3, 100*share)
 	fmt.Printf("paired: the median of (api − direct) step by step is %.1f ms, api_share_paired = %.1f %% of the api's median step\n",
 		median(diffs)*1e3, 100*paired)
-	sent, recv := wire.report(cfg.Steps, mean(apiT))
-	res["sent_bytes_per_step"], res["received_bytes_per_step"] = sent, recv
+	// CPU time, the process's (every thread, client and server), leaves
+	// out how much of the API's work overlapped the compute on idle
+	// cores: it is what the API costs a machine whose cores are busy.
+	res["api_cpu_s"] = median(cpuDiffs)
+	fmt.Printf("cpu: the median of (api − direct) CPU time step by step is %.1f ms\n", median(cpuDiffs)*1e3)
+	if wire != nil {
+		sent, recv := wire.report(cfg.Steps, mean(apiT))
+		res["sent_bytes_per_step"], res["received_bytes_per_step"] = sent, recv
+	}
 	read, err := timeBatchRead(batch)
 	if err != nil {
 		return err
@@ -276,6 +295,8 @@ type directRunner struct {
 	cfg     deployment.Trainer
 	samples []trainer.Sample
 	dir     string
+	// cpu is the process's CPU time during the last step.
+	cpu time.Duration
 }
 
 // step trains from step i−1's state (a fresh learner for step 0) and
@@ -300,7 +321,8 @@ func (r *directRunner) step(ctx context.Context, i int) (time.Duration, float64,
 		return 0, 0, err
 	}
 	runtime.GC()
-	start := time.Now()
+	start, cpu := time.Now(), processCPU()
+	defer func() { r.cpu = processCPU() - cpu }()
 	var l *trainer.Learner
 	if i == 0 {
 		l, err = trainer.NewLearner(r.base, lora)
@@ -375,6 +397,9 @@ type apiRunner struct {
 	prev  flow.CheckpointRef
 	// profile, when set, is the prefix of the steps' CPU profiles.
 	profile string
+	// cpu is the process's CPU time during the last step: the client's
+	// and the embedded server's.
+	cpu time.Duration
 }
 
 func (r *apiRunner) step(ctx context.Context, i int) (time.Duration, float64, error) {
@@ -397,13 +422,23 @@ func (r *apiRunner) step(ctx context.Context, i int) (time.Duration, float64, er
 		}
 		defer pprof.StopCPUProfile()
 	}
-	start := time.Now()
+	start, cpu := time.Now(), processCPU()
 	out, err := r.tt.TrainBatch(ctx, in)
+	r.cpu = processCPU() - cpu
 	if err != nil {
 		return 0, 0, err
 	}
 	r.prev = out.Checkpoint
 	return time.Since(start), out.Loss, nil
+}
+
+// processCPU is the CPU time the process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // timeBatchRead is the median time of what the api's step does with the
