@@ -289,12 +289,18 @@ func TestTinkerStepTakesTheKLPenaltyToTheBase(t *testing.T) {
 // saved once.
 func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	svc := newTinkerService(t)
+	// dies trains in, the worker dying once the service has answered a
+	// request to a path ending so.
+	dies := func(in flow.TrainBatchInput, at string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		svc.mu.Lock()
+		svc.dieAt, svc.cancel = at, cancel
+		svc.mu.Unlock()
+		_, err := fastTinker().TrainBatch(ctx, in)
+		require.Error(t, err)
+	}
 	in := tinkerInput(t, svc, deployment.LossImportanceSampling, 11, "dep@v1", "", "")
-
-	ctx, cancel := context.WithCancel(context.Background())
-	svc.dieAt, svc.cancel = "/archive", cancel
-	_, err := fastTinker().TrainBatch(ctx, in)
-	require.Error(t, err)
+	dies(in, "/archive")
 	steps := len(svc.bodies(tinker.PathOptimStep))
 	out, err := fastTinker().TrainBatch(context.Background(), in)
 	require.NoError(t, err)
@@ -303,12 +309,7 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	require.Equal(t, 1, svc.fake.SamplerSaves("v1"))
 
 	in2 := tinkerInput(t, svc, deployment.LossImportanceSampling, 12, "dep@v2", "", "")
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	svc.mu.Lock()
-	svc.dieAt, svc.cancel = tinker.PathOptimStep, cancel2
-	svc.mu.Unlock()
-	_, err = fastTinker().TrainBatch(ctx2, in2)
-	require.Error(t, err)
+	dies(in2, tinker.PathOptimStep)
 	out2, err := fastTinker().TrainBatch(context.Background(), in2)
 	require.NoError(t, err)
 	require.False(t, out2.Resumed, "nothing was saved: the step trained again, on a new model")
@@ -322,12 +323,7 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	// trusted (an update might have failed before it), and the retry
 	// trains again, on a new model.
 	in3 := tinkerInput(t, svc, deployment.LossImportanceSampling, 13, "dep@v3", "", "")
-	ctx3, cancel3 := context.WithCancel(context.Background())
-	svc.mu.Lock()
-	svc.dieAt, svc.cancel = tinker.PathSaveWeights, cancel3
-	svc.mu.Unlock()
-	_, err = fastTinker().TrainBatch(ctx3, in3)
-	require.Error(t, err)
+	dies(in3, tinker.PathSaveWeights)
 	var rec struct {
 		Model string `json:"model_id"`
 	}
