@@ -62,11 +62,12 @@ type tinkerMeta struct {
 // tinkerMetaFile is the name of tinkerMeta in a version's directory.
 const tinkerMetaFile = "tinker.json"
 
-// stepRecord is written before a step trains, so a retry after the worker
-// died can find the model the first attempt used, and again once every
-// update has answered: the saves are queued behind the updates before
-// their answers are read, so a retry trusts the model's saved version
-// only when Trained.
+// stepRecord names the model a step trained, written once every update
+// has answered, so that a retry after the worker died fetches the version
+// that model saved instead of training again. The saves are queued behind
+// the updates before their answers are read: only the record says the
+// updates succeeded. A retry trusts one only when Trained (a worker before
+// this rule wrote it before training).
 type stepRecord struct {
 	RunID   int64  `json:"training_run"`
 	Service string `json:"service"`
@@ -303,10 +304,6 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 			return err
 		}
 	}
-	// Noted while the service loads, before anything is saved.
-	if err := s.writeRecord(model, false); err != nil {
-		return tinkerMeta{}, err
-	}
 	if s.cfg.KLCoef > 0 && !step.SFT {
 		// The KL penalty's reference is the base model itself: a model
 		// of the service never trained (a fresh adapter leaves the base's
@@ -346,7 +343,7 @@ func (s *tinkerStep) run(ctx context.Context) (tinkerMeta, error) {
 	if err != nil {
 		return tinkerMeta{}, err
 	}
-	if err := s.writeRecord(model, true); err != nil {
+	if err := s.writeRecord(model); err != nil {
 		return tinkerMeta{}, err
 	}
 	sampler, err := savingSampler.Await(ctx)

@@ -150,13 +150,13 @@ func (s *tinkerStep) recordPath() string {
 	return filepath.Join(s.in.Output.Dir, "."+s.name+".tinker-step.json")
 }
 
-// writeRecord notes the model this attempt trains, before it trains, and
-// once its updates have all answered (trained).
-func (s *tinkerStep) writeRecord(model string, trained bool) error {
+// writeRecord notes the model this attempt trained, once its updates have
+// all answered.
+func (s *tinkerStep) writeRecord(model string) error {
 	if err := os.MkdirAll(s.in.Output.Dir, 0o755); err != nil {
 		return fmt.Errorf("tinker train batch: checkpoint dir: %w", err)
 	}
-	b, _ := json.Marshal(stepRecord{RunID: s.in.RunID, Service: s.cfg.URL, Model: model, Trained: trained})
+	b, _ := json.Marshal(stepRecord{RunID: s.in.RunID, Service: s.cfg.URL, Model: model, Trained: true})
 	tmp := s.recordPath() + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return fmt.Errorf("tinker train batch: %w", err)

@@ -324,14 +324,11 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	// trains again, on a new model.
 	in3 := tinkerInput(t, svc, deployment.LossImportanceSampling, 13, "dep@v3", "", "")
 	dies(in3, tinker.PathSaveWeights)
-	var rec struct {
-		Model string `json:"model_id"`
-	}
-	raw, err := os.ReadFile(filepath.Join(in3.Output.Dir, ".v3.tinker-step.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(raw, &rec))
+	saves := svc.bodies(tinker.PathSaveWeights)
+	var rec tinker.SaveWeightsRequest
+	require.NoError(t, json.Unmarshal(saves[len(saves)-1], &rec))
 	require.Eventually(t, func() bool {
-		cps, err := tinker.New(svc.url, "").Checkpoints(context.Background(), rec.Model)
+		cps, err := tinker.New(svc.url, "").Checkpoints(context.Background(), rec.ModelID)
 		return err == nil && len(cps) == 2
 	}, 10*time.Second, 5*time.Millisecond, "the first attempt's saves finished on the service")
 	steps = len(svc.bodies(tinker.PathOptimStep))
@@ -340,7 +337,7 @@ func TestTinkerStepRetriedAfterTheWorkerDied(t *testing.T) {
 	require.False(t, out3.Resumed, "the retry trained again")
 	require.Greater(t, len(svc.bodies(tinker.PathOptimStep)), steps)
 	meta, _ := versionCheckpoints(t, svc, filepath.Join(in3.Output.Dir, "v3"))
-	require.NotEqual(t, rec.Model, meta.Model)
+	require.NotEqual(t, rec.ModelID, meta.Model)
 }
 
 // TestTinkerStepOutlastsA429Storm checks that throttling slows a step
