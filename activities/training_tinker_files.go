@@ -59,13 +59,19 @@ func (s *tinkerStep) install(tmp string, meta *tinkerMeta) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, tinkerMetaFile), b, 0o644); err != nil {
+	// The version's directory is its only lasting copy (the service's
+	// sampler copy is deleted): its files are synced (the unpacked ones
+	// by Untar), and so is the rename, before the step answers.
+	if err := writeFileSynced(filepath.Join(tmp, tinkerMetaFile), b); err != nil {
 		return fmt.Errorf("tinker train batch: %w", err)
 	}
 	// A directory already there is a leftover of this run (a version is
 	// reserved for one run): the fetched one replaces it.
 	_ = os.RemoveAll(s.outDir)
 	if err := os.Rename(tmp, s.outDir); err != nil {
+		return fmt.Errorf("tinker train batch: %w", err)
+	}
+	if err := syncDir(s.in.Output.Dir); err != nil {
 		return fmt.Errorf("tinker train batch: %w", err)
 	}
 	_ = os.Remove(s.recordPath())
@@ -203,4 +209,33 @@ func frac(n, of int) float64 {
 		return 0
 	}
 	return float64(n) / float64(of)
+}
+
+// writeFileSynced writes data to a new file at path and syncs it.
+func writeFileSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// syncDir syncs a directory's entries: a rename in it lasts a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -107,7 +107,8 @@ func (c *Client) fetchArchive(ctx context.Context, op string, loc *url.URL, dir 
 	return nil
 }
 
-// Untar unpacks a tar.gz of regular files and directories into dir.
+// Untar unpacks a tar.gz of regular files and directories into dir, each
+// file synced.
 // Links, devices, absolute paths and paths leaving dir are refused.
 func Untar(r io.Reader, dir string) error {
 	zr, err := gzip.NewReader(r)
@@ -147,6 +148,9 @@ func Untar(r io.Reader, dir string) error {
 				return fmt.Errorf("archive: %w", err)
 			}
 			_, err = io.CopyN(f, tr, h.Size)
+			if err == nil {
+				err = f.Sync()
+			}
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}

@@ -202,10 +202,10 @@ func (s *Server) writeSamplerArchive(m *model, path string) error {
 		return fmt.Errorf("save sampler weights: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // no-op once renamed
+	// Not synced: the archive is a copy to be downloaded, and the client
+	// syncs what it unpacks. One torn by a crash fails the download's
+	// checks (gzip's length and CRC), and the step trains again.
 	err = writeTar(tmp, files)
-	if err == nil {
-		err = tmp.Sync()
-	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
