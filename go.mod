@@ -6,6 +6,7 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
 	github.com/apache/arrow-go/v18 v18.9.0
+	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/chewxy/hm v1.0.0
 	github.com/containerd/errdefs v1.0.0
 	github.com/gin-gonic/gin v1.12.0
@@ -55,7 +56,6 @@ require (
 	github.com/bytedance/sonic v1.15.0 // indirect
 	github.com/bytedance/sonic/loader v0.5.0 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
-	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chewxy/math32 v1.10.1 // indirect
 	github.com/cloudwego/base64x v0.1.6 // indirect
 	github.com/coder/websocket v1.8.15 // indirect

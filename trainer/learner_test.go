@@ -1,9 +1,11 @@
 package trainer
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -296,6 +298,39 @@ func TestLearnerLearns(t *testing.T) {
 		require.Less(t, last, first*0.7)
 	}
 	require.Equal(t, baseW, base.W, "the base is never written")
+}
+
+// A LoRA state saved before the base was named by XXH64 names it by
+// FNV-1a: it still loads on its base, and only there.
+func TestLearnerStateOfTheOlderBaseName(t *testing.T) {
+	base := tinyModel(t, 5)
+	l, err := NewLearner(base, LoRAConfig{Rank: 2})
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "state.safetensors")
+	require.NoError(t, l.SaveState(path))
+	buf, err := os.ReadFile(path)
+	require.NoError(t, err)
+	tensors, meta, err := ReadSafetensors(buf)
+	require.NoError(t, err)
+	require.Equal(t, baseXXH64(base.W), meta[metaBaseXXH])
+	delete(meta, metaBaseXXH)
+	meta[metaBaseFNV] = baseFNV(base.W)
+	var old bytes.Buffer
+	require.NoError(t, WriteSafetensors(&old, tensors, meta))
+	require.NoError(t, os.WriteFile(path, old.Bytes(), 0o644))
+
+	back, err := LoadLearner(path, base, true)
+	require.NoError(t, err)
+	require.Equal(t, l.Merged().W, back.Merged().W)
+	_, err = LoadLearner(path, tinyModel(t, 6), true)
+	require.ErrorContains(t, err, "another base model")
+
+	delete(meta, metaBaseFNV)
+	old.Reset()
+	require.NoError(t, WriteSafetensors(&old, tensors, meta))
+	require.NoError(t, os.WriteFile(path, old.Bytes(), 0o644))
+	_, err = LoadLearner(path, base, true)
+	require.ErrorContains(t, err, "another base model", "a LoRA state that names no base is refused")
 }
 
 func TestLearnerStateRoundTrip(t *testing.T) {
