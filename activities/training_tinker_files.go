@@ -60,9 +60,13 @@ func (s *tinkerStep) install(tmp string, meta *tinkerMeta) error {
 		return err
 	}
 	// The version's directory is its only lasting copy (the service's
-	// sampler copy is deleted): its files are synced (the unpacked ones
-	// by Untar), and so is the rename, before the step answers.
+	// sampler copy is deleted): its files (the unpacked ones synced by
+	// Untar), their names and its rename are synced before the step
+	// answers.
 	if err := writeFileSynced(filepath.Join(tmp, tinkerMetaFile), b); err != nil {
+		return fmt.Errorf("tinker train batch: %w", err)
+	}
+	if err := syncDir(tmp); err != nil {
 		return fmt.Errorf("tinker train batch: %w", err)
 	}
 	// A directory already there is a leftover of this run (a version is
